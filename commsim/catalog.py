@@ -1,0 +1,102 @@
+"""Hardware facts (GPUs), each with its source, and where the built-in YAML files live."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from commsim.specs import GPUSpec, SpecError
+
+# Peak figures are dense (no structured sparsity) BF16/FP16 tensor-core FLOP/s, HBM size
+# and bandwidth, and NVLink bandwidth per direction (vendors quote the bidirectional sum).
+GPUS: dict[str, GPUSpec] = {
+    g.name: g
+    for g in (
+        GPUSpec(
+            name="v100",
+            peak_flops=125e12,
+            hbm_bytes="32GB",
+            hbm_bandwidth="900GB/s",
+            nvlink_bandwidth="150GB/s",
+            source="NVIDIA Tesla V100 datasheet (SXM2): 125 TFLOPS tensor, 32 GB, "
+            "900 GB/s, NVLink 300 GB/s bidirectional",
+        ),
+        GPUSpec(
+            name="a100-40gb",
+            peak_flops=312e12,
+            hbm_bytes="40GB",
+            hbm_bandwidth="1555GB/s",
+            nvlink_bandwidth="300GB/s",
+            source="NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 1,555 GB/s, "
+            "NVLink 600 GB/s bidirectional",
+        ),
+        GPUSpec(
+            name="a100-80gb",
+            peak_flops=312e12,
+            hbm_bytes="80GB",
+            hbm_bandwidth="2039GB/s",
+            nvlink_bandwidth="300GB/s",
+            source="NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16 dense, 2,039 GB/s, "
+            "NVLink 600 GB/s bidirectional",
+        ),
+        GPUSpec(
+            name="h100",
+            peak_flops=989e12,
+            hbm_bytes="80GB",
+            hbm_bandwidth="3350GB/s",
+            nvlink_bandwidth="450GB/s",
+            source="NVIDIA H100 datasheet (SXM5): 989 TFLOPS BF16 dense (1,979 with "
+            "sparsity), 80 GB, 3.35 TB/s, NVLink 900 GB/s bidirectional",
+        ),
+        GPUSpec(
+            name="h200",
+            peak_flops=989e12,
+            hbm_bytes="141GB",
+            hbm_bandwidth="4800GB/s",
+            nvlink_bandwidth="450GB/s",
+            source="NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 141 GB, 4.8 TB/s, "
+            "NVLink 900 GB/s bidirectional",
+        ),
+        GPUSpec(
+            name="b200",
+            peak_flops=2250e12,
+            hbm_bytes="180GB",
+            hbm_bandwidth="7700GB/s",
+            nvlink_bandwidth="900GB/s",
+            source="NVIDIA DGX B200 datasheet: 72 PFLOPS FP8 training for 8 GPUs "
+            "(4.5 PF FP8, 2.25 PF BF16 dense per GPU), 1,440 GB HBM3e, 64 TB/s; "
+            "NVLink 5 1.8 TB/s bidirectional",
+        ),
+    )
+}
+GPUS["a100"] = GPUS["a100-80gb"]
+
+_ROOT = Path(__file__).resolve().parent.parent
+TOPOLOGY_DIR = _ROOT / "topologies"
+SCENARIO_DIR = _ROOT / "scenarios"
+DEFAULT_SCENARIO = SCENARIO_DIR / "default.yaml"
+
+
+def gpu(name: str, source: str = "", field: str = "gpu") -> GPUSpec:
+    """Look a GPU up by name; an unknown one is a SpecError listing the known ones."""
+    try:
+        return GPUS[name.lower()]
+    except KeyError:
+        known = ", ".join(sorted(GPUS))
+        raise SpecError(source or "catalog", field, f"unknown GPU {name!r} (known: {known})")
+
+
+def topology_names() -> list[str]:
+    """Names of the built-in cluster files in topologies/."""
+    return sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml"))
+
+
+def topology_path(name_or_path: str, source: str = "", field: str = "cluster") -> Path:
+    """A built-in topology name or a path to a YAML file."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return path
+    candidate = TOPOLOGY_DIR / f"{name_or_path}.yaml"
+    if candidate.exists():
+        return candidate
+    known = ", ".join(topology_names())
+    raise SpecError(source or name_or_path, field, f"unknown topology {name_or_path!r} (known: {known})")

@@ -1,0 +1,204 @@
+"""Plain-data specs (pydantic): what a cluster, a model and a strategy are, read from YAML.
+
+Quantities are written as strings ("400Gbps", "25MiB", "2us") and stored in SI units
+(bytes, bytes/s, seconds). Loading a file never raises a traceback at the user: every
+problem becomes a SpecError naming the file, the field and what is wrong.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from commsim import units
+
+
+class SpecError(Exception):
+    """A user-facing input error: which file, which field, what is wrong."""
+
+    def __init__(self, source: str, field: str, problem: str):
+        self.source, self.field, self.problem = source, field, problem
+        where = f"{source}: {field}" if field else source
+        super().__init__(f"{where}: {problem}")
+
+
+def _positive(v: float) -> float:
+    if not v > 0:
+        raise ValueError(f"must be positive, got {v:g}")
+    return v
+
+
+def _non_negative(v: float) -> float:
+    if v < 0:
+        raise ValueError(f"must not be negative, got {v:g}")
+    return v
+
+
+Bytes = Annotated[float, BeforeValidator(units.parse_bytes), AfterValidator(_positive)]
+Rate = Annotated[float, BeforeValidator(units.parse_rate), AfterValidator(_positive)]
+Latency = Annotated[float, BeforeValidator(units.parse_time), AfterValidator(_non_negative)]
+FlopRate = Annotated[float, AfterValidator(_positive)]
+
+
+class Spec(BaseModel):
+    """Base: unknown fields are errors (a typo must not pass silently)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GPUSpec(Spec):
+    """One accelerator: dense BF16/FP16 tensor peak, memory, NVLink bandwidth per direction."""
+
+    name: str
+    peak_flops: FlopRate  # dense BF16/FP16 tensor-core FLOP/s
+    hbm_bytes: Bytes
+    hbm_bandwidth: Rate
+    nvlink_bandwidth: Rate  # per GPU, per direction (half the bidirectional figure)
+    source: str
+
+
+class NICSpec(Spec):
+    """The network interfaces of one node."""
+
+    count: int = Field(ge=1)
+    bandwidth: Rate  # per NIC, per direction
+    latency: Latency = "2us"  # host software + NIC per message (alpha's endpoint part)
+
+
+class NodeSpec(Spec):
+    """A server: GPUs, how they talk inside the node, and its NICs."""
+
+    gpu: str
+    gpus_per_node: int = Field(ge=1)
+    interconnect: Literal["nvswitch", "pcie"]
+    intra_bandwidth: Rate | None = None  # per GPU per direction; default: the GPU's NVLink
+    intra_latency: Latency = "1us"
+    pcie_bandwidth: Rate = "32GB/s"  # GPU <-> NIC; PCIe 4.0 x16 is 31.5 GB/s per direction
+    nics: NICSpec
+    rail_optimized: bool = False
+
+
+class FabricSpec(Spec):
+    """The network between nodes: a 2- or 3-tier Clos with oversubscription per tier."""
+
+    kind: Literal["infiniband", "roce", "ethernet"]
+    tiers: Literal[2, 3] = 2
+    nodes_per_leaf: int = Field(ge=1)  # rail-optimised: nodes per scalable unit (one leaf a rail)
+    leaves_per_pod: int = Field(default=8, ge=1)  # 3-tier only: leaves under one pod's spines
+    oversubscription: list[Annotated[float, Field(ge=1.0)]] = [1.0, 1.0]  # leaf, spine
+    uplinks_per_leaf: int | None = Field(default=None, ge=0)  # ports; default from oversubscription
+    link_latency: Latency = "100ns"  # cable + serialisation, per hop
+    switch_latency: Latency = "200ns"  # per switch traversal
+    routing: Literal["balanced", "hash"] = "balanced"
+
+
+class ClusterSpec(Spec):
+    """A whole cluster: `nodes` identical nodes on one fabric."""
+
+    name: str
+    description: str = ""
+    source: str = ""
+    nodes: int = Field(ge=1)
+    node: NodeSpec
+    fabric: FabricSpec
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.node.gpus_per_node
+
+
+class LayerSpec(Spec):
+    """A custom model layer: parameters and forward FLOPs per sample."""
+
+    name: str
+    params: int = Field(ge=0)
+    forward_flops: float = Field(ge=0)
+
+
+class ModelSpec(Spec):
+    """A model: a preset name, a transformer config, or an explicit layer list."""
+
+    name: str
+    kind: Literal["transformer", "resnet", "custom"] = "transformer"
+    layers: int | None = Field(default=None, ge=1)
+    hidden: int | None = Field(default=None, ge=1)
+    heads: int | None = Field(default=None, ge=1)
+    kv_heads: int | None = Field(default=None, ge=1)
+    ffn_hidden: int | None = Field(default=None, ge=1)
+    gated_mlp: bool = False
+    vocab: int | None = Field(default=None, ge=1)
+    seq_len: int | None = Field(default=None, ge=1)
+    custom_layers: list[LayerSpec] = []
+
+
+Algorithm = Literal["auto", "ring", "tree", "rhd", "ps", "hierarchical"]
+Placement = Literal["blocked", "interleaved", "topology-aware"]
+
+
+class Strategy(Spec):
+    """How the step is parallelised and synchronised (data parallel for now)."""
+
+    algorithm: Algorithm = "auto"
+    placement: Placement = "blocked"
+    bucket_mb: float = Field(default=25.0, gt=0)  # DDP bucket_cap_mb (MiB)
+    first_bucket_mb: float = Field(default=1.0, gt=0)  # DDP's small first bucket (MiB)
+    overlap: bool = True
+    grad_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"  # DDP all-reduces fp32 grads by default
+    ps_shards: int = Field(default=1, ge=1)
+
+
+class Scenario(Spec):
+    """A question: this model, on this cluster, with this strategy."""
+
+    name: str = "scenario"
+    description: str = ""
+    model: str | ModelSpec
+    cluster: str | ClusterSpec
+    gpus: int = Field(ge=1)
+    global_batch: int = Field(ge=1)  # samples (sequences) per optimizer step
+    micro_batch: int = Field(default=1, ge=1)  # samples per GPU per forward/backward
+    seq_len: int | None = Field(default=None, ge=1)  # default: the model's
+    compute_efficiency: float = Field(default=0.5, gt=0, le=1)  # achieved / peak FLOP/s
+    strategy: Strategy = Strategy()
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def parse_spec(cls: type[Spec], data: Any, source: str) -> Any:
+    """Validate plain data as `cls`, turning pydantic's errors into one SpecError."""
+    if not isinstance(data, dict):
+        raise SpecError(source, "", f"expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        msg = err["msg"].removeprefix("Value error, ")
+        extra = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        raise SpecError(source, _field_path(err["loc"]), msg + extra) from None
+
+
+def read_yaml(path: str | Path) -> Any:
+    """yaml.safe_load a file; a missing file or bad YAML becomes a SpecError."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(str(path), "", "file not found") from None
+    except OSError as e:
+        raise SpecError(str(path), "", e.strerror or str(e)) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else ""
+        raise SpecError(str(path), where, f"invalid YAML: {getattr(e, 'problem', e)}") from None
+
+
+def load_spec(cls: type[Spec], path: str | Path) -> Any:
+    """Read and validate one YAML spec file."""
+    return parse_spec(cls, read_yaml(path), str(path))

@@ -1,0 +1,73 @@
+"""Shared test fixtures: small clusters built from specs written inline."""
+
+from __future__ import annotations
+
+import pytest
+
+from commsim.specs import ClusterSpec
+from commsim.topology.build import build_cluster
+
+
+def make_spec(
+    *,
+    nodes: int = 4,
+    gpus_per_node: int = 8,
+    nics: int = 1,
+    nic_bw: str = "100Gbps",
+    intra_bw: str = "300GB/s",
+    nodes_per_leaf: int = 2,
+    oversubscription: tuple[float, ...] = (1.0, 1.0),
+    tiers: int = 2,
+    leaves_per_pod: int = 8,
+    rail_optimized: bool = False,
+    routing: str = "balanced",
+    **fabric_extra,
+) -> ClusterSpec:
+    """A cluster spec with round numbers, for hand-computed expectations."""
+    return ClusterSpec.model_validate(
+        {
+            "name": "test",
+            "nodes": nodes,
+            "node": {
+                "gpu": "a100-80gb",
+                "gpus_per_node": gpus_per_node,
+                "interconnect": "nvswitch",
+                "intra_bandwidth": intra_bw,
+                "intra_latency": "1us",
+                "pcie_bandwidth": "1TB/s",
+                "nics": {"count": nics, "bandwidth": nic_bw, "latency": "2us"},
+                "rail_optimized": rail_optimized,
+            },
+            "fabric": {
+                "kind": "infiniband",
+                "tiers": tiers,
+                "nodes_per_leaf": nodes_per_leaf,
+                "leaves_per_pod": leaves_per_pod,
+                "oversubscription": list(oversubscription),
+                "link_latency": "100ns",
+                "switch_latency": "200ns",
+                "routing": routing,
+            }
+            | fabric_extra,
+        }
+    )
+
+
+def make_cluster(n_gpus: int | None = None, **kw):
+    """Build a cluster from make_spec's arguments."""
+    return build_cluster(make_spec(**kw), n_gpus)
+
+
+@pytest.fixture
+def uniform_fat_tree():
+    """16 single-GPU nodes on a non-blocking 2-tier fat tree with zero switch latency:
+    every pair of GPUs sees the same latency and bandwidth."""
+    return make_cluster(
+        nodes=16, gpus_per_node=1, nodes_per_leaf=4, link_latency="0s", switch_latency="0s"
+    )
+
+
+@pytest.fixture
+def nvswitch_node():
+    """One 8-GPU NVSwitch node."""
+    return make_cluster(nodes=1, gpus_per_node=8)

@@ -1,0 +1,125 @@
+"""The cluster graph: structure, routes against networkx, max-min sharing, placements."""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from conftest import make_cluster, make_spec
+
+from commsim.specs import SpecError
+from commsim.topology.build import build_cluster
+from commsim.topology.placement import place
+from commsim.topology.routing import (
+    flow_times,
+    link_loads,
+    maxmin_rates,
+    path_params,
+    routes,
+    step_time,
+)
+
+
+def _route_nodes(cluster, path):
+    names = [cluster.names[e] for e in path if e >= 0]
+    hops = [n.split("->") for n in names]
+    for (_, v), (u, _) in zip(hops, hops[1:]):
+        assert v == u, f"route is not contiguous: {names}"
+    return [hops[0][0]] + [v for _, v in hops]
+
+
+@pytest.mark.parametrize("tiers,rail", [(2, False), (3, False), (3, True)])
+def test_routes_are_shortest_paths(tiers, rail):
+    c = make_cluster(
+        nodes=16,
+        gpus_per_node=4,
+        nics=2,
+        nodes_per_leaf=2,
+        tiers=tiers,
+        leaves_per_pod=2,
+        rail_optimized=rail,
+    )
+    rng = np.random.default_rng(0)
+    src, dst = rng.integers(0, c.n_gpus, 200), rng.integers(0, c.n_gpus, 200)
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    paths, _ = routes(c, src, dst)
+    # Drop hub hops: GPU->NIC is a direct PCIe edge, so shortest paths never use the hub
+    # for inter-node traffic, and ours must not either.
+    for s, d, p in zip(src, dst, paths):
+        nodes = _route_nodes(c, p)
+        assert nodes[0] == f"gpu{s}" and nodes[-1] == f"gpu{d}"
+        assert len(nodes) - 1 == nx.shortest_path_length(c.graph, f"gpu{s}", f"gpu{d}")
+
+
+def test_latency_is_sum_of_hops():
+    c = make_cluster(nodes=4, gpus_per_node=1, nodes_per_leaf=2)
+    # same leaf: 2us NIC + (100ns+200ns into leaf) + 100ns out to NIC
+    assert path_params(c, 0, 1)[0] == pytest.approx(2e-6 + 300e-9 + 100e-9)
+    # across leaves: NIC, leaf, spine, leaf: 3 switch entries + 4 cables
+    assert path_params(c, 0, 2)[0] == pytest.approx(2e-6 + 3 * 300e-9 + 100e-9)
+    # inside a node: the intra-node latency only
+    c8 = make_cluster(nodes=1, gpus_per_node=8)
+    assert path_params(c8, 0, 5) == pytest.approx((1e-6, 300e9))
+
+
+def test_maxmin_textbook_case():
+    # Three flows, two links of capacity 1 and 2: f0 on link0, f1 on both, f2 on link1.
+    # Progressive filling: link0 saturates at 0.5 (f0, f1 frozen), then f2 takes 2-0.5=1.5.
+    inc = sp.csr_matrix(np.array([[1, 0], [1, 1], [0, 1]], dtype=float))
+    rates = maxmin_rates(inc, np.array([1.0, 2.0]))
+    assert rates == pytest.approx([0.5, 0.5, 1.5])
+
+
+def test_fluid_model_speeds_up_survivors():
+    # Two flows share one 100 Gb/s NIC (12.5 GB/s): 1 GB and 3 GB. Each gets 6.25 GB/s
+    # until the small one ends at 0.16 s; the big one then has 2 GB left at 12.5 GB/s.
+    c = make_cluster(nodes=2, gpus_per_node=2, nics=1, nodes_per_leaf=2)
+    t = flow_times(c, np.array([0, 1]), np.array([2, 3]), np.array([1e9, 3e9]))
+    lat = path_params(c, 0, 2)[0]
+    assert t == pytest.approx([lat + 1e9 / 6.25e9, lat + 1e9 / 6.25e9 + 2e9 / 12.5e9])
+
+
+def test_link_loads_count_flows():
+    c = make_cluster(nodes=2, gpus_per_node=4, nics=1, nodes_per_leaf=2)
+    paths, _ = routes(c, np.arange(4), np.arange(4) + 4)
+    loads = link_loads(c, paths)
+    nic_up = c.nic_leaf[0, 0]
+    assert loads[nic_up] == 4  # all four GPUs of node 0 leave by its single NIC
+
+
+def test_oversubscribed_uplink_shares_one_third():
+    # 2 racks x 3 nodes x 4 GPUs, one 100 Gb/s NIC per GPU, 3:1 uplinks (12 ports down,
+    # 4 up). Every GPU sends across racks: 12 flows share 4 * 12.5 GB/s, a third each.
+    c = make_cluster(nodes=6, gpus_per_node=4, nics=4, nodes_per_leaf=3, oversubscription=(3.0,))
+    src = np.arange(12)
+    nbytes = 1e9
+    t = step_time(c, src, src + 12, nbytes)
+    lat = path_params(c, 0, 12)[0]
+    assert t - lat == pytest.approx(nbytes / (12.5e9 / 3), rel=1e-6)
+
+
+def test_placements():
+    c = make_cluster(nodes=4, gpus_per_node=2, nodes_per_leaf=2)
+    assert list(place(c, 8, "blocked")) == list(range(8))
+    inter = place(c, 8, "interleaved")
+    racks = c.rack_of(inter)
+    assert all(racks[i] != racks[i + 1] for i in range(7))
+    assert sorted(inter) == list(range(8))
+    assert list(place(c, 8, "topology-aware")) == list(range(8))
+    with pytest.raises(ValueError):
+        place(c, 8, "random")
+
+
+def test_too_many_gpus_and_disconnected_fabric():
+    spec = make_spec(nodes=2)
+    with pytest.raises(SpecError, match="17 GPUs requested .* has 16"):
+        build_cluster(spec, 17)
+    with pytest.raises(SpecError, match="disconnected"):
+        build_cluster(make_spec(nodes=4, nodes_per_leaf=2, uplinks_per_leaf=0))
+
+
+def test_builds_only_the_nodes_a_job_needs():
+    c = build_cluster(make_spec(nodes=8, gpus_per_node=8), 20)
+    assert c.n_nodes == 3 and c.n_gpus == 24
