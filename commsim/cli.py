@@ -1,0 +1,264 @@
+"""The `commsim` command line: plan, predict, collective, topo.
+
+Every command prints a rich table, or with --json one JSON document on stdout. Bad input
+prints one line naming the file and field on stderr and exits 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from commsim import catalog, planner, report
+from commsim.collectives.alphabeta import ALGORITHMS, bus_factor
+from commsim.collectives.group import GroupCost
+from commsim.predict import Setup, load_scenario, predict, resolve
+from commsim.specs import ClusterSpec, SpecError, load_spec
+from commsim.topology.build import build_cluster
+from commsim.topology.placement import PLACEMENTS, place
+from commsim.units import UnitError, parse_size_range
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Predict distributed-training step time and communication, and pick the strategy.",
+)
+topo_app = typer.Typer(no_args_is_help=True, help="Built-in cluster topologies.")
+app.add_typer(topo_app, name="topo")
+
+ALL_ALGORITHMS = ("ring", "tree", "rhd", "ps", "hierarchical", "direct")
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn input errors into one line on stderr and exit code 2."""
+    try:
+        yield
+    except (SpecError, UnitError, ValueError) as e:
+        report.err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def _progress(total: int, label: str) -> Progress:
+    """A progress bar on stderr, shown only if the work lasts over a second."""
+    progress = Progress(
+        TextColumn(label), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(), console=report.err_console, transient=True,
+    )
+    progress.add_task(label, total=total)
+    return progress
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+ScenarioArg = Annotated[
+    str | None, typer.Argument(help="Scenario YAML (default: the built-in scenario).")
+]
+ModelOpt = Annotated[str | None, typer.Option(help="Model preset, e.g. gpt2-xl, llama2-7b.")]
+ClusterOpt = Annotated[str | None, typer.Option(help="Topology name or YAML path.")]
+GpusOpt = Annotated[int | None, typer.Option(help="Number of GPUs (data-parallel ranks).")]
+GlobalBatchOpt = Annotated[int | None, typer.Option(help="Samples per optimizer step.")]
+MicroBatchOpt = Annotated[int | None, typer.Option(help="Samples per GPU per micro-step.")]
+SeqLenOpt = Annotated[int | None, typer.Option(help="Tokens per sample.")]
+BucketOpt = Annotated[float | None, typer.Option(help="DDP bucket cap in MiB.")]
+AlgorithmOpt = Annotated[
+    str | None, typer.Option(help="All-reduce algorithm: auto, ring, tree, rhd, ps, hierarchical.")
+]
+PlacementOpt = Annotated[
+    str | None, typer.Option(help="Rank placement: blocked, interleaved, topology-aware.")
+]
+OverlapOpt = Annotated[
+    bool | None, typer.Option("--overlap/--no-overlap", help="Overlap all-reduce with backward.")
+]
+
+
+def _setup(scenario: str | None, **overrides: Any) -> Setup:
+    spec, source = load_scenario(scenario, overrides)
+    return resolve(spec, source)
+
+
+@app.command("predict")
+def predict_cmd(
+    scenario: ScenarioArg = None,
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
+    gpus: GpusOpt = None,
+    global_batch: GlobalBatchOpt = None,
+    micro_batch: MicroBatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    bucket_mb: BucketOpt = None,
+    algorithm: AlgorithmOpt = None,
+    placement: PlacementOpt = None,
+    overlap: OverlapOpt = None,
+    plot: Annotated[str | None, typer.Option(help="Write the step's Gantt chart to this PNG.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Predict one training step: compute, communication, overlap, scaling, MFU, buckets."""
+    with user_errors():
+        setup = _setup(
+            scenario, model=model, cluster=cluster, gpus=gpus, global_batch=global_batch,
+            micro_batch=micro_batch, seq_len=seq_len, bucket_mb=bucket_mb,
+            algorithm=algorithm, placement=placement, overlap=overlap,
+        )
+        pred = predict(setup)
+        doc = {"scenario": setup.scenario.name, "gpus": setup.n_gpus} | pred.to_dict()
+        if plot:
+            report.plot_timeline(doc, pred.report.events, plot, setup.scenario.name)
+    if json_out:
+        report.print_json(doc)
+        return
+    s = setup.scenario
+    report.console.print(report.step_table(
+        f"{s.name}: {setup.workload.name} on {s.gpus} GPUs of {setup.cluster.spec.name} "
+        f"({report.describe_strategy(doc['strategy'])})", doc))
+    report.console.print(report.bucket_table(doc["buckets"]))
+    if plot:
+        report.console.print(f"timeline written to {plot}")
+
+
+@app.command("plan")
+def plan_cmd(
+    scenario: ScenarioArg = None,
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
+    gpus: GpusOpt = None,
+    global_batch: GlobalBatchOpt = None,
+    micro_batch: MicroBatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    bucket_mb: Annotated[
+        float | None, typer.Option(help="Search only this bucket cap (MiB) instead of 1..200.")
+    ] = None,
+    algorithm: Annotated[
+        str | None, typer.Option(help="Search only this algorithm instead of all.")
+    ] = None,
+    placement: Annotated[
+        str | None, typer.Option(help="Search only this placement instead of all.")
+    ] = None,
+    overlap: Annotated[
+        bool | None, typer.Option("--overlap/--no-overlap", help="Search only overlap on/off.")
+    ] = None,
+    top: Annotated[int, typer.Option(help="Rows to show.")] = 15,
+    json_out: JsonOpt = False,
+) -> None:
+    """Search data-parallel strategies (algorithm x bucket x overlap x placement), ranked."""
+    with user_errors():
+        setup = _setup(
+            scenario, model=model, cluster=cluster, gpus=gpus, global_batch=global_batch,
+            micro_batch=micro_batch, seq_len=seq_len, bucket_mb=bucket_mb,
+            algorithm=algorithm, placement=placement, overlap=overlap,
+        )
+        base = setup.scenario.strategy  # flags validated as scenario fields; now pin them
+        candidates = planner.strategies(
+            base,
+            algorithms=[base.algorithm] if algorithm not in (None, "auto") else planner.ALGORITHMS,
+            bucket_mb=[base.bucket_mb] if bucket_mb else planner.BUCKET_MB,
+            overlap=[base.overlap] if overlap is not None else (True, False),
+            placements=[base.placement] if placement else PLACEMENTS,
+        )
+        with _progress(len(candidates), "planning") as bar:
+            result = planner.plan(setup, candidates, on_progress=lambda: bar.advance(0))
+    docs = [p.to_dict() for p in result.ranked]
+    if json_out:
+        report.print_json({"scenario": setup.scenario.name, "gpus": setup.n_gpus,
+                           "candidates": docs, "skipped": result.skipped,
+                           "notes": result.notes})
+        return
+    if not docs:
+        report.err_console.print("no strategy can run on this group; see the notes")
+    s = setup.scenario
+    report.console.print(report.plan_table(
+        f"{s.name}: {setup.workload.name}, {s.gpus} GPUs of {setup.cluster.spec.name}, "
+        f"global batch {s.global_batch}: {len(docs)} strategies", docs, top))
+    for line in [*report.explain_winner(docs), *result.notes]:
+        report.console.print(line, highlight=False)
+
+
+@app.command("collective")
+def collective_cmd(
+    op: Annotated[str, typer.Argument(help="all-reduce, reduce-scatter, all-gather, broadcast, all-to-all")],
+    cluster: Annotated[str, typer.Option(help="Topology name or YAML path.")] = "dgx-h100-ib",
+    gpus: Annotated[int, typer.Option(help="Ranks in the group.")] = 64,
+    sizes: Annotated[str, typer.Option(help="Size sweep LOW:HIGH, doubling (nccl-tests -b/-e/-f 2).")] = "8B:4GiB",
+    algorithm: Annotated[str, typer.Option(help="An algorithm, 'auto' (fastest) or 'all'.")] = "all",
+    placement: Annotated[str, typer.Option(help="blocked, interleaved or topology-aware.")] = "blocked",
+    ps_shards: Annotated[int, typer.Option(help="Parameter-server shards.")] = 1,
+    json_out: JsonOpt = False,
+) -> None:
+    """Time one collective over a size sweep, nccl-tests style (time, algbw, busbw)."""
+    with user_errors():
+        if op not in ALGORITHMS:
+            raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
+        spec = load_spec(ClusterSpec, catalog.topology_path(cluster, cluster))
+        built = build_cluster(spec, gpus, cluster)
+        cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
+        lo, hi = parse_size_range(sizes)
+        grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
+        algs = ALGORITHMS[op] if algorithm == "all" else (algorithm,)
+        rows = []
+        with _progress(len(algs), f"{op} on {gpus} GPUs") as bar:
+            for alg in algs:
+                times, chosen = cost.time_and_choice(op, alg, grid)
+                for size, t, name in zip(grid, times, chosen):
+                    algbw = size / t if t > 0 else float("inf")
+                    rows.append({"bytes": float(size), "time_s": float(t), "algbw_Bps": algbw,
+                                 "busbw_Bps": algbw * bus_factor(op, gpus), "algorithm": name,
+                                 "requested": alg})
+                bar.advance(0)
+    if json_out:
+        report.print_json({"op": op, "cluster": spec.name, "gpus": gpus, "placement": placement,
+                           "rows": rows})
+        return
+    shown = [r | {"algorithm": r["requested"]} for r in rows]
+    report.console.print(report.collective_table(
+        f"{op}: {gpus} GPUs of {spec.name}, {placement} placement", shown, algs))
+    if algorithm == "auto":
+        picks = sorted({r["algorithm"] for r in rows})
+        report.console.print(f"auto picked: {', '.join(picks)}")
+
+
+@topo_app.command("list")
+def topo_list(json_out: JsonOpt = False) -> None:
+    """The built-in cluster files."""
+    with user_errors():
+        specs = [load_spec(ClusterSpec, catalog.topology_path(n)) for n in catalog.topology_names()]
+    if json_out:
+        report.print_json({"topologies": [
+            {"name": s.name, "description": s.description, "nodes": s.nodes,
+             "gpus": s.total_gpus, "gpu": s.node.gpu} for s in specs]})
+        return
+    from rich.table import Table
+
+    table = Table(title="built-in topologies", title_justify="left")
+    for col in ("name", "GPUs", "GPU", "description"):
+        table.add_column(col)
+    for s in specs:
+        table.add_row(s.name, str(s.total_gpus), s.node.gpu, s.description)
+    report.console.print(table)
+
+
+@topo_app.command("show")
+def topo_show(
+    name: Annotated[str, typer.Argument(help="Topology name or YAML path.")],
+    gpus: Annotated[int | None, typer.Option(help="Build only the nodes this many GPUs need.")] = None,
+    plot: Annotated[str | None, typer.Option(help="Draw the graph to this PNG.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """A topology's summary: nodes, NICs, tiers, bandwidths, switch counts; --plot draws it."""
+    with user_errors():
+        spec = load_spec(ClusterSpec, catalog.topology_path(name, name))
+        built = build_cluster(spec, gpus, name)
+        summary = built.summary()
+        if plot:
+            report.plot_topology(built.graph, plot, f"{spec.name} ({built.n_gpus} GPUs)")
+    if json_out:
+        report.print_json(summary)
+        return
+    report.console.print(report.topology_table(summary))
+    if spec.source:
+        report.console.print(f"[dim]source: {spec.source.strip()}[/dim]")
+    if plot:
+        report.console.print(f"graph drawn to {plot}")

@@ -1,0 +1,63 @@
+"""What a collective costs among one group of ranks placed on the cluster.
+
+The algorithm's schedule is evaluated on the graph (routes, link sharing, oversubscription)
+for each distinct size, and cached: a DDP step has only a few distinct bucket sizes, and
+a planner asks the same group the same question many times.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from commsim.collectives.alphabeta import ALGORITHMS, check_algorithm
+from commsim.collectives.schedule import graph_time
+from commsim.topology.build import Cluster
+
+
+class GroupCost:
+    """Collective times for ranks 0..n-1 running on GPUs `gpu_of_rank` of `cluster`."""
+
+    def __init__(self, cluster: Cluster, gpu_of_rank: np.ndarray, ps_shards: int = 1):
+        self.cluster = cluster
+        self.gpus = np.asarray(gpu_of_rank, dtype=np.int64)
+        self.n = self.gpus.size
+        self.ps_shards = ps_shards
+        # The schedules treat consecutive groups of gpus_per_node ranks as one node and run
+        # one ring channel per NIC rail, as NCCL does; the placement decides whether that
+        # matches where the ranks really are.
+        self.gpus_per_node = min(cluster.gpus_per_node, self.n)
+        self.channels = cluster.nics_per_node if self.gpus_per_node > 1 else 1
+        self._cache: dict[tuple[str, str, float], float] = {}
+
+    def _graph_time(self, op: str, algorithm: str, size: float) -> float:
+        key = (op, algorithm, float(size))
+        if key not in self._cache:
+            self._cache[key] = graph_time(
+                op, algorithm, float(size), self.cluster, self.gpus,
+                gpus_per_node=self.gpus_per_node, channels=self.channels,
+                ps_shards=self.ps_shards,
+            )
+        return self._cache[key]
+
+    def algorithms(self, op: str) -> tuple[str, ...]:
+        """The algorithms `op` can run on this group: tree and hierarchical need whole nodes."""
+        check_algorithm(op, ALGORITHMS.get(op, ("",))[0])
+        whole_nodes = self.n % self.gpus_per_node == 0
+        return tuple(
+            a for a in ALGORITHMS[op] if whole_nodes or a not in ("tree", "hierarchical")
+        )
+
+    def time_and_choice(
+        self, op: str, algorithm: str, sizes: np.ndarray | float
+    ) -> tuple[np.ndarray, list[str]]:
+        """Seconds per size, and which algorithm ran ('auto' takes the fastest per size)."""
+        candidates = self.algorithms(op) if algorithm == "auto" else (algorithm,)
+        check_algorithm(op, candidates[0])
+        sizes = np.atleast_1d(np.asarray(sizes, dtype=float))
+        table = np.array([[self._graph_time(op, a, s) for s in sizes] for a in candidates])
+        best = np.argmin(table, axis=0)
+        return table[best, np.arange(sizes.size)], [candidates[i] for i in best]
+
+    def time(self, op: str, algorithm: str, sizes: np.ndarray | float) -> np.ndarray:
+        """Seconds of `op` with `algorithm` (or 'auto') for each size in bytes."""
+        return self.time_and_choice(op, algorithm, sizes)[0]

@@ -1,0 +1,258 @@
+"""What the user sees: rich tables, one JSON document for scripts, matplotlib figures.
+
+Metrics, as every table and JSON key here uses them:
+  step time          wall time of one optimizer step (all micro-batches, sync, optimizer)
+  exposed comm       step time - compute time: time the GPUs wait on the network
+  overlap ratio      1 - exposed / comm: share of communication hidden under compute
+  overlap efficiency T_compute / max(T_compute, T_comm)
+  scaling efficiency throughput(N) / (N * throughput(1))
+  MFU                model FLOP/s / (N * peak FLOP/s)
+  algbw, busbw       S / t, and algbw * factor (all-reduce 2(N-1)/N, all-gather and
+                     reduce-scatter (N-1)/N, broadcast 1, all-to-all (N-1)/N), as nccl-tests
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from commsim.units import fmt_bytes, fmt_rate, fmt_time
+
+# Piped output (CI logs, `| less`) gets a wide page instead of rich's 80-column default.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "item"):  # numpy scalars
+        return obj.item()
+    return obj
+
+
+def print_json(doc: dict[str, Any]) -> None:
+    """One JSON document on stdout, nothing else."""
+    sys.stdout.write(json.dumps(_jsonable(doc), indent=2) + "\n")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def collective_table(title: str, rows: Sequence[dict[str, Any]], algorithms: Sequence[str]) -> Table:
+    """nccl-tests style: one line per size, time / algbw / busbw per algorithm."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("size", justify="right")
+    for alg in algorithms:
+        table.add_column(f"{alg} time", justify="right")
+        table.add_column("algbw", justify="right", style="dim")
+        table.add_column("busbw", justify="right")
+    by_size: dict[float, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        by_size.setdefault(row["bytes"], {})[row["algorithm"]] = row
+    for size, cells in by_size.items():
+        line = [fmt_bytes(size)]
+        best = min(cells.values(), key=lambda r: r["time_s"])["algorithm"]
+        for alg in algorithms:
+            r = cells[alg]
+            t = fmt_time(r["time_s"])
+            line += [f"[bold]{t}[/bold]" if alg == best and len(algorithms) > 1 else t,
+                     fmt_rate(r["algbw_Bps"]), fmt_rate(r["busbw_Bps"])]
+        table.add_row(*line)
+    return table
+
+
+def step_table(title: str, pred: dict[str, Any]) -> Table:
+    """The step's summary: where the time goes and the derived metrics."""
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("what it is", style="dim")
+    rows = [
+        ("step time", fmt_time(pred["step_time_s"]), "one optimizer step"),
+        ("compute", fmt_time(pred["compute_s"]), "forward + backward + optimizer"),
+        ("  forward", fmt_time(pred["forward_s"]), "all micro-batches"),
+        ("  backward", fmt_time(pred["backward_s"]), "all micro-batches"),
+        ("  optimizer", fmt_time(pred["optimizer_s"]), "mixed-precision Adam, HBM-bound"),
+        ("communication", fmt_time(pred["comm_s"]), "sum of bucket all-reduces"),
+        ("exposed comm", fmt_time(pred["exposed_comm_s"]), "step - compute"),
+        ("overlap ratio", _pct(pred["overlap_ratio"]), "1 - exposed / comm"),
+        ("overlap efficiency", _pct(pred["overlap_efficiency"]), "T_comp / max(T_comp, T_comm)"),
+        ("scaling efficiency", _pct(pred["scaling_efficiency"]), "thr(N) / (N thr(1))"),
+        ("MFU", _pct(pred["mfu"]), "model FLOP/s / (N peak)"),
+        ("TFLOP/s per GPU", f"{pred['tflops_per_gpu']:.1f}", "achieved model FLOP/s"),
+        ("samples/s", f"{pred['samples_per_s']:.1f}", "global throughput"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def bucket_table(buckets: Sequence[dict[str, Any]], limit: int = 12) -> Table:
+    """Per-bucket breakdown: size, when its gradients are ready, when its all-reduce runs."""
+    table = Table(title="gradient buckets (in all-reduce order)", title_justify="left")
+    for col in ("#", "size", "layers", "ready", "start", "end", "all-reduce", "waited"):
+        table.add_column(col, justify="right")
+    shown = buckets if len(buckets) <= limit else [*buckets[: limit - 2], None, buckets[-1]]
+    for b in shown:
+        if b is None:
+            table.add_row("...", *[""] * 7)
+            continue
+        table.add_row(
+            str(b["index"]), fmt_bytes(b["bytes"]), str(b["layers"]), fmt_time(b["ready_s"]),
+            fmt_time(b["start_s"]), fmt_time(b["end_s"]), fmt_time(b["time_s"]),
+            fmt_time(b["start_s"] - b["ready_s"]),
+        )
+    return table
+
+
+def describe_strategy(strategy: dict[str, Any]) -> str:
+    s = strategy
+    overlap = "overlap" if s["overlap"] else "no overlap"
+    return f"{s['algorithm']}, {s['bucket_mb']:g} MiB, {overlap}, {s['placement']}"
+
+
+def plan_table(title: str, candidates: Sequence[dict[str, Any]], top: int) -> Table:
+    """Ranked strategies, best first."""
+    table = Table(title=title, title_justify="left")
+    for col in ("rank", "algorithm", "bucket", "overlap", "placement", "step", "exposed comm",
+                "overlap ratio", "scaling eff.", "MFU", "vs best"):
+        table.add_column(col, justify="right" if col not in ("algorithm", "placement") else "left")
+    best = candidates[0]["step_time_s"]
+    for i, c in enumerate(candidates[:top], 1):
+        s = c["strategy"]
+        table.add_row(
+            str(i), s["algorithm"], f"{s['bucket_mb']:g} MiB", "on" if s["overlap"] else "off",
+            s["placement"], fmt_time(c["step_time_s"]), fmt_time(c["exposed_comm_s"]),
+            _pct(c["overlap_ratio"]), _pct(c["scaling_efficiency"]), _pct(c["mfu"]),
+            f"+{100 * (c['step_time_s'] / best - 1):.1f}%",
+        )
+    return table
+
+
+_STRATEGY_VALUE = {
+    "algorithm": str,
+    "bucket_mb": lambda mb: f"{mb:g} MiB",
+    "overlap": lambda on: "overlap on" if on else "overlap off",
+    "placement": str,
+}
+
+
+def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
+    """Plain sentences on why the best candidate wins: what each alternative dimension costs."""
+    best = candidates[0]
+    s = best["strategy"]
+    lines = [
+        f"Best: {describe_strategy(s)}: step {fmt_time(best['step_time_s'])}, compute "
+        f"{fmt_time(best['compute_s'])}, communication {fmt_time(best['comm_s'])} of which "
+        f"{fmt_time(best['exposed_comm_s'])} exposed ({_pct(best['overlap_ratio'])} hidden)."
+    ]
+    for key, label in (("algorithm", "algorithm"), ("bucket_mb", "bucket size"),
+                       ("overlap", "overlap"), ("placement", "placement")):
+        others = [c for c in candidates if c["strategy"][key] != s[key]
+                  and all(c["strategy"][k] == s[k] for k in s if k != key)]
+        if not others:
+            continue
+        alt = min(others, key=lambda c: c["step_time_s"])
+        delta = alt["step_time_s"] - best["step_time_s"]
+        value = _STRATEGY_VALUE[key](alt["strategy"][key])
+        lines.append(
+            f"  best other {label} ({value}): +{fmt_time(delta)} per step, exposed comm "
+            f"{fmt_time(alt['exposed_comm_s'])}."
+        )
+    return lines
+
+
+def topology_table(summary: dict[str, Any]) -> Table:
+    """A cluster's summary: sizes, tiers, bandwidths."""
+    table = Table(title=summary["name"], title_justify="left", show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    for key, value in summary.items():
+        if key == "name":
+            continue
+        if isinstance(value, float) and key.endswith("_Bps"):
+            value = fmt_rate(value)
+        elif isinstance(value, float) and key.endswith("_s"):
+            value = fmt_time(value)
+        table.add_row(key, str(value))
+    return table
+
+
+def plot_timeline(pred: dict[str, Any], events: Sequence[Any], path: str, title: str) -> None:
+    """Gantt chart of the compute and communication streams of one step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"forward": "#4c72b0", "backward": "#55a868", "optimizer": "#8172b2",
+              "comm": "#dd8452"}
+    lanes = {"compute": 1, "comm": 0}
+    fig, ax = plt.subplots(figsize=(11, 2.8))
+    for ev in events:
+        kind = "comm" if ev.stream == "comm" else ev.label.split()[0].split(":")[0]
+        color = colors.get(kind, "#999999")
+        ax.barh(lanes[ev.stream], ev.end_s - ev.start_s, left=ev.start_s, height=0.6,
+                color=color, edgecolor="white", linewidth=0.3)
+    ax.set_yticks([0, 1], ["communication", "compute"])
+    ax.set_xlabel("time (s)")
+    ax.set_title(
+        f"{title}: step {fmt_time(pred['step_time_s'])}, exposed comm "
+        f"{fmt_time(pred['exposed_comm_s'])}, overlap {_pct(pred['overlap_ratio'])}"
+    )
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    ax.legend(handles, list(colors), loc="upper left", ncols=4, fontsize=8)
+    ax.set_ylim(-0.5, 2.0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_topology(graph: Any, path: str, title: str) -> None:
+    """The cluster graph drawn in layers: GPUs, hubs, NICs, leaves, spines, cores."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = ["gpu", "hub", "nic", "leaf", "spine", "core"]
+    by_kind: dict[str, list[str]] = {k: [] for k in order}
+    for name, data in graph.nodes(data=True):
+        by_kind[data["kind"]].append(name)
+    pos = {}
+    for level, kind in enumerate(order):
+        names = by_kind[kind]
+        for i, name in enumerate(names):
+            pos[name] = ((i + 0.5) / max(len(names), 1), level)
+    fig, ax = plt.subplots(figsize=(12, 6))
+    seen = set()
+    for u, v in graph.edges():
+        if (v, u) in seen:
+            continue
+        seen.add((u, v))
+        (x0, y0), (x1, y1) = pos[u], pos[v]
+        ax.plot([x0, x1], [y0, y1], color="#bbbbbb", linewidth=0.4, zorder=1)
+    for level, kind in enumerate(order):
+        names = by_kind[kind]
+        if names:
+            xs = [pos[n][0] for n in names]
+            ax.scatter(xs, [level] * len(xs), s=12, zorder=2, label=f"{kind} ({len(names)})")
+    ax.set_yticks(range(len(order)), order)
+    ax.set_xticks([])
+    ax.set_title(title)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,169 @@
+"""Closed forms against hand arithmetic, group of one, broadcasting, and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from commsim.collectives.alphabeta import (
+    ALGORITHMS,
+    bus_factor,
+    collective_time,
+    hierarchical_time,
+    pipeline_chunks,
+    pipeline_time,
+    tree_degree,
+    tree_height,
+)
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+A, B, S = 1e-6, 1e10, 2.0**20  # 1 us, 10 GB/s, 1 MiB
+FLAT = [(op, alg) for op, algs in ALGORITHMS.items() for alg in algs if alg != "hierarchical"]
+
+
+def t(op, alg, n, **kw):
+    return float(collective_time(op, alg, n, S, A, B, **kw))
+
+
+@pytest.mark.parametrize(
+    "op,alg,n,kw,expected",
+    [
+        # ring AR, N=4: 2(N-1) steps of S/N
+        ("all-reduce", "ring", 4, {}, 2 * 3 * A + 2 * 3 / 4 * S / B),
+        ("reduce-scatter", "ring", 4, {}, 3 * A + 3 / 4 * S / B),
+        ("all-gather", "ring", 4, {}, 3 * A + 3 / 4 * S / B),
+        # ring broadcast, N=4, 4 chunks: (k + N - 2) steps of S/k
+        ("broadcast", "ring", 4, {"chunks": 4}, (4 + 2) * (A + S / 4 / B)),
+        # tree AR, N=8: height 1 + floor(log2 7) = 3, 2h = 6 stages, degree 4, 2 chunks:
+        # (k + 2h - 1) steps of alpha + 4 chunks of S/(2k)
+        ("all-reduce", "tree", 8, {"chunks": 2}, (2 + 5) * (A + 4 * S / 4 / B)),
+        # tree AR, N=3: height 1 + floor(log2 2) = 2, degree 3, 1 chunk
+        ("all-reduce", "tree", 3, {"chunks": 1}, (1 + 3) * (A + 3 * S / 2 / B)),
+        # RHD AR, N=8: 2 lg 8 steps, 2 (N-1)/N S
+        ("all-reduce", "rhd", 8, {}, 2 * 3 * A + 2 * 7 / 8 * S / B),
+        # RHD AR, N=6: p=4, r=2: 2 lg 4 steps + fold in and out (alpha + S/B each)
+        ("all-reduce", "rhd", 6, {}, 2 * 2 * A + 2 * 3 / 4 * S / B + 2 * (A + S / B)),
+        ("reduce-scatter", "rhd", 8, {}, 3 * A + 7 / 8 * S / B),
+        # RHD RS, N=6: fold 0->1, 2->3 (S); halving over v = 1,3,4,5 holding 2,2,1,1 blocks
+        # of S/6: distance 1 moves 3 blocks, distance 2 at most 2; unfold 1->0, 3->2 (S/6)
+        ("reduce-scatter", "rhd", 6, {}, (A + S / B) + (A + 3 * S / 6 / B) + (A + 2 * S / 6 / B)
+         + (A + S / 6 / B)),
+        ("all-gather", "rhd", 6, {}, 4 * A + 2 * S / B),
+        # PS, N=4, 2 shards: a server takes 3 shards of S/2 in push and gives 3 in pull
+        ("all-reduce", "ps", 4, {"ps_shards": 2}, 2 * (A + 3 * S / 2 / B)),
+        ("all-reduce", "ps", 4, {"ps_shards": 4}, 2 * (A + 3 * S / 4 / B)),
+        # all-to-all, N=4: 3 messages of S/4 share the link in one step
+        ("all-to-all", "direct", 4, {}, A + 3 / 4 * S / B),
+    ],
+)  # fmt: skip
+def test_closed_form_by_hand(op, alg, n, kw, expected):
+    assert t(op, alg, n, **kw) == pytest.approx(expected, rel=1e-12)
+
+
+def test_pipeline_chunks_by_hand():
+    # ring broadcast N=4: k* = sqrt((N-2) S / (alpha B)) = sqrt(209.7) = 14.48; of 14 and
+    # 15, 14 gives 16 (alpha + S/14B) = 135.84 us against 17 (alpha + S/15B) = 135.84+ us
+    work = S / B
+    assert pipeline_chunks(3, A, work, S) == 14
+    assert pipeline_time(14, 3, A, work) < pipeline_time(15, 3, A, work)
+    assert t("broadcast", "ring", 4) == pytest.approx(16 * (A + S / 14 / B), rel=1e-12)
+    # the chosen count is no worse than any other
+    ks = np.arange(1, 200)
+    assert pipeline_time(14, 3, A, work) <= pipeline_time(ks, 3, A, work).min()
+
+
+def test_pipeline_chunks_edges():
+    assert pipeline_chunks(1, A, 1.0, S) == 1  # one stage: nothing to overlap
+    assert pipeline_chunks(5, 0.0, 1.0, 1000.0) == 1000  # free steps: one-byte chunks
+    assert pipeline_chunks(5, 0.0, 0.0, 1000.0) == 1
+    assert pipeline_chunks(5, A, 1.0, 0.5) == 1
+
+
+def test_tree_shape_formulas():
+    assert list(tree_height([1, 2, 3, 4, 5, 9, 14, 17])) == [0, 1, 2, 2, 3, 4, 4, 5]
+    assert list(tree_degree([1, 2, 3, 4, 100])) == [0, 2, 3, 4, 4]
+
+
+def test_hierarchical_by_hand():
+    ia, ib, oa, ob = 1e-6, 100e9, 5e-6, 10e9
+    # 2 nodes x 4 GPUs: intra RS and AG (3 steps of S/4 each), inter ring AR per rail on
+    # S/4 over 2 nodes (2 steps of S/8)
+    got = hierarchical_time("all-reduce", 2, 4, S, ia, ib, oa, ob)
+    assert got == pytest.approx(2 * 3 * (ia + S / 4 / ib) + 2 * (oa + S / 8 / ob), rel=1e-12)
+    rs = hierarchical_time("reduce-scatter", 2, 4, S, ia, ib, oa, ob)
+    assert rs == pytest.approx(3 * (ia + S / 4 / ib) + (oa + S / 8 / ob), rel=1e-12)
+    ag = hierarchical_time("all-gather", 2, 4, S, ia, ib, oa, ob)
+    assert ag == pytest.approx(rs, rel=1e-12)
+    # one node: just the intra-node rings; one GPU per node: just the inter-node ring
+    assert hierarchical_time("all-reduce", 1, 4, S, ia, ib, oa, ob) == pytest.approx(
+        2 * 3 * (ia + S / 4 / ib)
+    )
+    assert hierarchical_time("all-reduce", 4, 1, S, ia, ib, oa, ob) == pytest.approx(
+        float(collective_time("all-reduce", "ring", 4, S, oa, ob))
+    )
+
+
+@pytest.mark.parametrize("op,alg", FLAT)
+def test_group_of_one_costs_nothing(op, alg):
+    assert t(op, alg, 1) == 0.0
+    assert collective_time(op, alg, [1, 1], [0.0, S], A, B).tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("op,alg", FLAT)
+def test_zero_bytes_cost_latency_only(op, alg):
+    got = float(collective_time(op, alg, 8, 0.0, A, B, ps_shards=2))
+    assert got > 0 and got == pytest.approx(float(collective_time(op, alg, 8, 0.0, A, 1e300)))
+
+
+@pytest.mark.parametrize("op,alg", FLAT)
+def test_broadcasts_over_group_sizes_and_sizes(op, alg):
+    n = np.array([1, 2, 3, 8, 13, 64, 1000])[:, None]
+    size = np.array([0.0, 8.0, 1e3, 2.0**20, 2.0**30])[None, :]
+    grid = collective_time(op, alg, n, size, A, B)
+    assert grid.shape == (7, 5)
+    for i, ni in enumerate(n[:, 0]):
+        for j, sj in enumerate(size[0]):
+            assert grid[i, j] == float(collective_time(op, alg, int(ni), float(sj), A, B))
+    assert np.all(np.diff(grid, axis=1) >= 0)  # more bytes never cost less
+    alphas = collective_time(op, alg, 8, S, np.array([0.0, A, 2 * A]), B)
+    assert alphas.shape == (3,) and np.all(np.diff(alphas) > 0)
+
+
+def test_bus_factor():
+    n = np.array([1, 2, 4, 8])
+    assert bus_factor("all-reduce", n).tolist() == [0.0, 1.0, 1.5, 1.75]
+    assert bus_factor("all-gather", n).tolist() == [0.0, 0.5, 0.75, 0.875]
+    assert bus_factor("reduce-scatter", 4) == 0.75
+    assert bus_factor("all-to-all", 4) == 0.75
+    assert bus_factor("broadcast", n).tolist() == [1.0] * 4
+
+
+def test_ring_bus_bandwidth_approaches_link_bandwidth():
+    # nccl-tests' point of busbw: a bandwidth-bound ring all-reduce shows busbw = B
+    big = 2.0**40
+    time = float(collective_time("all-reduce", "ring", 64, big, 0.0, B))
+    assert big / time * bus_factor("all-reduce", 64) == pytest.approx(B)
+
+
+def test_bad_input_is_a_clear_value_error():
+    with pytest.raises(ValueError, match="unknown collective 'all-reduse'"):
+        t("all-reduse", "ring", 4)
+    with pytest.raises(ValueError, match="broadcast has no 'tree' algorithm.*ring"):
+        t("broadcast", "tree", 4)
+    with pytest.raises(ValueError, match="use hierarchical_time"):
+        t("all-reduce", "hierarchical", 4)
+    with pytest.raises(ValueError, match="ps_shards"):
+        t("all-reduce", "ps", 4, ps_shards=5)
+    with pytest.raises(ValueError, match="integers >= 1"):
+        t("all-reduce", "ring", 0)
+    with pytest.raises(ValueError, match="integers >= 1"):
+        t("all-reduce", "ring", 2.5)
+    with pytest.raises(ValueError, match="bandwidth > 0"):
+        collective_time("all-reduce", "ring", 4, S, A, 0.0)
+    with pytest.raises(ValueError, match="chunks"):
+        t("broadcast", "ring", 4, chunks=0)
+    with pytest.raises(ValueError, match="all-to-all has no 'hierarchical'"):
+        hierarchical_time("all-to-all", 2, 4, S, A, B, A, B)
+    with pytest.raises(ValueError, match="unknown collective"):
+        bus_factor("gather", 4)

@@ -1,0 +1,143 @@
+"""The command line as a user meets it: JSON keys, tables, and bad input (exit 2, one line)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from commsim.cli import app
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def run_json(*args: str) -> dict:
+    result = run(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_collective_json_rows():
+    doc = run_json("collective", "all-reduce", "--cluster", "dgx-a100-ib", "--gpus", "16",
+                   "--sizes", "1MiB:4MiB", "--algorithm", "ring")
+    rows = doc["rows"]
+    assert [r["bytes"] for r in rows] == [2**20, 2**21, 2**22]
+    for r in rows:
+        assert set(r) >= {"bytes", "time_s", "algbw_Bps", "busbw_Bps", "algorithm"}
+        assert r["algbw_Bps"] == pytest.approx(r["bytes"] / r["time_s"])
+        assert r["busbw_Bps"] == pytest.approx(r["algbw_Bps"] * 2 * 15 / 16)
+
+
+def test_collective_auto_is_fastest_of_all():
+    common = ("collective", "all-reduce", "--cluster", "aws-p4d", "--gpus", "32", "--sizes",
+              "8B:64MiB")
+    every = run_json(*common, "--algorithm", "all")["rows"]
+    auto = run_json(*common, "--algorithm", "auto")["rows"]
+    for a in auto:
+        same = [r["time_s"] for r in every if r["bytes"] == a["bytes"]]
+        assert a["time_s"] == pytest.approx(min(same))
+
+
+def test_collective_table_prints():
+    result = run("collective", "all-gather", "--cluster", "pcie-4gpu", "--gpus", "8",
+                 "--sizes", "1KiB:1MiB")
+    assert result.exit_code == 0, result.output
+    assert "busbw" in result.output
+
+
+def test_predict_json_keys(tmp_path):
+    png = tmp_path / "step.png"
+    doc = run_json("predict", "--plot", str(png))
+    for key in ("step_time_s", "compute_s", "comm_s", "exposed_comm_s", "overlap_ratio",
+                "overlap_efficiency", "scaling_efficiency", "mfu", "tflops_per_gpu", "buckets"):
+        assert key in doc
+    assert doc["step_time_s"] >= doc["compute_s"]
+    assert doc["exposed_comm_s"] == pytest.approx(doc["step_time_s"] - doc["compute_s"])
+    assert png.stat().st_size > 10_000
+
+
+def test_predict_flags_override_the_scenario():
+    base = run_json("predict", "--no-overlap")
+    more = run_json("predict", "--no-overlap", "--gpus", "128", "--global-batch", "1024")
+    assert base["strategy"]["overlap"] is False
+    assert more["comm_s"] > base["comm_s"]  # ring over more ranks: more steps, same bytes
+
+
+def test_plan_ranks_best_first():
+    doc = run_json("plan", "--placement", "blocked", "--algorithm", "ring")
+    times = [c["step_time_s"] for c in doc["candidates"]]
+    assert times == sorted(times)
+    assert len(times) == 8 * 2  # bucket sizes x overlap on/off
+    assert {"strategy", "step_time_s", "mfu"} <= set(doc["candidates"][0])
+
+
+def test_topo_list_and_show(tmp_path):
+    names = {t["name"] for t in run_json("topo", "list")["topologies"]}
+    assert {"dgx-a100-ib", "dgx-h100-ib", "aws-p4d", "roce-3tier-3to1", "ethernet-10g",
+            "pcie-4gpu"} <= names
+    png = tmp_path / "g.png"
+    doc = run_json("topo", "show", "roce-3tier-3to1", "--gpus", "64", "--plot", str(png))
+    assert doc["gpus"] == 64 and doc["racks"] == 2
+    assert png.exists()
+
+
+def _bad(tmp_path, text: str, name: str = "bad.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (("predict", "no/such/file.yaml"), "file not found"),
+        (("predict", "--cluster", "nowhere"), "unknown topology 'nowhere'"),
+        (("predict", "--model", "gpt-9"), "gpt-9"),
+        (("predict", "--gpus", "100000"), "100000 GPUs requested"),
+        (("predict", "--algorithm", "magic"), "strategy.algorithm"),
+        (("predict", "--global-batch", "100"), "global_batch"),
+        (("collective", "all-reduce", "--sizes", "4GiB:1KiB"), "size range"),
+        (("collective", "gather"), "unknown op"),
+        (("collective", "broadcast", "--algorithm", "rhd", "--gpus", "8"), "rhd"),
+        (("collective", "all-reduce", "--placement", "random", "--gpus", "8"), "placement"),
+        (("topo", "show", "nowhere"), "unknown topology"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args, expect):
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert expect in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_files_name_file_and_field(tmp_path):
+    bad_yaml = _bad(tmp_path, "model: [unclosed\n")
+    result = run("predict", str(bad_yaml))
+    assert result.exit_code == 2 and "invalid YAML" in result.output and "bad.yaml" in result.output
+
+    cluster = _bad(tmp_path, """
+name: broken
+nodes: 2
+node: {gpu: a100-80gb, gpus_per_node: 8, interconnect: nvswitch,
+       nics: {count: 1, bandwidth: 0Gbps}}
+fabric: {kind: infiniband, nodes_per_leaf: 1}
+""", "cluster.yaml")
+    result = run("predict", "--cluster", str(cluster))
+    assert result.exit_code == 2
+    assert "cluster.yaml: node.nics.bandwidth: must be positive" in result.output
+
+    good = cluster.read_text().replace("0Gbps", "100Gbps")
+    unknown_gpu = _bad(tmp_path, good.replace("a100-80gb", "z9000"), "gpu.yaml")
+    result = run("topo", "show", str(unknown_gpu))
+    assert result.exit_code == 2 and "unknown GPU 'z9000'" in result.output
+    assert "gpu.yaml: node.gpu" in result.output
+
+    split = _bad(tmp_path, good.replace("nodes_per_leaf: 1", "nodes_per_leaf: 1, uplinks_per_leaf: 0"),
+                 "split.yaml")
+    result = run("topo", "show", str(split))
+    assert result.exit_code == 2 and "disconnected" in result.output

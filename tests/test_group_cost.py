@@ -1,0 +1,100 @@
+"""Collective costs of a placed group on real fabrics: what the graph shows and closed forms cannot."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import make_cluster
+
+from commsim import catalog
+from commsim.collectives.alphabeta import collective_time
+from commsim.collectives.group import GroupCost
+from commsim.specs import ClusterSpec, load_spec
+from commsim.topology.build import build_cluster
+from commsim.topology.placement import place
+from commsim.topology.routing import path_params
+
+BIG, BIGGER = 2.0**28, 2.0**29
+
+
+def _bandwidth_term(cost: GroupCost, algorithm: str = "ring") -> float:
+    """Seconds per byte of the large-size slope: (T(2S) - T(S)) / S."""
+    t = cost.time("all-reduce", algorithm, np.array([BIG, BIGGER]))
+    return (t[1] - t[0]) / (BIGGER - BIG)
+
+
+def test_interleaved_ring_across_oversubscribed_racks_is_three_times_slower():
+    # 2 racks x 6 single-GPU nodes, 3:1 rack uplinks (6 ports down, 2 up). A blocked ring
+    # crosses racks twice; an interleaved one on every edge, so 6 flows share 2 uplinks.
+    c = make_cluster(nodes=12, gpus_per_node=1, nodes_per_leaf=6, oversubscription=(3.0,))
+    blocked = GroupCost(c, place(c, 12, "blocked"))
+    interleaved = GroupCost(c, place(c, 12, "interleaved"))
+    ratio = _bandwidth_term(interleaved) / _bandwidth_term(blocked)
+    assert ratio == pytest.approx(3.0, rel=1e-6)
+    # Non-blocking uplinks: the order does not matter.
+    flat = make_cluster(nodes=12, gpus_per_node=1, nodes_per_leaf=6)
+    ratio = _bandwidth_term(GroupCost(flat, place(flat, 12, "interleaved"))) / _bandwidth_term(
+        GroupCost(flat, place(flat, 12, "blocked"))
+    )
+    assert ratio == pytest.approx(1.0, rel=1e-6)
+
+
+def test_ring_on_dgx_nodes_uses_every_rail():
+    # 4 nodes x 8 GPUs, 8 NICs of 25 GB/s: a ring with one channel per rail moves its
+    # inter-node share over all 8 NICs, so the bus bandwidth is the node's 200 GB/s (what
+    # nccl-tests reports on DGX A100 clusters), not one NIC's 25 GB/s.
+    c = make_cluster(nodes=4, gpus_per_node=8, nics=8, nic_bw="200Gbps", intra_bw="300GB/s")
+    cost = GroupCost(c, place(c, 32, "blocked"))
+    busbw = 2 * 31 / 32 / _bandwidth_term(cost)
+    assert busbw == pytest.approx(200e9, rel=1e-6)
+
+
+def test_hierarchical_on_a_single_nic_node():
+    # One 10 GbE NIC for 8 GPUs, 8 nodes. Per NIC, a blocked flat ring moves 2(N-1)/N S
+    # (N = 64) and hierarchical 8 rails x 2(M-1)/M S/8 (M = 8): a ratio of (7/4)/(63/32).
+    # Its real gain is latency: 2(M-1) inter-node steps instead of 2(N-1).
+    spec = load_spec(ClusterSpec, catalog.topology_path("ethernet-10g"))
+    c = build_cluster(spec, 64)
+    cost = GroupCost(c, place(c, 64, "blocked"))
+    ratio = _bandwidth_term(cost, "hierarchical") / _bandwidth_term(cost, "ring")
+    assert ratio == pytest.approx((7 / 4) / (63 / 32), rel=0.01)
+    small = cost.time("all-reduce", "hierarchical", 8.0) / cost.time("all-reduce", "ring", 8.0)
+    assert small < 0.5
+
+
+def test_whole_node_algorithms_drop_out_of_auto_for_partial_nodes():
+    c = make_cluster(nodes=3, gpus_per_node=8, nics=8)
+    cost = GroupCost(c, place(c, 20, "blocked"))
+    assert cost.algorithms("all-reduce") == ("ring", "rhd", "ps")
+    cost.time("all-reduce", "auto", 1e6)
+    with pytest.raises(ValueError, match="whole nodes"):
+        cost.time("all-reduce", "hierarchical", 1e6)
+
+
+def test_graph_matches_closed_form_on_one_nvswitch_node(nvswitch_node):
+    cost = GroupCost(nvswitch_node, np.arange(8))
+    alpha, bw = path_params(nvswitch_node, 0, 1)
+    sizes = np.array([1e3, 1e6, 1e9])
+    expected = collective_time("all-reduce", "ring", 8, sizes, alpha, bw)
+    assert cost.time("all-reduce", "ring", sizes) == pytest.approx(expected, rel=1e-9)
+
+
+def test_auto_takes_the_fastest_and_caches():
+    c = make_cluster(nodes=8, gpus_per_node=1, nodes_per_leaf=4)
+    cost = GroupCost(c, place(c, 8, "blocked"))
+    sizes = np.array([8.0, 2.0**26])
+    auto, chosen = cost.time_and_choice("all-reduce", "auto", sizes)
+    table = [cost.time("all-reduce", a, sizes) for a in ("ring", "tree", "rhd", "ps",
+                                                          "hierarchical")]
+    assert auto == pytest.approx(np.min(table, axis=0))
+    assert chosen[0] != "ring"  # latency-bound: a log-depth algorithm wins
+    assert chosen[1] in ("ring", "rhd", "hierarchical")
+
+
+def test_unknown_pairs_are_value_errors():
+    c = make_cluster(nodes=2, gpus_per_node=1)
+    cost = GroupCost(c, np.arange(2))
+    with pytest.raises(ValueError, match="broadcast has no 'rhd'"):
+        cost.time("broadcast", "rhd", 1e6)
+    with pytest.raises(ValueError, match="unknown"):
+        cost.time("gather", "ring", 1e6)

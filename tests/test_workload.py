@@ -1,0 +1,163 @@
+"""Workloads: parameter counts against published totals, FLOPs against hand computation."""
+
+import numpy as np
+import pytest
+
+from commsim.catalog import gpu
+from commsim.specs import LayerSpec, ModelSpec, SpecError
+from commsim.workload import MODEL_NAMES, build_workload, layer_times
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("gpt2-xl", 1_557_611_200),  # HF gpt2-xl num_parameters()
+        ("llama2-7b", 6_738_415_616),  # HF Llama-2-7b-hf
+        ("llama2-70b", 68_976_648_192),  # HF Llama-2-70b-hf
+        ("resnet50", 25_557_032),  # torchvision ResNet50_Weights.IMAGENET1K_V1 num_params
+    ],
+)
+def test_published_parameter_counts(name, params):
+    assert build_workload(name).params == params
+
+
+def test_gpt3_parameters():
+    # 96 blocks of 12h^2 + 13h, token (50257) and position (2048) tables, final LayerNorm
+    h = 12288
+    expected = 96 * (12 * h * h + 13 * h) + 50257 * h + 2048 * h + 2 * h
+    w = build_workload("gpt3-175b")
+    assert w.params == expected == 174_604_259_328  # "175B" in Brown et al.; ~174.6B exact
+
+
+def test_bert_large_parameters():
+    w = build_workload("bert-large")
+    heads = {"pooler", "lm_head"}  # pooler+NSP and the MLM transform, tied decoder
+    encoder = sum(layer.params for layer in w.layers if layer.name not in heads)
+    pooler = 1024 * 1024 + 1024
+    assert encoder + pooler == 335_141_888  # HF BertModel (bert-large-uncased)
+    assert w.params == pytest.approx(335e6, rel=0.01)
+
+
+def test_gqa_block_of_llama2_70b():
+    # q and o: h x h; k and v: h x (8 kv heads * 128); gate/up/down: 3 h x 28672; 2 RMSNorms
+    h, kv = 8192, 8 * 128
+    block = next(layer for layer in build_workload("llama2-70b").layers if layer.name == "block.0")
+    assert block.params == 2 * h * h + 2 * h * kv + 3 * h * 28672 + 2 * h == 855_654_400
+
+
+def test_gpt3_forward_flops_match_narayanan():
+    # Narayanan et al. 2021 eq. (3) without recompute: training FLOPs per sequence
+    # 72 s L h^2 (1 + s/(6h) + V/(12 L h)), i.e. 3x the forward.
+    L, h, s, V = 96, 12288, 2048, 50257
+    w = build_workload("gpt3-175b")
+    assert w.train_flops == pytest.approx(72 * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h)))
+
+
+def test_llama2_7b_flops_per_token_is_6n_plus_attention():
+    L, h, s, V, f = 32, 4096, 4096, 32000, 11008
+    w = build_workload("llama2-7b")
+    matmul = L * (4 * h * h + 3 * h * f) + V * h  # blocks + untied head; embedding is a lookup
+    assert w.train_flops / s == pytest.approx(6 * matmul + 12 * L * s * h)
+    # the 6N rule over all parameters is within a few percent of the matmul part
+    assert 6 * w.params == pytest.approx(6 * matmul, rel=0.03)
+
+
+def test_tied_head_has_no_parameters_but_costs_logits():
+    head = build_workload("gpt2-xl").layers[-1]
+    assert (head.name, head.params) == ("lm_head", 0)
+    assert head.forward_flops == 2 * 1024 * 1600 * 50257
+
+
+def test_resnet50_layers():
+    w = build_workload("resnet50")
+    names = [layer.name for layer in w.layers]
+    assert names[:3] == ["conv1", "bn1", "layer1.0.conv1"]
+    assert names[-3:] == ["layer4.2.conv3", "layer4.2.bn3", "fc"]
+    assert len(w.layers) == 53 * 2 + 1  # 53 convs each with a batch norm, and fc
+    conv1, fc = w.layers[0], w.layers[-1]
+    assert conv1.params == 64 * 3 * 7 * 7 == 9408
+    assert conv1.forward_flops == 2 * 9408 * 112 * 112  # 2 FLOPs per MAC
+    assert fc.params == 2048 * 1000 + 1000
+    assert w.forward_flops / 2 == pytest.approx(4.09e9, rel=0.005)  # torchvision: 4.09 GMAC
+    assert w.seq_len is None
+
+
+def test_seq_len_override_changes_flops_not_params():
+    base, short = build_workload("llama2-7b"), build_workload("llama2-7b", seq_len=2048)
+    assert short.params == base.params and short.seq_len == 2048
+    assert short.forward_flops < base.forward_flops / 2  # attention is quadratic in s
+    ref = build_workload(ModelSpec(name="llama2-7b", seq_len=2048))
+    assert ref.forward_flops == short.forward_flops
+
+
+def test_explicit_specs_match_presets():
+    gpt = ModelSpec(name="g", layers=48, hidden=1600, heads=25, vocab=50257, seq_len=1024)
+    assert build_workload(gpt).params == build_workload("gpt2-xl").params
+    llama = ModelSpec(
+        name="l", layers=32, hidden=4096, heads=32, ffn_hidden=11008, gated_mlp=True, vocab=32000
+    )
+    built = build_workload(llama, seq_len=4096)
+    assert built.params == 6_738_415_616
+    assert built.forward_flops == build_workload("llama2-7b").forward_flops
+
+
+def test_custom_layers():
+    spec = ModelSpec(
+        name="mlp",
+        kind="custom",
+        custom_layers=[
+            LayerSpec(name="a", params=10, forward_flops=20.0),
+            LayerSpec(name="b", params=5, forward_flops=0),
+        ],
+    )
+    w = build_workload(spec)
+    assert [layer.name for layer in w.layers] == ["a", "b"]
+    assert (w.params, w.forward_flops, w.train_flops) == (15, 20.0, 60.0)
+
+
+@pytest.mark.parametrize(
+    "model, seq_len, field",
+    [
+        ("gpt-5", None, "model"),
+        (ModelSpec(name="x", layers=2, heads=4, vocab=100, seq_len=8), None, "model.hidden"),
+        (ModelSpec(name="x", layers=2, hidden=64, heads=4, vocab=100), None, "model.seq_len"),
+        (
+            ModelSpec(name="x", layers=2, hidden=64, heads=5, vocab=9, seq_len=8),
+            None,
+            "model.heads",
+        ),
+        (
+            ModelSpec(name="x", layers=2, hidden=64, heads=4, kv_heads=3, vocab=9, seq_len=8),
+            None,
+            "model.kv_heads",
+        ),
+        (
+            ModelSpec(name="x", layers=2, hidden=64, heads=4, gated_mlp=True, vocab=9, seq_len=8),
+            None,
+            "model.ffn_hidden",
+        ),
+        (ModelSpec(name="x", kind="custom"), None, "model.custom_layers"),
+        ("gpt2-xl", 2048, "seq_len"),  # beyond its 1024 learned positions
+    ],
+)
+def test_bad_specs_name_the_field(model, seq_len, field):
+    with pytest.raises(SpecError) as err:
+        build_workload(model, seq_len, source="s.yaml")
+    assert (err.value.source, err.value.field) == ("s.yaml", field)
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(SpecError, match="llama2-70b"):
+        build_workload("llama3")
+    assert set(MODEL_NAMES) >= {"gpt2-xl", "gpt3-175b", "llama2-7b", "bert-large", "resnet50"}
+
+
+def test_layer_times():
+    w, a100 = build_workload("gpt2-xl"), gpu("a100")
+    forward, backward = layer_times(w, a100, efficiency=0.5, micro_batch=4)
+    block = 2 * 1024 * (12 * 1600**2) + 4 * 1024**2 * 1600
+    assert forward[1] == pytest.approx(4 * block / (312e12 * 0.5))
+    np.testing.assert_allclose(backward, 2 * forward)
+    assert forward[0] == 0.0  # the embedding lookup
+    with pytest.raises(ValueError):
+        layer_times(w, a100, efficiency=0.0, micro_batch=1)
