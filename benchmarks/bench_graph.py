@@ -53,17 +53,23 @@ def one_case(n_gpus: int, algorithm: str) -> dict:
 
 def main() -> None:
     print(f"graph-form all-reduce of {SIZE / 2**30:g} GiB on {TOPOLOGY}, blocked placement")
-    print(f"{'GPUs':>6} {'algorithm':>13} {'build':>8} {'evaluate':>9} {'total':>8} "
-          f"{'peak RSS':>9} {'edges':>8} {'predicted':>10}")
+    print(
+        f"{'GPUs':>6} {'algorithm':>13} {'build':>8} {'evaluate':>9} {'total':>8} "
+        f"{'peak RSS':>9} {'edges':>8} {'predicted':>10}"
+    )
     for n, alg in CASES:
         out = subprocess.run(
             [sys.executable, __file__, "--case", str(n), alg],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
         r = json.loads(out)
-        print(f"{r['gpus']:>6} {r['algorithm']:>13} {r['build_s']:>7.2f}s {r['evaluate_s']:>8.2f}s "
-              f"{r['total_s']:>7.2f}s {r['peak_rss_MiB']:>6.0f} MiB {r['edges']:>8} "
-              f"{r['predicted_allreduce_s'] * 1e3:>8.2f}ms")
+        print(
+            f"{r['gpus']:>6} {r['algorithm']:>13} {r['build_s']:>7.2f}s {r['evaluate_s']:>8.2f}s "
+            f"{r['total_s']:>7.2f}s {r['peak_rss_MiB']:>6.0f} MiB {r['edges']:>8} "
+            f"{r['predicted_allreduce_s'] * 1e3:>8.2f}ms"
+        )
 
 
 if __name__ == "__main__":

@@ -82,7 +82,9 @@ def gpu(name: str, source: str = "", field: str = "gpu") -> GPUSpec:
         return GPUS[name.lower()]
     except KeyError:
         known = ", ".join(sorted(GPUS))
-        raise SpecError(source or "catalog", field, f"unknown GPU {name!r} (known: {known})")
+        raise SpecError(
+            source or "catalog", field, f"unknown GPU {name!r} (known: {known})"
+        ) from None
 
 
 def topology_names() -> list[str]:
@@ -99,4 +101,6 @@ def topology_path(name_or_path: str, source: str = "", field: str = "cluster") -
     if candidate.exists():
         return candidate
     known = ", ".join(topology_names())
-    raise SpecError(source or name_or_path, field, f"unknown topology {name_or_path!r} (known: {known})")
+    raise SpecError(
+        source or name_or_path, field, f"unknown topology {name_or_path!r} (known: {known})"
+    )

@@ -47,8 +47,12 @@ def user_errors() -> Iterator[None]:
 def _progress(total: int, label: str) -> Progress:
     """A progress bar on stderr, shown only if the work lasts over a second."""
     progress = Progress(
-        TextColumn(label), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(), console=report.err_console, transient=True,
+        TextColumn(label),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=report.err_console,
+        transient=True,
     )
     progress.add_task(label, total=total)
     return progress
@@ -94,15 +98,25 @@ def predict_cmd(
     algorithm: AlgorithmOpt = None,
     placement: PlacementOpt = None,
     overlap: OverlapOpt = None,
-    plot: Annotated[str | None, typer.Option(help="Write the step's Gantt chart to this PNG.")] = None,
+    plot: Annotated[
+        str | None, typer.Option(help="Write the step's Gantt chart to this PNG.")
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Predict one training step: compute, communication, overlap, scaling, MFU, buckets."""
     with user_errors():
         setup = _setup(
-            scenario, model=model, cluster=cluster, gpus=gpus, global_batch=global_batch,
-            micro_batch=micro_batch, seq_len=seq_len, bucket_mb=bucket_mb,
-            algorithm=algorithm, placement=placement, overlap=overlap,
+            scenario,
+            model=model,
+            cluster=cluster,
+            gpus=gpus,
+            global_batch=global_batch,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            bucket_mb=bucket_mb,
+            algorithm=algorithm,
+            placement=placement,
+            overlap=overlap,
         )
         pred = predict(setup)
         doc = {"scenario": setup.scenario.name, "gpus": setup.n_gpus} | pred.to_dict()
@@ -112,9 +126,13 @@ def predict_cmd(
         report.print_json(doc)
         return
     s = setup.scenario
-    report.console.print(report.step_table(
-        f"{s.name}: {setup.workload.name} on {s.gpus} GPUs of {setup.cluster.spec.name} "
-        f"({report.describe_strategy(doc['strategy'])})", doc))
+    report.console.print(
+        report.step_table(
+            f"{s.name}: {setup.workload.name} on {s.gpus} GPUs of {setup.cluster.spec.name} "
+            f"({report.describe_strategy(doc['strategy'])})",
+            doc,
+        )
+    )
     report.console.print(report.bucket_table(doc["buckets"]))
     if plot:
         report.console.print(f"timeline written to {plot}")
@@ -147,9 +165,17 @@ def plan_cmd(
     """Search data-parallel strategies (algorithm x bucket x overlap x placement), ranked."""
     with user_errors():
         setup = _setup(
-            scenario, model=model, cluster=cluster, gpus=gpus, global_batch=global_batch,
-            micro_batch=micro_batch, seq_len=seq_len, bucket_mb=bucket_mb,
-            algorithm=algorithm, placement=placement, overlap=overlap,
+            scenario,
+            model=model,
+            cluster=cluster,
+            gpus=gpus,
+            global_batch=global_batch,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            bucket_mb=bucket_mb,
+            algorithm=algorithm,
+            placement=placement,
+            overlap=overlap,
         )
         base = setup.scenario.strategy  # flags validated as scenario fields; now pin them
         candidates = planner.strategies(
@@ -163,28 +189,47 @@ def plan_cmd(
             result = planner.plan(setup, candidates, on_progress=lambda: bar.advance(0))
     docs = [p.to_dict() for p in result.ranked]
     if json_out:
-        report.print_json({"scenario": setup.scenario.name, "gpus": setup.n_gpus,
-                           "candidates": docs, "skipped": result.skipped,
-                           "notes": result.notes})
+        report.print_json(
+            {
+                "scenario": setup.scenario.name,
+                "gpus": setup.n_gpus,
+                "candidates": docs,
+                "skipped": result.skipped,
+                "notes": result.notes,
+            }
+        )
         return
     if not docs:
         report.err_console.print("no strategy can run on this group; see the notes")
     s = setup.scenario
-    report.console.print(report.plan_table(
-        f"{s.name}: {setup.workload.name}, {s.gpus} GPUs of {setup.cluster.spec.name}, "
-        f"global batch {s.global_batch}: {len(docs)} strategies", docs, top))
+    report.console.print(
+        report.plan_table(
+            f"{s.name}: {setup.workload.name}, {s.gpus} GPUs of {setup.cluster.spec.name}, "
+            f"global batch {s.global_batch}: {len(docs)} strategies",
+            docs,
+            top,
+        )
+    )
     for line in [*report.explain_winner(docs), *result.notes]:
         report.console.print(line, highlight=False)
 
 
 @app.command("collective")
 def collective_cmd(
-    op: Annotated[str, typer.Argument(help="all-reduce, reduce-scatter, all-gather, broadcast, all-to-all")],
+    op: Annotated[
+        str, typer.Argument(help="all-reduce, reduce-scatter, all-gather, broadcast, all-to-all")
+    ],
     cluster: Annotated[str, typer.Option(help="Topology name or YAML path.")] = "dgx-h100-ib",
     gpus: Annotated[int, typer.Option(help="Ranks in the group.")] = 64,
-    sizes: Annotated[str, typer.Option(help="Size sweep LOW:HIGH, doubling (nccl-tests -b/-e/-f 2).")] = "8B:4GiB",
-    algorithm: Annotated[str, typer.Option(help="An algorithm, 'auto' (fastest) or 'all'.")] = "all",
-    placement: Annotated[str, typer.Option(help="blocked, interleaved or topology-aware.")] = "blocked",
+    sizes: Annotated[
+        str, typer.Option(help="Size sweep LOW:HIGH, doubling (nccl-tests -b/-e/-f 2).")
+    ] = "8B:4GiB",
+    algorithm: Annotated[
+        str, typer.Option(help="An algorithm, 'auto' (fastest) or 'all'.")
+    ] = "all",
+    placement: Annotated[
+        str, typer.Option(help="blocked, interleaved or topology-aware.")
+    ] = "blocked",
     ps_shards: Annotated[int, typer.Option(help="Parameter-server shards.")] = 1,
     json_out: JsonOpt = False,
 ) -> None:
@@ -202,19 +247,30 @@ def collective_cmd(
         with _progress(len(algs), f"{op} on {gpus} GPUs") as bar:
             for alg in algs:
                 times, chosen = cost.time_and_choice(op, alg, grid)
-                for size, t, name in zip(grid, times, chosen):
+                for size, t, name in zip(grid, times, chosen, strict=True):
                     algbw = size / t if t > 0 else float("inf")
-                    rows.append({"bytes": float(size), "time_s": float(t), "algbw_Bps": algbw,
-                                 "busbw_Bps": algbw * bus_factor(op, gpus), "algorithm": name,
-                                 "requested": alg})
+                    rows.append(
+                        {
+                            "bytes": float(size),
+                            "time_s": float(t),
+                            "algbw_Bps": algbw,
+                            "busbw_Bps": algbw * bus_factor(op, gpus),
+                            "algorithm": name,
+                            "requested": alg,
+                        }
+                    )
                 bar.advance(0)
     if json_out:
-        report.print_json({"op": op, "cluster": spec.name, "gpus": gpus, "placement": placement,
-                           "rows": rows})
+        report.print_json(
+            {"op": op, "cluster": spec.name, "gpus": gpus, "placement": placement, "rows": rows}
+        )
         return
     shown = [r | {"algorithm": r["requested"]} for r in rows]
-    report.console.print(report.collective_table(
-        f"{op}: {gpus} GPUs of {spec.name}, {placement} placement", shown, algs))
+    report.console.print(
+        report.collective_table(
+            f"{op}: {gpus} GPUs of {spec.name}, {placement} placement", shown, algs
+        )
+    )
     if algorithm == "auto":
         picks = sorted({r["algorithm"] for r in rows})
         report.console.print(f"auto picked: {', '.join(picks)}")
@@ -226,9 +282,20 @@ def topo_list(json_out: JsonOpt = False) -> None:
     with user_errors():
         specs = [load_spec(ClusterSpec, catalog.topology_path(n)) for n in catalog.topology_names()]
     if json_out:
-        report.print_json({"topologies": [
-            {"name": s.name, "description": s.description, "nodes": s.nodes,
-             "gpus": s.total_gpus, "gpu": s.node.gpu} for s in specs]})
+        report.print_json(
+            {
+                "topologies": [
+                    {
+                        "name": s.name,
+                        "description": s.description,
+                        "nodes": s.nodes,
+                        "gpus": s.total_gpus,
+                        "gpu": s.node.gpu,
+                    }
+                    for s in specs
+                ]
+            }
+        )
         return
     from rich.table import Table
 
@@ -243,7 +310,9 @@ def topo_list(json_out: JsonOpt = False) -> None:
 @topo_app.command("show")
 def topo_show(
     name: Annotated[str, typer.Argument(help="Topology name or YAML path.")],
-    gpus: Annotated[int | None, typer.Option(help="Build only the nodes this many GPUs need.")] = None,
+    gpus: Annotated[
+        int | None, typer.Option(help="Build only the nodes this many GPUs need.")
+    ] = None,
     plot: Annotated[str | None, typer.Option(help="Draw the graph to this PNG.")] = None,
     json_out: JsonOpt = False,
 ) -> None:

@@ -57,8 +57,10 @@ def plan(
         if key not in costs:
             costs[key] = cost = gradient_sync_cost(setup, strategy)
             for (other, shards), seen in costs.items():
-                if shards == strategy.ps_shards and other != strategy.placement and (
-                    (seen.gpus == cost.gpus).all()
+                if (
+                    shards == strategy.ps_shards
+                    and other != strategy.placement
+                    and ((seen.gpus == cost.gpus).all())
                 ):
                     same_as[strategy.placement] = other
                     break

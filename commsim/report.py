@@ -50,7 +50,9 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def collective_table(title: str, rows: Sequence[dict[str, Any]], algorithms: Sequence[str]) -> Table:
+def collective_table(
+    title: str, rows: Sequence[dict[str, Any]], algorithms: Sequence[str]
+) -> Table:
     """nccl-tests style: one line per size, time / algbw / busbw per algorithm."""
     table = Table(title=title, title_justify="left")
     table.add_column("size", justify="right")
@@ -67,8 +69,11 @@ def collective_table(title: str, rows: Sequence[dict[str, Any]], algorithms: Seq
         for alg in algorithms:
             r = cells[alg]
             t = fmt_time(r["time_s"])
-            line += [f"[bold]{t}[/bold]" if alg == best and len(algorithms) > 1 else t,
-                     fmt_rate(r["algbw_Bps"]), fmt_rate(r["busbw_Bps"])]
+            line += [
+                f"[bold]{t}[/bold]" if alg == best and len(algorithms) > 1 else t,
+                fmt_rate(r["algbw_Bps"]),
+                fmt_rate(r["busbw_Bps"]),
+            ]
         table.add_row(*line)
     return table
 
@@ -110,8 +115,13 @@ def bucket_table(buckets: Sequence[dict[str, Any]], limit: int = 12) -> Table:
             table.add_row("...", *[""] * 7)
             continue
         table.add_row(
-            str(b["index"]), fmt_bytes(b["bytes"]), str(b["layers"]), fmt_time(b["ready_s"]),
-            fmt_time(b["start_s"]), fmt_time(b["end_s"]), fmt_time(b["time_s"]),
+            str(b["index"]),
+            fmt_bytes(b["bytes"]),
+            str(b["layers"]),
+            fmt_time(b["ready_s"]),
+            fmt_time(b["start_s"]),
+            fmt_time(b["end_s"]),
+            fmt_time(b["time_s"]),
             fmt_time(b["start_s"] - b["ready_s"]),
         )
     return table
@@ -126,16 +136,34 @@ def describe_strategy(strategy: dict[str, Any]) -> str:
 def plan_table(title: str, candidates: Sequence[dict[str, Any]], top: int) -> Table:
     """Ranked strategies, best first."""
     table = Table(title=title, title_justify="left")
-    for col in ("rank", "algorithm", "bucket", "overlap", "placement", "step", "exposed comm",
-                "overlap ratio", "scaling eff.", "MFU", "vs best"):
+    for col in (
+        "rank",
+        "algorithm",
+        "bucket",
+        "overlap",
+        "placement",
+        "step",
+        "exposed comm",
+        "overlap ratio",
+        "scaling eff.",
+        "MFU",
+        "vs best",
+    ):
         table.add_column(col, justify="right" if col not in ("algorithm", "placement") else "left")
     best = candidates[0]["step_time_s"]
     for i, c in enumerate(candidates[:top], 1):
         s = c["strategy"]
         table.add_row(
-            str(i), s["algorithm"], f"{s['bucket_mb']:g} MiB", "on" if s["overlap"] else "off",
-            s["placement"], fmt_time(c["step_time_s"]), fmt_time(c["exposed_comm_s"]),
-            _pct(c["overlap_ratio"]), _pct(c["scaling_efficiency"]), _pct(c["mfu"]),
+            str(i),
+            s["algorithm"],
+            f"{s['bucket_mb']:g} MiB",
+            "on" if s["overlap"] else "off",
+            s["placement"],
+            fmt_time(c["step_time_s"]),
+            fmt_time(c["exposed_comm_s"]),
+            _pct(c["overlap_ratio"]),
+            _pct(c["scaling_efficiency"]),
+            _pct(c["mfu"]),
             f"+{100 * (c['step_time_s'] / best - 1):.1f}%",
         )
     return table
@@ -158,10 +186,17 @@ def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
         f"{fmt_time(best['compute_s'])}, communication {fmt_time(best['comm_s'])} of which "
         f"{fmt_time(best['exposed_comm_s'])} exposed ({_pct(best['overlap_ratio'])} hidden)."
     ]
-    for key, label in (("algorithm", "algorithm"), ("bucket_mb", "bucket size"),
-                       ("overlap", "overlap"), ("placement", "placement")):
-        others = [c for c in candidates if c["strategy"][key] != s[key]
-                  and all(c["strategy"][k] == s[k] for k in s if k != key)]
+    for key, label in (
+        ("algorithm", "algorithm"),
+        ("bucket_mb", "bucket size"),
+        ("overlap", "overlap"),
+        ("placement", "placement"),
+    ):
+        others = [
+            c
+            for c in candidates
+            if c["strategy"][key] != s[key] and all(c["strategy"][k] == s[k] for k in s if k != key)
+        ]
         if not others:
             continue
         alt = min(others, key=lambda c: c["step_time_s"])
@@ -197,15 +232,26 @@ def plot_timeline(pred: dict[str, Any], events: Sequence[Any], path: str, title:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"forward": "#4c72b0", "backward": "#55a868", "optimizer": "#8172b2",
-              "comm": "#dd8452"}
+    colors = {
+        "forward": "#4c72b0",
+        "backward": "#55a868",
+        "optimizer": "#8172b2",
+        "comm": "#dd8452",
+    }
     lanes = {"compute": 1, "comm": 0}
     fig, ax = plt.subplots(figsize=(11, 2.8))
     for ev in events:
         kind = "comm" if ev.stream == "comm" else ev.label.split()[0].split(":")[0]
         color = colors.get(kind, "#999999")
-        ax.barh(lanes[ev.stream], ev.end_s - ev.start_s, left=ev.start_s, height=0.6,
-                color=color, edgecolor="white", linewidth=0.3)
+        ax.barh(
+            lanes[ev.stream],
+            ev.end_s - ev.start_s,
+            left=ev.start_s,
+            height=0.6,
+            color=color,
+            edgecolor="white",
+            linewidth=0.3,
+        )
     ax.set_yticks([0, 1], ["communication", "compute"])
     ax.set_xlabel("time (s)")
     ax.set_title(

@@ -24,9 +24,7 @@ _PREFIX = {
 }
 _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 _SIZE_RE = re.compile(rf"^\s*{_NUMBER}\s*(Ki|Mi|Gi|Ti|k|K|M|G|T|P)?(B|b|bit|bits|byte|bytes)?\s*$")
-_RATE_RE = re.compile(
-    rf"^\s*{_NUMBER}\s*(Ki|Mi|Gi|Ti|k|K|M|G|T|P)?(B/s|Bps|bps|b/s|bit/s)\s*$"
-)
+_RATE_RE = re.compile(rf"^\s*{_NUMBER}\s*(Ki|Mi|Gi|Ti|k|K|M|G|T|P)?(B/s|Bps|bps|b/s|bit/s)\s*$")
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
 _TIME_UNITS.update({"d": 86400.0})
 _TIME_RE = re.compile(rf"^\s*{_NUMBER}\s*(s|ms|us|µs|ns|min|h|d)?\s*$")

@@ -23,8 +23,18 @@ def run_json(*args: str) -> dict:
 
 
 def test_collective_json_rows():
-    doc = run_json("collective", "all-reduce", "--cluster", "dgx-a100-ib", "--gpus", "16",
-                   "--sizes", "1MiB:4MiB", "--algorithm", "ring")
+    doc = run_json(
+        "collective",
+        "all-reduce",
+        "--cluster",
+        "dgx-a100-ib",
+        "--gpus",
+        "16",
+        "--sizes",
+        "1MiB:4MiB",
+        "--algorithm",
+        "ring",
+    )
     rows = doc["rows"]
     assert [r["bytes"] for r in rows] == [2**20, 2**21, 2**22]
     for r in rows:
@@ -34,8 +44,16 @@ def test_collective_json_rows():
 
 
 def test_collective_auto_is_fastest_of_all():
-    common = ("collective", "all-reduce", "--cluster", "aws-p4d", "--gpus", "32", "--sizes",
-              "8B:64MiB")
+    common = (
+        "collective",
+        "all-reduce",
+        "--cluster",
+        "aws-p4d",
+        "--gpus",
+        "32",
+        "--sizes",
+        "8B:64MiB",
+    )
     every = run_json(*common, "--algorithm", "all")["rows"]
     auto = run_json(*common, "--algorithm", "auto")["rows"]
     for a in auto:
@@ -44,8 +62,9 @@ def test_collective_auto_is_fastest_of_all():
 
 
 def test_collective_table_prints():
-    result = run("collective", "all-gather", "--cluster", "pcie-4gpu", "--gpus", "8",
-                 "--sizes", "1KiB:1MiB")
+    result = run(
+        "collective", "all-gather", "--cluster", "pcie-4gpu", "--gpus", "8", "--sizes", "1KiB:1MiB"
+    )
     assert result.exit_code == 0, result.output
     assert "busbw" in result.output
 
@@ -53,8 +72,18 @@ def test_collective_table_prints():
 def test_predict_json_keys(tmp_path):
     png = tmp_path / "step.png"
     doc = run_json("predict", "--plot", str(png))
-    for key in ("step_time_s", "compute_s", "comm_s", "exposed_comm_s", "overlap_ratio",
-                "overlap_efficiency", "scaling_efficiency", "mfu", "tflops_per_gpu", "buckets"):
+    for key in (
+        "step_time_s",
+        "compute_s",
+        "comm_s",
+        "exposed_comm_s",
+        "overlap_ratio",
+        "overlap_efficiency",
+        "scaling_efficiency",
+        "mfu",
+        "tflops_per_gpu",
+        "buckets",
+    ):
         assert key in doc
     assert doc["step_time_s"] >= doc["compute_s"]
     assert doc["exposed_comm_s"] == pytest.approx(doc["step_time_s"] - doc["compute_s"])
@@ -78,8 +107,14 @@ def test_plan_ranks_best_first():
 
 def test_topo_list_and_show(tmp_path):
     names = {t["name"] for t in run_json("topo", "list")["topologies"]}
-    assert {"dgx-a100-ib", "dgx-h100-ib", "aws-p4d", "roce-3tier-3to1", "ethernet-10g",
-            "pcie-4gpu"} <= names
+    assert {
+        "dgx-a100-ib",
+        "dgx-h100-ib",
+        "aws-p4d",
+        "roce-3tier-3to1",
+        "ethernet-10g",
+        "pcie-4gpu",
+    } <= names
     png = tmp_path / "g.png"
     doc = run_json("topo", "show", "roce-3tier-3to1", "--gpus", "64", "--plot", str(png))
     assert doc["gpus"] == 64 and doc["racks"] == 2
@@ -120,13 +155,17 @@ def test_bad_files_name_file_and_field(tmp_path):
     result = run("predict", str(bad_yaml))
     assert result.exit_code == 2 and "invalid YAML" in result.output and "bad.yaml" in result.output
 
-    cluster = _bad(tmp_path, """
+    cluster = _bad(
+        tmp_path,
+        """
 name: broken
 nodes: 2
 node: {gpu: a100-80gb, gpus_per_node: 8, interconnect: nvswitch,
        nics: {count: 1, bandwidth: 0Gbps}}
 fabric: {kind: infiniband, nodes_per_leaf: 1}
-""", "cluster.yaml")
+""",
+        "cluster.yaml",
+    )
     result = run("predict", "--cluster", str(cluster))
     assert result.exit_code == 2
     assert "cluster.yaml: node.nics.bandwidth: must be positive" in result.output
@@ -137,7 +176,10 @@ fabric: {kind: infiniband, nodes_per_leaf: 1}
     assert result.exit_code == 2 and "unknown GPU 'z9000'" in result.output
     assert "gpu.yaml: node.gpu" in result.output
 
-    split = _bad(tmp_path, good.replace("nodes_per_leaf: 1", "nodes_per_leaf: 1, uplinks_per_leaf: 0"),
-                 "split.yaml")
+    split = _bad(
+        tmp_path,
+        good.replace("nodes_per_leaf: 1", "nodes_per_leaf: 1, uplinks_per_leaf: 0"),
+        "split.yaml",
+    )
     result = run("topo", "show", str(split))
     assert result.exit_code == 2 and "disconnected" in result.output

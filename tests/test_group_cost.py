@@ -1,4 +1,4 @@
-"""Collective costs of a placed group on real fabrics: what the graph shows and closed forms cannot."""
+"""Collective costs of a placed group on real fabrics: what the graph shows beyond closed forms."""
 
 from __future__ import annotations
 
@@ -84,8 +84,9 @@ def test_auto_takes_the_fastest_and_caches():
     cost = GroupCost(c, place(c, 8, "blocked"))
     sizes = np.array([8.0, 2.0**26])
     auto, chosen = cost.time_and_choice("all-reduce", "auto", sizes)
-    table = [cost.time("all-reduce", a, sizes) for a in ("ring", "tree", "rhd", "ps",
-                                                          "hierarchical")]
+    table = [
+        cost.time("all-reduce", a, sizes) for a in ("ring", "tree", "rhd", "ps", "hierarchical")
+    ]
     assert auto == pytest.approx(np.min(table, axis=0))
     assert chosen[0] != "ring"  # latency-bound: a log-depth algorithm wins
     assert chosen[1] in ("ring", "rhd", "hierarchical")

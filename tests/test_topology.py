@@ -24,7 +24,7 @@ from commsim.topology.routing import (
 def _route_nodes(cluster, path):
     names = [cluster.names[e] for e in path if e >= 0]
     hops = [n.split("->") for n in names]
-    for (_, v), (u, _) in zip(hops, hops[1:]):
+    for (_, v), (u, _) in zip(hops, hops[1:], strict=False):
         assert v == u, f"route is not contiguous: {names}"
     return [hops[0][0]] + [v for _, v in hops]
 
@@ -47,7 +47,7 @@ def test_routes_are_shortest_paths(tiers, rail):
     paths, _ = routes(c, src, dst)
     # Drop hub hops: GPU->NIC is a direct PCIe edge, so shortest paths never use the hub
     # for inter-node traffic, and ours must not either.
-    for s, d, p in zip(src, dst, paths):
+    for s, d, p in zip(src, dst, paths, strict=True):
         nodes = _route_nodes(c, p)
         assert nodes[0] == f"gpu{s}" and nodes[-1] == f"gpu{d}"
         assert len(nodes) - 1 == nx.shortest_path_length(c.graph, f"gpu{s}", f"gpu{d}")

@@ -33,8 +33,13 @@ class GroupCost:
         key = (op, algorithm, float(size))
         if key not in self._cache:
             self._cache[key] = graph_time(
-                op, algorithm, float(size), self.cluster, self.gpus,
-                gpus_per_node=self.gpus_per_node, channels=self.channels,
+                op,
+                algorithm,
+                float(size),
+                self.cluster,
+                self.gpus,
+                gpus_per_node=self.gpus_per_node,
+                channels=self.channels,
                 ps_shards=self.ps_shards,
             )
         return self._cache[key]
@@ -43,9 +48,7 @@ class GroupCost:
         """The algorithms `op` can run on this group: tree and hierarchical need whole nodes."""
         check_algorithm(op, ALGORITHMS.get(op, ("",))[0])
         whole_nodes = self.n % self.gpus_per_node == 0
-        return tuple(
-            a for a in ALGORITHMS[op] if whole_nodes or a not in ("tree", "hierarchical")
-        )
+        return tuple(a for a in ALGORITHMS[op] if whole_nodes or a not in ("tree", "hierarchical"))
 
     def time_and_choice(
         self, op: str, algorithm: str, sizes: np.ndarray | float

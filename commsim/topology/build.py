@@ -54,7 +54,10 @@ class Cluster:
         """Global NIC index a GPU uses by default (its PCIe-affine NIC)."""
         gpu = np.asarray(gpu)
         local = gpu % self.gpus_per_node
-        return self.node_of(gpu) * self.nics_per_node + local * self.nics_per_node // self.gpus_per_node
+        return (
+            self.node_of(gpu) * self.nics_per_node
+            + local * self.nics_per_node // self.gpus_per_node
+        )
 
     def rack_of(self, gpu: np.ndarray | int) -> np.ndarray:
         return self.rack_of_node[self.node_of(gpu)]
@@ -65,7 +68,9 @@ class Cluster:
         kinds: dict[str, int] = {}
         for _, kind in self.graph.nodes(data="kind"):
             kinds[kind] = kinds.get(kind, 0) + 1
-        leaf_up = self.capacity[self.leaf_spine[0, :, 0]].sum() if self.leaf_spine[0, 0, 0] >= 0 else 0.0
+        leaf_up = (
+            self.capacity[self.leaf_spine[0, :, 0]].sum() if self.leaf_spine[0, 0, 0] >= 0 else 0.0
+        )
         return {
             "name": spec.name,
             "description": spec.description,
@@ -134,7 +139,9 @@ def build_cluster(spec: ClusterSpec, n_gpus: int | None = None, source: str = ""
     if nics > gpn:
         raise SpecError(source or spec.name, "node.nics.count", f"{nics} NICs for {gpn} GPUs")
     intra_bw = node.intra_bandwidth or (
-        catalog.gpu(node.gpu).nvlink_bandwidth if node.interconnect == "nvswitch" else node.pcie_bandwidth
+        catalog.gpu(node.gpu).nvlink_bandwidth
+        if node.interconnect == "nvswitch"
+        else node.pcie_bandwidth
     )
     book = _EdgeBook()
     to_switch = fab.link_latency + fab.switch_latency
@@ -146,7 +153,9 @@ def build_cluster(spec: ClusterSpec, n_gpus: int | None = None, source: str = ""
         for i in range(gpn):
             g = k * gpn + i
             gpu_hub[g] = book.link(f"gpu{g}", f"hub{k}", intra_bw, node.interconnect)
-            gpu_nic[g] = book.link(f"gpu{g}", f"nic{k}.{i * nics // gpn}", node.pcie_bandwidth, "pcie")
+            gpu_nic[g] = book.link(
+                f"gpu{g}", f"nic{k}.{i * nics // gpn}", node.pcie_bandwidth, "pcie"
+            )
 
     # Leaves: plain, one leaf takes all NICs of nodes_per_leaf nodes; rail-optimised, a
     # scalable unit of nodes_per_leaf nodes has one leaf per rail (NIC index).
@@ -154,10 +163,7 @@ def build_cluster(spec: ClusterSpec, n_gpus: int | None = None, source: str = ""
     unit = np.arange(n_nodes) // fab.nodes_per_leaf
     nic_node = np.arange(n_nics) // nics
     nic_rail = np.arange(n_nics) % nics
-    if node.rail_optimized:
-        leaf_of_nic = unit[nic_node] * nics + nic_rail
-    else:
-        leaf_of_nic = unit[nic_node]
+    leaf_of_nic = unit[nic_node] * nics + nic_rail if node.rail_optimized else unit[nic_node]
     n_leaves = int(leaf_of_nic.max()) + 1
     order = np.argsort(leaf_of_nic, kind="stable")
     port_of_nic = np.empty(n_nics, dtype=np.int64)
@@ -165,8 +171,12 @@ def build_cluster(spec: ClusterSpec, n_gpus: int | None = None, source: str = ""
     nic_leaf = np.empty((n_nics, 2), dtype=np.int64)
     for n in range(n_nics):
         nic_leaf[n] = book.link(
-            f"nic{nic_node[n]}.{nic_rail[n]}", f"leaf{leaf_of_nic[n]}", node.nics.bandwidth,
-            fab.kind, to_switch, fab.link_latency,
+            f"nic{nic_node[n]}.{nic_rail[n]}",
+            f"leaf{leaf_of_nic[n]}",
+            node.nics.bandwidth,
+            fab.kind,
+            to_switch,
+            fab.link_latency,
         )
 
     # Spines: a leaf's uplink capacity is its downlink capacity / oversubscription, spread
