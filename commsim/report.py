@@ -53,13 +53,16 @@ def _pct(x: float) -> str:
 def collective_table(
     title: str, rows: Sequence[dict[str, Any]], algorithms: Sequence[str]
 ) -> Table:
-    """nccl-tests style: one line per size, time / algbw / busbw per algorithm."""
+    """nccl-tests style: one line per size; time (us) and busbw (GB/s) per algorithm, plus
+    algbw when only one algorithm is shown. The fastest time of a row is bold."""
     table = Table(title=title, title_justify="left")
     table.add_column("size", justify="right")
+    single = len(algorithms) == 1
     for alg in algorithms:
-        table.add_column(f"{alg} time", justify="right")
-        table.add_column("algbw", justify="right", style="dim")
-        table.add_column("busbw", justify="right")
+        table.add_column(f"{alg}\ntime (us)", justify="right")
+        if single:
+            table.add_column("algbw\n(GB/s)", justify="right")
+        table.add_column("busbw\n(GB/s)" if single else f"{alg}\nbusbw", justify="right")
     by_size: dict[float, dict[str, dict[str, Any]]] = {}
     for row in rows:
         by_size.setdefault(row["bytes"], {})[row["algorithm"]] = row
@@ -68,12 +71,12 @@ def collective_table(
         best = min(cells.values(), key=lambda r: r["time_s"])["algorithm"]
         for alg in algorithms:
             r = cells[alg]
-            t = fmt_time(r["time_s"])
-            line += [
-                f"[bold]{t}[/bold]" if alg == best and len(algorithms) > 1 else t,
-                fmt_rate(r["algbw_Bps"]),
-                fmt_rate(r["busbw_Bps"]),
-            ]
+            us = r["time_s"] * 1e6
+            t = f"{us:.2f}" if us < 100 else f"{us:.1f}"
+            line.append(f"[bold]{t}[/bold]" if alg == best and not single else t)
+            if single:
+                line.append(f"{r['algbw_Bps'] / 1e9:.2f}")
+            line.append(f"{r['busbw_Bps'] / 1e9:.2f}")
         table.add_row(*line)
     return table
 
@@ -282,14 +285,11 @@ def plot_topology(graph: Any, path: str, title: str) -> None:
         names = by_kind[kind]
         for i, name in enumerate(names):
             pos[name] = ((i + 0.5) / max(len(names), 1), level)
+    from matplotlib.collections import LineCollection
+
     fig, ax = plt.subplots(figsize=(12, 6))
-    seen = set()
-    for u, v in graph.edges():
-        if (v, u) in seen:
-            continue
-        seen.add((u, v))
-        (x0, y0), (x1, y1) = pos[u], pos[v]
-        ax.plot([x0, x1], [y0, y1], color="#bbbbbb", linewidth=0.4, zorder=1)
+    segments = [(pos[u], pos[v]) for u, v in graph.edges() if u < v]  # one per duplex link
+    ax.add_collection(LineCollection(segments, colors="#bbbbbb", linewidths=0.4, zorder=1))
     for level, kind in enumerate(order):
         names = by_kind[kind]
         if names:

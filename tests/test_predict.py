@@ -1,0 +1,78 @@
+"""Scenario to prediction: metric definitions, overrides, the planner's search."""
+
+from __future__ import annotations
+
+import pytest
+
+from commsim import planner
+from commsim.predict import load_scenario, predict, resolve
+from commsim.specs import SpecError
+
+
+def _setup(**overrides):
+    scenario, source = load_scenario(None, overrides)
+    return resolve(scenario, source)
+
+
+def test_one_gpu_scales_perfectly_and_mfu_is_by_definition():
+    setup = _setup(gpus=1, global_batch=8, micro_batch=2)
+    pred = predict(setup)
+    r = pred.report
+    assert r.comm_s == 0 and r.exposed_comm_s == 0
+    assert pred.scaling_efficiency == pytest.approx(1.0)
+    # MFU = 3 x forward FLOPs per sample x global batch / step time / (N x peak)
+    flops = setup.workload.train_flops * 8 / r.step_time_s
+    assert pred.mfu == pytest.approx(flops / setup.gpu.peak_flops)
+    assert pred.tflops_per_gpu == pytest.approx(flops / 1e12)
+
+
+def test_scaling_efficiency_counts_exposed_comm_and_replicated_optimizer():
+    setup = _setup()
+    pred = predict(setup)
+    r, n = pred.report, setup.n_gpus
+    # one GPU runs all n x accum micro-batches of the global batch, then one optimizer step
+    one_gpu = n * (r.forward_s + r.backward_s) + r.optimizer_s
+    assert pred.scaling_efficiency == pytest.approx(one_gpu / (n * r.step_time_s))
+
+
+def test_overlap_never_hurts():
+    setup = _setup()
+    base = setup.scenario.strategy
+    for alg in ("ring", "tree", "hierarchical"):
+        on = predict(setup, base.model_copy(update={"algorithm": alg, "overlap": True}))
+        off = predict(setup, base.model_copy(update={"algorithm": alg, "overlap": False}))
+        assert on.report.step_time_s <= off.report.step_time_s
+        assert off.report.exposed_comm_s == pytest.approx(off.report.comm_s)
+
+
+def test_batch_must_divide():
+    with pytest.raises(SpecError, match="global_batch"):
+        _setup(global_batch=100)
+
+
+def test_plan_ranks_and_drops_duplicate_orders():
+    setup = _setup()
+    cands = planner.strategies(setup.scenario.strategy, bucket_mb=(25.0,))
+    result = planner.plan(setup, cands)
+    times = [p.report.step_time_s for p in result.ranked]
+    assert times == sorted(times)
+    # topology-aware equals blocked on a packed allocation: its rows are left out, noted
+    assert {p.strategy.placement for p in result.ranked} == {"blocked", "interleaved"}
+    assert result.skipped == len(cands) - len(result.ranked) == 5 * 2
+    assert any("topology-aware" in n for n in result.notes)
+    # the blocked ring beats the interleaved ring on every setting
+    ring = {
+        (p.strategy.placement, p.strategy.overlap): p.report.step_time_s
+        for p in result.ranked
+        if p.strategy.algorithm == "ring"
+    }
+    assert ring["blocked", True] < ring["interleaved", True]
+
+
+def test_plan_leaves_out_whole_node_algorithms_on_partial_nodes():
+    setup = _setup(gpus=20, global_batch=40)
+    result = planner.plan(
+        setup,
+        planner.strategies(setup.scenario.strategy, bucket_mb=(25.0,), placements=("blocked",)),
+    )
+    assert {p.strategy.algorithm for p in result.ranked} == {"ring", "rhd", "ps"}
