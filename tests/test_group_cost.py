@@ -99,3 +99,19 @@ def test_unknown_pairs_are_value_errors():
         cost.time("broadcast", "rhd", 1e6)
     with pytest.raises(ValueError, match="unknown"):
         cost.time("gather", "ring", 1e6)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "rhd", "ps", "hierarchical", "tree"])
+def test_interpolation_between_powers_of_two(algorithm):
+    # Affine in the size for unpipelined algorithms (exact), within 1% for the tree.
+    from commsim.collectives.schedule import graph_time
+
+    c = make_cluster(nodes=4, gpus_per_node=4, nics=2, nodes_per_leaf=2, oversubscription=(2.0,))
+    cost = GroupCost(c, place(c, 16, "interleaved"))
+    sizes = np.array([3.0e3, 1.5e6, 7.77e7, 3.3e8])
+    direct = [
+        graph_time("all-reduce", algorithm, s, c, cost.gpus, gpus_per_node=4, channels=2)
+        for s in sizes
+    ]
+    rel = 1e-9 if algorithm != "tree" else 0.01
+    assert cost.time("all-reduce", algorithm, sizes) == pytest.approx(direct, rel=rel)
