@@ -18,6 +18,7 @@ GOAL = 1_000_000
 N = np.arange(2, 1026)[:, None]  # 1,024 group sizes
 SIZE = 2.0 ** np.linspace(3, 32, 1024)[None, :]  # 1,024 sizes, 8 B .. 4 GiB
 ALPHA, BW = 5e-6, 25e9
+OVERHEAD = 2e-6  # a per-message o given explicitly (alpha's endpoint part), not alpha / 2
 
 
 def rate(fn, evaluations: int, repeats: int = 5) -> float:
@@ -40,6 +41,9 @@ def main() -> None:
             else:
                 fn = partial(collective_time, op, alg, N, SIZE, ALPHA, BW, ps_shards=N)
             rows.append((f"{op} {alg}", rate(fn, grid)))
+    for op, alg in (("all-reduce", "tree"), ("all-reduce", "ps"), ("all-to-all", "direct")):
+        fn = partial(collective_time, op, alg, N, SIZE, ALPHA, BW, ps_shards=N, overhead=OVERHEAD)
+        rows.append((f"{op} {alg}, o given", rate(fn, grid)))
     auto = partial(best_algorithm, "all-reduce", N, SIZE, ALPHA, BW)
     rows.append(("all-reduce auto (best of 3)", rate(auto, grid)))
     print(f"{N.size} group sizes x {SIZE.size} sizes = {grid:,} evaluations per call")

@@ -7,6 +7,7 @@ import pytest
 
 from commsim.collectives.alphabeta import (
     ALGORITHMS,
+    alpha_with_fanin,
     bus_factor,
     collective_time,
     hierarchical_time,
@@ -14,11 +15,13 @@ from commsim.collectives.alphabeta import (
     pipeline_time,
     tree_degree,
     tree_height,
+    tree_peers,
 )
 
 pytestmark = pytest.mark.filterwarnings("error")
 
 A, B, S = 1e-6, 1e10, 2.0**20  # 1 us, 10 GB/s, 1 MiB
+OV = A / 2  # the default per-message overhead: alpha is all endpoint (o + o)
 FLAT = [(op, alg) for op, algs in ALGORITHMS.items() for alg in algs if alg != "hierarchical"]
 
 
@@ -35,11 +38,13 @@ def t(op, alg, n, **kw):
         ("all-gather", "ring", 4, {}, 3 * A + 3 / 4 * S / B),
         # ring broadcast, N=4, 4 chunks: (k + N - 2) steps of S/k
         ("broadcast", "ring", 4, {"chunks": 4}, (4 + 2) * (A + S / 4 / B)),
-        # tree AR, N=8: height 1 + floor(log2 7) = 3, 2h = 6 stages, degree 4, 2 chunks:
-        # (k + 2h - 1) steps of alpha + 4 chunks of S/(2k)
-        ("all-reduce", "tree", 8, {"chunks": 2}, (2 + 5) * (A + 4 * S / 4 / B)),
-        # tree AR, N=3: height 1 + floor(log2 2) = 2, degree 3, 1 chunk
-        ("all-reduce", "tree", 3, {"chunks": 1}, (1 + 3) * (A + 3 * S / 2 / B)),
+        # tree AR, N=8: height 1 + floor(log2 7) = 3, 2h = 6 stages, degree 4 (4 distinct
+        # peers), 2 chunks: (k + 2h - 1) steps of alpha + 3 o + 4 chunks of S/(2k)
+        # = 7 (1 + 1.5 us + 4 S/4 / B)
+        ("all-reduce", "tree", 8, {"chunks": 2}, (2 + 5) * (A + 3 * OV + 4 * S / 4 / B)),
+        # tree AR, N=3: height 1 + floor(log2 2) = 2, degree 3 but 2 distinct peers (the
+        # trees share an edge), 1 chunk: 4 (1 + 0.5 us + 3 S/2 / B)
+        ("all-reduce", "tree", 3, {"chunks": 1}, (1 + 3) * (A + OV + 3 * S / 2 / B)),
         # RHD AR, N=8: 2 lg 8 steps, 2 (N-1)/N S
         ("all-reduce", "rhd", 8, {}, 2 * 3 * A + 2 * 7 / 8 * S / B),
         # RHD AR, N=6: p=4, r=2: 2 lg 4 steps + fold in and out (alpha + S/B each)
@@ -50,15 +55,53 @@ def t(op, alg, n, **kw):
         ("reduce-scatter", "rhd", 6, {}, (A + S / B) + (A + 3 * S / 6 / B) + (A + 2 * S / 6 / B)
          + (A + S / 6 / B)),
         ("all-gather", "rhd", 6, {}, 4 * A + 2 * S / B),
-        # PS, N=4, 2 shards: a server takes 3 shards of S/2 in push and gives 3 in pull
-        ("all-reduce", "ps", 4, {"ps_shards": 2}, 2 * (A + 3 * S / 2 / B)),
-        ("all-reduce", "ps", 4, {"ps_shards": 4}, 2 * (A + 3 * S / 4 / B)),
-        # all-to-all, N=4: 3 messages of S/4 share the link in one step
-        ("all-to-all", "direct", 4, {}, A + 3 / 4 * S / B),
+        # PS, N=4, 2 shards: a server takes 3 shards of S/2 in push and gives 3 in pull,
+        # handling the 3 messages one by one: 2 (alpha + 2 o + 3 S/2 / B) = 2 (2 us + ...)
+        ("all-reduce", "ps", 4, {"ps_shards": 2}, 2 * (A + 2 * OV + 3 * S / 2 / B)),
+        ("all-reduce", "ps", 4, {"ps_shards": 4}, 2 * (2 * A + 3 * S / 4 / B)),
+        # all-to-all, N=4: 3 messages of S/4 share the link in one step, handled one by
+        # one: alpha + 2 o + 3/4 S/B = 2 us + 3/4 S/B
+        ("all-to-all", "direct", 4, {}, 2 * A + 3 / 4 * S / B),
+        # an explicit overhead (alpha 1 us of which o = 0.2 us is endpoint): PS N=4 pays
+        # 2 (1 + 2 x 0.2 us + ...); all-to-all N=8 pays 1 + 6 x 0.2 us; tree N=8 3 x 0.2 us
+        ("all-reduce", "ps", 4, {"overhead": 0.2 * A}, 2 * (1.4 * A + 3 * S / B)),
+        ("all-to-all", "direct", 8, {"overhead": 0.2 * A}, 2.2 * A + 7 / 8 * S / B),
+        ("all-reduce", "tree", 8, {"chunks": 2, "overhead": 0.2 * A},
+         7 * (1.6 * A + 4 * S / 4 / B)),
+        # rings and RHD give every rank one peer per step: the overhead never shows
+        ("all-reduce", "ring", 4, {"overhead": 5 * A}, 2 * 3 * A + 2 * 3 / 4 * S / B),
+        ("all-reduce", "rhd", 6, {"overhead": 5 * A},
+         2 * 2 * A + 2 * 3 / 4 * S / B + 2 * (A + S / B)),
     ],
 )  # fmt: skip
 def test_closed_form_by_hand(op, alg, n, kw, expected):
     assert t(op, alg, n, **kw) == pytest.approx(expected, rel=1e-12)
+
+
+def test_alpha_with_fanin_by_hand():
+    # LogP: k messages through one endpoint, the last handled (k - 1) o after the first
+    assert alpha_with_fanin(A, 1) == A
+    assert alpha_with_fanin(A, 7) == pytest.approx(A + 6 * A / 2)  # 4 us
+    assert alpha_with_fanin(2.4e-6, 7, 1e-6) == pytest.approx(8.4e-6)  # fabric 0.4 us not o
+    assert alpha_with_fanin(A, [1, 2, 64]).tolist() == pytest.approx([A, 1.5 * A, 32.5 * A])
+
+
+def test_tree_peers():
+    # distinct neighbours in the two trees: they share edges up to n = 5
+    assert tree_peers([1, 2, 3, 4, 5, 6, 7, 100]).tolist() == [0, 1, 2, 3, 3, 4, 4, 4]
+
+
+def test_parameter_server_loses_small_messages_at_scale():
+    # 64 ranks, 8 B: the server handles 63 messages each way, 2 (a + 62 o) = 64 a, against
+    # RHD's 2 lg 64 = 12 a and the tree's 12 steps of a + 3 o = 2.5 a = 30 a
+    ps = t("all-reduce", "ps", 64, ps_shards=1) - 2 * 63 * S / B
+    assert ps == pytest.approx(64 * A)
+    small = {
+        alg: float(collective_time("all-reduce", alg, 64, 8.0, A, B))
+        for alg in ("ring", "tree", "rhd", "ps")
+    }
+    assert small["rhd"] < small["tree"] < small["ps"] < small["ring"]
+    assert small["rhd"] == pytest.approx(12 * A, rel=1e-3)
 
 
 def test_pipeline_chunks_by_hand():
@@ -95,6 +138,11 @@ def test_hierarchical_by_hand():
     assert rs == pytest.approx(3 * (ia + S / 4 / ib) + (oa + S / 8 / ob), rel=1e-12)
     ag = hierarchical_time("all-gather", 2, 4, S, ia, ib, oa, ob)
     assert ag == pytest.approx(rs, rel=1e-12)
+    # every phase is a ring, one peer per step: per-message overheads never show
+    heavy = hierarchical_time(
+        "all-reduce", 2, 4, S, ia, ib, oa, ob, intra_overhead=9 * ia, inter_overhead=9 * oa
+    )
+    assert heavy == got
     # one node: just the intra-node rings; one GPU per node: just the inter-node ring
     assert hierarchical_time("all-reduce", 1, 4, S, ia, ib, oa, ob) == pytest.approx(
         2 * 3 * (ia + S / 4 / ib)
@@ -163,6 +211,8 @@ def test_bad_input_is_a_clear_value_error():
         collective_time("all-reduce", "ring", 4, S, A, 0.0)
     with pytest.raises(ValueError, match="chunks"):
         t("broadcast", "ring", 4, chunks=0)
+    with pytest.raises(ValueError, match="overhead"):
+        t("all-reduce", "ps", 4, overhead=-1.0)
     with pytest.raises(ValueError, match="all-to-all has no 'hierarchical'"):
         hierarchical_time("all-to-all", 2, 4, S, A, B, A, B)
     with pytest.raises(ValueError, match="unknown collective"):

@@ -62,6 +62,23 @@ def test_hierarchical_on_a_single_nic_node():
     assert small < 0.5
 
 
+def test_parameter_server_is_not_the_fastest_small_all_reduce_at_64_gpus():
+    # 8 DGX H100 nodes. A 1-shard PS: in push, GPU 0 hears from 63 GPUs and handles the
+    # messages one by one; the slowest flows cross the network (2 us NIC + 0.3 us cable
+    # and rail leaf) and wait 62 further messages of o = 2 us / 2: 2 (2.3 + 62) us.
+    # Before endpoint serialisation it cost one alpha per step (4.6 us) and won auto.
+    spec = load_spec(ClusterSpec, catalog.topology_path("dgx-h100-ib"))
+    c = build_cluster(spec, 64)
+    cost = GroupCost(c, place(c, 64, "blocked"))
+    t = {a: float(cost.time("all-reduce", a, 8.0)[0]) for a in cost.algorithms("all-reduce")}
+    assert t["ps"] == pytest.approx(2 * (2.3e-6 + 62e-6), rel=1e-4)
+    assert max(t["rhd"], t["tree"], t["hierarchical"]) < t["ps"]
+    # the flat ring is still slower: 126 steps of 2.3 us, one peer each
+    assert t["ring"] == pytest.approx(126 * 2.3e-6, rel=1e-4)
+    _, chosen = cost.time_and_choice("all-reduce", "auto", np.array([8.0, 2.0**20]))
+    assert chosen == ["rhd", "rhd"]
+
+
 def test_whole_node_algorithms_drop_out_of_auto_for_partial_nodes():
     c = make_cluster(nodes=3, gpus_per_node=8, nics=8)
     cost = GroupCost(c, place(c, 20, "blocked"))
@@ -103,7 +120,11 @@ def test_unknown_pairs_are_value_errors():
 
 @pytest.mark.parametrize("algorithm", ["ring", "rhd", "ps", "hierarchical", "tree"])
 def test_interpolation_between_powers_of_two(algorithm):
-    # Affine in the size for unpipelined algorithms (exact), within 1% for the tree.
+    # Affine in the size for unpipelined algorithms (exact), within 1.5% for the tree: its
+    # chunk count moves with the size, and its steps' slowest flow is not the same at all
+    # chunk sizes (intra- and inter-node flows differ in latency, and since LogP's per-
+    # message overhead also in peers). Over a 300-size sweep of 8 B..1 GiB on this group
+    # the worst is 1.28% at ~2.9 KB (1.26% at ~1.4 KB before that overhead).
     from commsim.collectives.schedule import graph_time
 
     c = make_cluster(nodes=4, gpus_per_node=4, nics=2, nodes_per_leaf=2, oversubscription=(2.0,))
@@ -113,5 +134,5 @@ def test_interpolation_between_powers_of_two(algorithm):
         graph_time("all-reduce", algorithm, s, c, cost.gpus, gpus_per_node=4, channels=2)
         for s in sizes
     ]
-    rel = 1e-9 if algorithm != "tree" else 0.01
+    rel = 1e-9 if algorithm != "tree" else 0.015
     assert cost.time("all-reduce", algorithm, sizes) == pytest.approx(direct, rel=rel)

@@ -13,6 +13,7 @@ from commsim.collectives.alphabeta import (
     hierarchical_time,
     tree_degree,
     tree_height,
+    tree_peers,
 )
 from commsim.collectives.schedule import (
     btree_parents,
@@ -23,7 +24,7 @@ from commsim.collectives.schedule import (
     traffic,
     tree_depth,
 )
-from commsim.topology.routing import path_params
+from commsim.topology.routing import endpoint_overhead, path_params, peer_counts
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -126,6 +127,9 @@ def test_double_tree_shape_matches_closed_form(n):
         (p >= 0).astype(int) + np.bincount(p[p >= 0], minlength=n) for p in (first, second)
     )
     assert degree.max() == tree_degree(n)
+    # the messages a rank handles per step: its distinct neighbours (shared edges once)
+    (step,) = build_schedule("all-reduce", "tree", n, S, chunks=1)
+    assert peer_counts(step.src, step.dst).max() == tree_peers(n)
 
 
 def test_tree_over_nodes_uses_chains_inside():
@@ -170,24 +174,44 @@ def uniform():
 @pytest.mark.parametrize("where,n", [("nvswitch-8", 8), ("nvswitch-8", 5), ("one-leaf-12", 12),
                                      ("one-leaf-12", 7)])  # fmt: skip
 def test_graph_equals_closed_form_on_uniform_topologies(uniform, where, n, op, alg):
+    # one-leaf-12's alpha has a fabric part (2 us NIC + 0.4 us cable and switch): the
+    # per-message overhead is the endpoint's 1 us, not alpha / 2, so it is passed; channels
+    # = 2 duplicates every (src, dst) pair, which must not count as a second peer
     cluster = uniform[where]
     alpha, bw = path_params(cluster, 0, 1)
+    o = float(endpoint_overhead(cluster, 0, 1))
     for size in SIZES:
         for channels in (1, 2):
             graph = graph_time(op, alg, size, cluster, np.arange(n), ps_shards=3, channels=channels)
-            closed = float(collective_time(op, alg, n, size, alpha, bw, ps_shards=3))
+            closed = float(collective_time(op, alg, n, size, alpha, bw, ps_shards=3, overhead=o))
             assert graph == pytest.approx(closed, rel=1e-9), (size, channels)
 
 
 @pytest.mark.parametrize("op,alg", FLAT)
 def test_graph_equals_closed_form_on_fat_tree(uniform_fat_tree, op, alg):
     # 16 single-GPU nodes, 4 leaves, non-blocking, destination-mod-k uplinks: every
-    # schedule on all 16 GPUs is free of uplink collisions
+    # schedule on all 16 GPUs is free of uplink collisions. No switch or cable latency:
+    # alpha is all endpoint and the closed form's default overhead alpha / 2 is the graph's.
     alpha, bw = path_params(uniform_fat_tree, 0, 15)
+    assert float(endpoint_overhead(uniform_fat_tree, 0, 15)) == pytest.approx(alpha / 2)
     for size in SIZES:
         graph = graph_time(op, alg, size, uniform_fat_tree, np.arange(16), ps_shards=4)
         closed = float(collective_time(op, alg, 16, size, alpha, bw, ps_shards=4))
         assert graph == pytest.approx(closed, rel=1e-9)
+
+
+@pytest.mark.parametrize("n", range(2, 33))
+def test_tree_and_fan_in_graph_equals_closed_form_at_every_size(n):
+    # one 32-GPU switch: tree (shared edges at n <= 5), PS (1 and n shards) and all-to-all
+    # charge the same per-message overhead on the graph and in the closed form
+    cluster = make_cluster(nodes=1, gpus_per_node=32)
+    alpha, bw = path_params(cluster, 0, 1)
+    for op, alg, shards in [("all-reduce", "tree", 1), ("all-reduce", "ps", 1),
+                            ("all-reduce", "ps", n), ("all-to-all", "direct", 1)]:  # fmt: skip
+        for size in (8.0, 2.0**20):
+            graph = graph_time(op, alg, size, cluster, np.arange(n), ps_shards=shards)
+            closed = float(collective_time(op, alg, n, size, alpha, bw, ps_shards=shards))
+            assert graph == pytest.approx(closed, rel=1e-9), (alg, shards, size)
 
 
 def test_partial_fat_tree_collides_on_uplinks(uniform_fat_tree):
@@ -215,10 +239,12 @@ def test_oversubscription_slows_the_graph_not_the_closed_form():
     # through one leaf uplink worth one NIC
     cluster = make_cluster(nodes=8, gpus_per_node=1, nodes_per_leaf=4, oversubscription=(4.0,))
     alpha, bw = path_params(cluster, 0, 7)
-    closed = float(collective_time("all-to-all", "direct", 8, 2.0**28, alpha, bw))
+    o = float(endpoint_overhead(cluster, 0, 7))
+    closed = float(collective_time("all-to-all", "direct", 8, 2.0**28, alpha, bw, overhead=o))
     graph = graph_time("all-to-all", "direct", 2.0**28, cluster, np.arange(8))
-    # closed: 7/8 S / B; graph: the uplink carries 16 flows of S/8 = 2S at B
-    assert graph == pytest.approx(alpha + 2 * 2.0**28 / bw, rel=1e-6)
+    # closed: 7/8 S / B; graph: the uplink carries 16 flows of S/8 = 2S at B; both pay the
+    # 7 peers' messages one by one: alpha + 6 o
+    assert graph == pytest.approx(alpha + 6 * o + 2 * 2.0**28 / bw, rel=1e-6)
     assert graph > 2 * closed
 
 

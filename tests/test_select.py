@@ -45,9 +45,19 @@ def test_ps_and_hierarchical_compete_only_when_asked_or_possible():
     names, times = best_algorithm(
         "all-reduce", 8, 2.0**30, A, B, ps_shards=8, candidates=("ring", "ps")
     )
-    # ps with 8 shards: 2 (a + 7/8 S/B) beats the ring's 14 a + 2 (7/8) S/B
+    # ps with 8 shards: 2 (a + 6 o + 7/8 S/B) = 8 a + 2 (7/8) S/B (o = a/2, each server
+    # handles 7 messages) beats the ring's 14 a + 2 (7/8) S/B
     assert names == "ps"
-    assert times == pytest.approx(2 * (A + 7 / 8 * 2.0**30 / B))
+    assert times == pytest.approx(2 * (4 * A + 7 / 8 * 2.0**30 / B))
+    # small messages at 64 ranks: the server's 63 messages each way, 2 (a + 62 o) = 64 a,
+    # lose to RHD's 12 a even when PS is a candidate
+    names, times = best_algorithm(
+        "all-reduce", 64, 8.0, A, B, candidates=("ring", "tree", "rhd", "ps")
+    )
+    assert names == "rhd"
+    # an explicit overhead (a with a fabric part, o = a / 5): 2 (a + 62 a / 5) for PS
+    _, ps = best_algorithm("all-reduce", 64, 0.0, A, B, overhead=A / 5, candidates=("ps",))
+    assert ps == pytest.approx(2 * (A + 62 * A / 5))
     with pytest.raises(ValueError, match="intra_alpha"):
         best_algorithm("all-reduce", 8, 1.0, A, B, candidates=("hierarchical",))
 
@@ -60,6 +70,14 @@ def test_hierarchical_wins_large_messages_on_fast_nodes():
     )
     assert names.tolist() == ["rhd", "hierarchical"]
     assert times[1] == hierarchical_time("all-reduce", 64, g, 2.0**30, 1e-6, 450e9, A, B)
+    # overheads reach the phases (rings: one peer a step, so nothing changes)
+    two_tier = dict(gpus_per_node=g, intra_alpha=1e-6, intra_bandwidth=450e9)
+    _, plain = best_algorithm("all-reduce", n, size, A, B, candidates=("hierarchical",), **two_tier)
+    _, heavy = best_algorithm(
+        "all-reduce", n, size, A, B, overhead=A, intra_overhead=1e-6,
+        candidates=("hierarchical",), **two_tier,
+    )  # fmt: skip
+    assert heavy.tolist() == plain.tolist() and plain[1] == times[1]
     # a group that is not whole nodes cannot run it
     names, _ = best_algorithm(
         "all-reduce", 500, 2.0**30, A, B, gpus_per_node=g, intra_alpha=1e-6, intra_bandwidth=450e9

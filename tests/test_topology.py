@@ -12,10 +12,12 @@ from commsim.specs import SpecError
 from commsim.topology.build import build_cluster
 from commsim.topology.placement import place
 from commsim.topology.routing import (
+    endpoint_overhead,
     flow_times,
     link_loads,
     maxmin_rates,
     path_params,
+    peer_counts,
     routes,
     step_time,
 )
@@ -98,6 +100,50 @@ def test_oversubscribed_uplink_shares_one_third():
     t = step_time(c, src, src + 12, nbytes)
     lat = path_params(c, 0, 12)[0]
     assert t - lat == pytest.approx(nbytes / (12.5e9 / 3), rel=1e-6)
+
+
+def test_fan_in_pays_one_overhead_per_further_message():
+    # LogP: 7 GPUs send 8 B each to GPU 0 at once; GPU 0 handles the messages one by one,
+    # each costing it o = half the endpoint latency. NVSwitch node: path 1 us, o = 0.5 us:
+    # 1 + 6 x 0.5 = 4 us (+ 7 x 8 B at 300 GB/s, under a nanosecond).
+    c8 = make_cluster(nodes=1, gpus_per_node=8)
+    src = np.arange(1, 8)
+    assert step_time(c8, src, np.zeros(7, dtype=int), 0.0) == pytest.approx(4e-6)
+    assert step_time(c8, src, np.zeros(7, dtype=int), 8.0) == pytest.approx(4e-6 + 7 * 8 / 300e9)
+    # fan-out is the same: GPU 0 sends to 7 peers
+    assert step_time(c8, np.zeros(7, dtype=int), src, 0.0) == pytest.approx(4e-6)
+    # between nodes on one leaf: path 2 us NIC + 0.4 us cable and switch, o = 2 us / 2
+    # (the fabric's latency is not an endpoint's): 2.4 + 6 x 1 = 8.4 us
+    c = make_cluster(nodes=8, gpus_per_node=1, nodes_per_leaf=8)
+    assert endpoint_overhead(c, src, 0) == pytest.approx(np.full(7, 1e-6))
+    assert step_time(c, src, np.zeros(7, dtype=int), 0.0) == pytest.approx(8.4e-6)
+
+
+def test_peer_counts_take_the_busier_endpoint():
+    # 0 -> 1, 2, 3; 4 -> 3; 5 -> 6: GPU 0 sends to 3 peers, GPU 3 hears from 2
+    src, dst = np.array([0, 0, 0, 4, 5]), np.array([1, 2, 3, 3, 6])
+    assert peer_counts(src, dst).tolist() == [3, 3, 3, 2, 1]
+    c8 = make_cluster(nodes=1, gpus_per_node=8)
+    t = flow_times(c8, src, dst, np.zeros(5))
+    assert t == pytest.approx(1e-6 + 0.5e-6 * np.array([2, 2, 2, 1, 0]))
+    # a self-send has no path and no peers
+    assert peer_counts(np.array([2, 2]), np.array([2, 5])).tolist() == [1, 1]
+
+
+def test_ring_step_and_channel_split_pay_no_overhead():
+    # a ring step: every GPU sends to one and hears from one; k = 1, latency unchanged
+    c8 = make_cluster(nodes=1, gpus_per_node=8)
+    ring = np.arange(8)
+    assert step_time(c8, ring, np.roll(ring, -1), 0.0) == pytest.approx(1e-6)
+    # NCCL's channels: 0 -> 8 over 4 rails is one peer (the rails run in parallel)
+    c = make_cluster(nodes=2, gpus_per_node=8, nics=4, nodes_per_leaf=2)
+    lat = path_params(c, 0, 8)[0]
+    src, dst, rail = np.zeros(4, dtype=int), np.full(4, 8), np.arange(4)
+    assert peer_counts(src, dst).tolist() == [1] * 4
+    assert step_time(c, src, dst, 0.0, rail) == pytest.approx(lat)
+    # a second destination is a second peer: + o (1 us) for every flow of GPU 0
+    src2, dst2 = np.append(src, 0), np.append(dst, 9)
+    assert step_time(c, src2, dst2, 0.0, np.append(rail, -1)) == pytest.approx(lat + 1e-6)
 
 
 def test_placements():

@@ -2,11 +2,13 @@
 
 The model: a message of m bytes costs alpha + m / B, where alpha (seconds) is the per-step
 latency and B (bytes/s) the bandwidth of one GPU per direction; when several messages
-leave (or enter) one GPU at once they share its B. Sizes follow nccl-tests: S is the
-bytes of the full buffer per rank (all-gather: output; reduce-scatter: input; all-to-all:
-bytes each rank sends in total). Each formula below is a schedule of schedule.py
-collapsed on a uniform network; the tests check the two against each other on the graph.
-Every function broadcasts over numpy arrays of group sizes, sizes, alphas and bandwidths.
+leave (or enter) one GPU at once they share its B, and the GPU handles them one after
+another, each costing it a per-message overhead o (alpha_with_fanin). Sizes follow
+nccl-tests: S is the bytes of the full buffer per rank (all-gather: output;
+reduce-scatter: input; all-to-all: bytes each rank sends in total). Each formula below
+is a schedule of schedule.py collapsed on a uniform network; the tests check the two
+against each other on the graph. Every function broadcasts over numpy arrays of group
+sizes, sizes, alphas and bandwidths.
 """
 
 from __future__ import annotations
@@ -31,6 +33,25 @@ HIERARCHICAL_PHASES: dict[str, tuple[tuple[str, str], ...]] = {
 
 # Ring steps per (N - 1): all-reduce is a reduce-scatter then an all-gather around the ring.
 RING_ROUNDS = {"all-reduce": 2, "reduce-scatter": 1, "all-gather": 1}
+
+
+def alpha_with_fanin(alpha, peers, overhead=None) -> np.ndarray:
+    """Latency of a step in which a rank exchanges messages with `peers` distinct peers.
+
+    LogP (Culler et al. 1993, "LogP: towards a realistic model of parallel computation",
+    PPoPP) and LogGP (Alexandrov et al. 1995, SPAA): a message costs its sender an overhead
+    o and its receiver an o, and an endpoint handles its messages one after another, so
+    when a rank sends to (or receives from) k peers the last message is handled (k - 1) o
+    after the first: alpha + (k - 1) o. The end-to-end latency is o + L + o, so with no
+    wire/switch part L the overhead is o = alpha / 2, the default; where L is not zero
+    pass the endpoint part (the graph takes half the NIC's or the node's latency). A peer
+    reached over several channels (NCCL's rails) counts once: those run in parallel. The
+    graph form (topology.routing.flow_times) applies this per flow with k = max(distinct
+    destinations of its source, distinct sources of its destination) in the step.
+    """
+    alpha = np.asarray(alpha, dtype=float)
+    o = alpha / 2 if overhead is None else np.asarray(overhead, dtype=float)
+    return alpha + o * np.maximum(np.asarray(peers) - 1, 0)
 
 
 def algorithms_for(op: str) -> tuple[str, ...]:
@@ -103,6 +124,14 @@ def tree_degree(n) -> np.ndarray:
     return np.where(n > 1, np.minimum(n, 4), 0)
 
 
+def tree_peers(n) -> np.ndarray:
+    """Most distinct peers any rank has in NCCL's two trees together: the messages it
+    handles per pipeline step. tree_degree once n >= 6; for n <= 5 the two trees share
+    edges (n = 2: both are the one edge), which run in parallel: 1, 2, 3, 3 for n = 2..5."""
+    n = np.asarray(n)
+    return np.where(n >= 6, tree_degree(n), np.clip(n - 1, 0, 3))
+
+
 def _pow2_split(n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(p, lg p, r): the largest power of two p <= n and the r = n - p extra ranks."""
     lg = _floor_log2(n)
@@ -120,9 +149,13 @@ def _halving_blocks(lg: np.ndarray, r: np.ndarray) -> np.ndarray:
 
 
 # Formulas: group size n (>= 2 where it matters; n = 1 is masked to 0 by collective_time),
-# size s, alpha a, bandwidth b. Sources: Thakur, Rabenseifner & Gropp 2005, "Optimization
-# of collective communication operations in MPICH" (IJHPCA 19(1)); Patarasuk & Yuan 2009,
-# "Bandwidth optimal all-reduce algorithms for clusters of workstations" (JPDC 69(2)).
+# size s, alpha a, bandwidth b, per-message overhead o. Every step's alpha is
+# alpha_with_fanin over the distinct peers a rank handles in it: ring, chain and RHD steps
+# (folds included) give each rank one peer each way, so theirs is plain a; tree, PS and
+# direct all-to-all steps pay (k - 1) o more. Sources: Thakur, Rabenseifner & Gropp 2005,
+# "Optimization of collective communication operations in MPICH" (IJHPCA 19(1)); Patarasuk
+# & Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of workstations"
+# (JPDC 69(2)).
 
 
 def _ring(op, n, s, a, b, **_):
@@ -137,13 +170,15 @@ def _ring_broadcast(op, n, s, a, b, chunks, **_):
     return _pipelined(n - 1, s, a, s / b, chunks)
 
 
-def _tree(op, n, s, a, b, chunks, **_):
+def _tree(op, n, s, a, b, o, chunks, **_):
     # NCCL double binary tree (Sanders, Speck & Traeff 2009, "Two-tree algorithms for full
     # bandwidth broadcast, reduction and scan"; Jeaugey 2019, NVIDIA blog on NCCL 2.4): each
     # tree carries S/2, reduced up then broadcast down, one pipeline of 2 * height stages.
     # In steady state every tree edge carries a chunk S/(2k) each way, so the busiest rank
-    # moves tree_degree chunks per step: (k + 2h - 1)(a + deg S/(2 k b)).
-    return _pipelined(2 * tree_height(n), s, a, tree_degree(n) * s / (2 * b), chunks)
+    # moves tree_degree chunks per step: (k + 2h - 1)(a' + deg S/(2 k b)), where a' is
+    # alpha_with_fanin over the tree_peers distinct neighbours it handles each step.
+    a_step = alpha_with_fanin(a, tree_peers(n), o)
+    return _pipelined(2 * tree_height(n), s, a_step, tree_degree(n) * s / (2 * b), chunks)
 
 
 def _rhd_allreduce(op, n, s, a, b, **_):
@@ -165,18 +200,20 @@ def _rhd_scatter_gather(op, n, s, a, b, **_):
     return lg * a + _halving_blocks(lg, r) * s / (n * b) + fold
 
 
-def _ps(op, n, s, a, b, ps_shards, **_):
+def _ps(op, n, s, a, b, o, ps_shards, **_):
     # Parameter server, shard j (S/k bytes) on rank j < k (Li et al. 2014, OSDI; BytePS,
     # Jiang et al. 2020, OSDI): push, every rank sends each shard to its server; pull, the
-    # reverse. A server's link carries N-1 shards each way: 2 (a + (N-1) S/(k b)).
-    return 2 * (a + (n - 1) * s / (ps_shards * b))
+    # reverse. A server's link carries N-1 shards each way, and the server handles the N-1
+    # messages one by one (a worker's k <= N-1 shards never outnumber them):
+    # 2 (a + (N-2) o + (N-1) S/(k b)).
+    return 2 * (alpha_with_fanin(a, n - 1, o) + (n - 1) * s / (ps_shards * b))
 
 
-def _direct(op, n, s, a, b, **_):
+def _direct(op, n, s, a, b, o, **_):
     # All-to-all as one step: each rank sends S/N to each of the N-1 others at once, all
-    # sharing its link: a + (N-1)/N S/b. One alpha for N-1 messages is optimistic at large
-    # N; Thakur et al.'s pairwise exchange pays (N-1) a for the same bytes.
-    return a + (n - 1) / n * s / b
+    # sharing its link, and handles the N-1 messages out (and in) one by one:
+    # a + (N-2) o + (N-1)/N S/b. (Thakur et al.'s pairwise exchange pays (N-1) a instead.)
+    return alpha_with_fanin(a, n - 1, o) + (n - 1) / n * s / b
 
 
 def _pipelined(stages, size, alpha, work, chunks):
@@ -209,13 +246,16 @@ def collective_time(
     *,
     ps_shards=1,
     chunks=None,
+    overhead=None,
 ) -> np.ndarray:
     """Seconds for `op` by a flat `algorithm` over n ranks on uniform links; broadcasts.
 
     alpha: seconds per step; bandwidth: bytes/s per GPU per direction; ps_shards: servers
     of "ps" (1 <= k <= n); chunks: pipeline depth of "tree" and ring broadcast (default:
-    pipeline_chunks' optimum). A group of one costs 0. "hierarchical" needs two link
-    tiers: see hierarchical_time.
+    pipeline_chunks' optimum); overhead: LogP's per-message o that a rank pays for each
+    further peer in a step (alpha_with_fanin; default alpha / 2, right when alpha has no
+    switch/cable part). A group of one costs 0. "hierarchical" needs two link tiers: see
+    hierarchical_time.
     """
     check_algorithm(op, algorithm)
     if algorithm == "hierarchical":
@@ -224,12 +264,17 @@ def collective_time(
     size, alpha, bandwidth = (np.asarray(x, dtype=float) for x in (size, alpha, bandwidth))
     if np.any(size < 0) or np.any(alpha < 0) or np.any(bandwidth <= 0):
         raise ValueError("need size >= 0, alpha >= 0 and bandwidth > 0")
+    o = alpha / 2 if overhead is None else np.asarray(overhead, dtype=float)
+    if np.any(o < 0):
+        raise ValueError(f"overhead must be >= 0, got {overhead}")
     shards = np.asarray(ps_shards)
     if algorithm == "ps" and (np.any(shards < 1) or np.any(shards > n)):
         raise ValueError(f"ps_shards must be between 1 and the group size, got {ps_shards}")
     if chunks is not None and np.any(np.asarray(chunks) < 1):
         raise ValueError(f"chunks must be at least 1, got {chunks}")
-    t = _FORMULAS[op, algorithm](op, n, size, alpha, bandwidth, ps_shards=shards, chunks=chunks)
+    t = _FORMULAS[op, algorithm](
+        op, n, size, alpha, bandwidth, o=o, ps_shards=shards, chunks=chunks
+    )
     return np.where(n > 1, t, 0.0)
 
 
@@ -242,22 +287,28 @@ def hierarchical_time(
     intra_bw,
     inter_alpha,
     inter_bw,
+    *,
+    intra_overhead=None,
+    inter_overhead=None,
 ) -> np.ndarray:
     """Seconds for the two-level `op`: rings inside each node at size S, and rings across
     nodes among the GPUs of each rail at S / g, one phase after another (HIERARCHICAL_PHASES).
 
     All rails run at once, each on its own NIC, so inter_bw is one GPU's share of the
-    network (e.g. one NIC per GPU)."""
+    network (e.g. one NIC per GPU). The overheads are each tier's per-message o (see
+    collective_time); a ring rank has one peer each way, so today they do not change the
+    result, but they travel with the phases so every phase follows the same rule."""
     check_algorithm(op, "hierarchical")
     g = _group_sizes(gpus_per_node)
     m = _group_sizes(n_nodes)
     size = np.asarray(size, dtype=float)
     links = {
-        "intra": (g, size, intra_alpha, intra_bw),
-        "inter": (m, size / g, inter_alpha, inter_bw),
+        "intra": ((g, size, intra_alpha, intra_bw), intra_overhead),
+        "inter": ((m, size / g, inter_alpha, inter_bw), inter_overhead),
     }
     return sum(
-        collective_time(phase, "ring", *links[level]) for phase, level in HIERARCHICAL_PHASES[op]
+        collective_time(phase, "ring", *links[level][0], overhead=links[level][1])
+        for phase, level in HIERARCHICAL_PHASES[op]
     )
 
 

@@ -5,7 +5,7 @@ at powers of two of the size, cached, and interpolated linearly in between. With
 every flow scales with the size, so rates and finishing order do not change and the time
 is affine in the size: the interpolation is exact for every unpipelined algorithm. The
 pipelined ones (tree, ring broadcast) change their chunk count with the size; between
-powers of two they are within a percent (tested). A planner asks one group about hundreds
+powers of two they are within 1.5% (tested). A planner asks one group about hundreds
 of bucket sizes: this turns each question into two cached graph evaluations.
 """
 

@@ -128,7 +128,8 @@ def _tree_allreduce(n: int, gpn: int, size: float, chunks: int) -> Schedule:
     Tree t carries S/2. In tree 0 a node's local GPU 0 is its head (the GPU that talks to
     other nodes) and the chain runs g-1 -> ... -> 0; tree 1 uses GPU g-1 and the reverse
     chain, so the two trees use different NICs. Reduce flows go up, broadcast flows come
-    down; in steady state every edge carries one chunk each way per round.
+    down; in steady state every edge carries one chunk each way per round, so a rank
+    handles a message from and to each of its distinct neighbours every round.
     """
     nodes = np.arange(n // gpn)
     parents = dtree_parents(nodes.size)
@@ -334,8 +335,10 @@ def graph_time(
     """Seconds for `op` over the GPUs gpu_of_rank (rank order) routed on the cluster graph.
 
     With chunks None a pipelined algorithm picks its chunk count by pipeline_chunks from
-    the graph itself: alpha = its steady-state step with empty flows, work = the same step
-    with the whole buffer minus alpha. On a uniform network these are the closed form's."""
+    the graph itself: alpha = its steady-state step with empty flows (path latency plus
+    the per-message overhead of every further peer, topology.routing.flow_times), work =
+    the same step with the whole buffer minus alpha. On a uniform network these are the
+    closed form's."""
     gpu = np.asarray(gpu_of_rank, dtype=np.int64)
     shape = dict(gpus_per_node=gpus_per_node, channels=channels, ps_shards=ps_shards)
     steps = build_schedule(op, algorithm, gpu.size, size, chunks=chunks or 1, **shape)

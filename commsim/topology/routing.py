@@ -2,8 +2,10 @@
 
 A step of a collective is a set of concurrent flows. Each flow's route is a list of edge
 ids; flows share every edge's capacity max-min fairly (progressive filling), and as flows
-finish the rest speed up (a fluid model). A flow's time is its path latency plus the time
-its bytes take under that sharing; the step ends with its slowest flow.
+finish the rest speed up (a fluid model). A flow's time is its latency plus the time its
+bytes take under that sharing; the step ends with its slowest flow. Its latency is its
+path's, plus LogP's per-message overhead o for each further peer its endpoints handle in
+the step (alpha_with_fanin): an endpoint sends and receives its messages one by one.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from commsim.collectives.alphabeta import alpha_with_fanin
 from commsim.topology.build import Cluster
 
 _MAX_HOPS = 12  # gpu-hub-gpu-nic-leaf-spine-core-spine-leaf-nic-gpu-hub-gpu
@@ -112,6 +115,33 @@ def routes(
     return paths, lat
 
 
+def endpoint_overhead(cluster: Cluster, src, dst) -> np.ndarray:
+    """LogP's per-message overhead o of each flow: half its endpoint latency (a message
+    costs o at the sender and o at the receiver), the NIC's between nodes and the node's
+    intra-node latency inside one; switch and cable latency are not part of it. 0 for a
+    self-send."""
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    node = cluster.spec.node
+    intra = cluster.node_of(src) == cluster.node_of(dst)
+    o = np.where(intra, node.intra_latency, node.nics.latency) / 2
+    return np.where(src != dst, o, 0.0)
+
+
+def peer_counts(src, dst) -> np.ndarray:
+    """k of each flow in one step: max(distinct GPUs its source sends to, distinct GPUs its
+    destination receives from). Flows of one (src, dst) pair on several rails (NCCL's
+    channels) count once: they run in parallel. 1 for a self-send."""
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    real = src != dst
+    if not real.any():
+        return np.ones(src.shape, dtype=np.int64)
+    width = int(max(src.max(), dst.max())) + 1
+    pairs = np.unique(src[real] * width + dst[real])
+    fan_out = np.bincount(pairs // width, minlength=width)
+    fan_in = np.bincount(pairs % width, minlength=width)
+    return np.where(real, np.maximum(fan_out[src], fan_in[dst]), 1)
+
+
 def _incidence(paths: np.ndarray, n_edges: int) -> sp.csr_matrix:
     """Flows x edges 0/1 matrix of which flow crosses which edge."""
     rows, hops = np.nonzero(paths >= 0)
@@ -156,8 +186,12 @@ def flow_times(
     nbytes: np.ndarray,
     rail: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Completion time of each concurrent flow: latency + fluid max-min transfer time."""
+    """Completion time of each concurrent flow: latency + fluid max-min transfer time.
+
+    The latency is the path's plus (k - 1) o, with k from peer_counts and o from
+    endpoint_overhead (alpha_with_fanin, the closed forms' rule)."""
     paths, lat = routes(cluster, src, dst, rail)
+    lat = alpha_with_fanin(lat, peer_counts(src, dst), endpoint_overhead(cluster, src, dst))
     nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), lat.shape).copy()
     incidence = _incidence(paths, cluster.capacity.size)
     finish = np.zeros(lat.size)
@@ -182,14 +216,15 @@ def step_time(
     nbytes: np.ndarray,
     rail: np.ndarray | None = None,
 ) -> float:
-    """Time of one step of concurrent flows: the slowest flow's completion."""
+    """Time of one step of concurrent flows: the slowest flow's completion (flow_times)."""
     if np.size(src) == 0:
         return 0.0
     return float(np.max(flow_times(cluster, src, dst, nbytes, rail)))
 
 
 def path_params(cluster: Cluster, src: int, dst: int, rail: int = -1) -> tuple[float, float]:
-    """(latency, bottleneck bandwidth) of one flow's path, alone on the fabric."""
+    """(latency, bottleneck bandwidth) of one flow's path, alone on the fabric: the closed
+    forms' alpha and B; their per-message overhead is endpoint_overhead(cluster, src, dst)."""
     paths, lat = routes(cluster, np.array([src]), np.array([dst]), np.array([rail]))
     edges = paths[0][paths[0] >= 0]
     return float(lat[0]), float(cluster.capacity[edges].min())
