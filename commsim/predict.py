@@ -80,6 +80,7 @@ class Prediction:
                     "index": b.index,
                     "bytes": b.bytes,
                     "layers": len(b.layers),
+                    "tensors": b.tensors,
                     "ready_s": b.ready_s,
                     "start_s": b.start_s,
                     "end_s": b.end_s,

@@ -110,16 +110,17 @@ def step_table(title: str, pred: dict[str, Any]) -> Table:
 def bucket_table(buckets: Sequence[dict[str, Any]], limit: int = 12) -> Table:
     """Per-bucket breakdown: size, when its gradients are ready, when its all-reduce runs."""
     table = Table(title="gradient buckets (in all-reduce order)", title_justify="left")
-    for col in ("#", "size", "layers", "ready", "start", "end", "all-reduce", "waited"):
+    for col in ("#", "size", "tensors", "layers", "ready", "start", "end", "all-reduce", "waited"):
         table.add_column(col, justify="right")
     shown = buckets if len(buckets) <= limit else [*buckets[: limit - 2], None, buckets[-1]]
     for b in shown:
         if b is None:
-            table.add_row("...", *[""] * 7)
+            table.add_row("...", *[""] * 8)
             continue
         table.add_row(
             str(b["index"]),
             fmt_bytes(b["bytes"]),
+            str(b["tensors"]),
             str(b["layers"]),
             fmt_time(b["ready_s"]),
             fmt_time(b["start_s"]),

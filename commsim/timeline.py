@@ -3,14 +3,17 @@
 The compute stream runs every micro-batch's forward and backward, then the optimizer. The
 communication stream all-reduces gradient buckets in order, each once its gradients exist.
 What the network costs is injected as a function of bucket sizes, so this module knows
-nothing about topology. A layer is one gradient tensor for bucketing (a transformer block
-is bucketed whole; DDP would split it into its weight matrices).
+nothing about topology. Buckets hold parameter tensors, as DDP's do. A tensor's gradient
+counts as ready when its layer's backward ends: all of a layer's tensors at once, at the
+layer's end (autograd really finishes them one op at a time within the layer).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import chain
 
 import numpy as np
 
@@ -25,23 +28,24 @@ AllReduceTime = Callable[[np.ndarray], np.ndarray]  # bucket bytes -> seconds, e
 
 
 def assign_buckets(
-    param_bytes_forward_order: Sequence[float],
+    tensor_bytes: Sequence[float] | np.ndarray,
     cap_bytes: float,
     first_cap_bytes: float = DDP_FIRST_BUCKET_BYTES,
 ) -> list[list[int]]:
-    """Group layers into DDP gradient buckets; returns layer indices per bucket, in bucket order.
+    """Group gradient tensors (bytes, registration order) into DDP buckets; indices per bucket.
 
     As torch's compute_bucket_assignment_by_size does when DDP rebuilds its buckets after the
     first iteration: tensors in gradient-ready order (reverse registration order), a bucket
-    closes as soon as its size reaches its limit (the tensor that crosses it stays in), the
-    first bucket's limit is `first_cap_bytes` and later ones' `cap_bytes`. A layer with no
-    parameters has no gradient and joins no bucket.
+    closes as soon as its size reaches its limit (the tensor that crosses it stays in, so a
+    tensor over the limit ends the bucket it joins), the first bucket's limit is
+    `first_cap_bytes` and later ones' `cap_bytes`. An empty tensor joins no bucket.
     """
+    sizes = np.asarray(tensor_bytes, dtype=float).tolist()
     buckets: list[list[int]] = []
     current: list[int] = []
     size, limit = 0.0, first_cap_bytes
-    for i in reversed(range(len(param_bytes_forward_order))):
-        nbytes = param_bytes_forward_order[i]
+    for i in reversed(range(len(sizes))):
+        nbytes = sizes[i]
         if nbytes <= 0:
             continue
         current.append(i)
@@ -66,12 +70,13 @@ def adam_step_time(params: float, gpu: GPUSpec, grad_bytes: int = 4) -> float:
 
 @dataclass(frozen=True)
 class Bucket:
-    """One gradient bucket's all-reduce: which layers, how big, and when."""
+    """One gradient bucket's all-reduce: which tensors and layers, how big, and when."""
 
     index: int
     bytes: float
-    layers: tuple[str, ...]  # in gradient-ready order
-    ready_s: float  # the backward of every layer in it has finished
+    layers: tuple[str, ...]  # layers with a tensor in it, in gradient-ready order
+    tensors: int  # how many parameter tensors
+    ready_s: float  # the backward of every layer with a tensor in it has finished
     start_s: float
     end_s: float
     time_s: float
@@ -115,10 +120,11 @@ class StepReport:
 def schedule_streams(
     forward_s: np.ndarray,
     backward_s: np.ndarray,
-    layer_bytes: np.ndarray,
-    buckets: list[list[int]],
+    tensor_bytes: np.ndarray,
+    buckets: Sequence[Sequence[int]],
     allreduce_time: AllReduceTime,
     *,
+    tensor_layer: np.ndarray | None = None,
     overlap: bool = True,
     accum_steps: int = 1,
     optimizer_s: float = 0.0,
@@ -126,28 +132,37 @@ def schedule_streams(
 ) -> StepReport:
     """Lay one step out on the compute and communication streams; per-layer arrays in forward order.
 
+    `buckets` holds tensor indices; `tensor_layer` maps each tensor to its layer
+    (non-decreasing: a layer's tensors are consecutive), by default one tensor per layer.
     Compute: `accum_steps` x (forward of all layers, backward in reverse), then the optimizer
     once the last all-reduce ends. Under DDP's no_sync only the last micro-batch's backward
-    launches all-reduces. Bucket b starts at max(ready_b, end_{b-1}), or with overlap off at
-    max(backward end, end_{b-1}).
+    launches all-reduces. Bucket b is ready when the backward of its tensors' layers ends and
+    starts at max(ready_b, end_{b-1}), or with overlap off at max(backward end, end_{b-1}).
     """
     if accum_steps < 1:
         raise ValueError(f"accum_steps must be at least 1, got {accum_steps}")
     backward_s = np.asarray(backward_s, dtype=float)
-    layer_bytes = np.asarray(layer_bytes, dtype=float)
-    names = list(names) if names is not None else [f"layer {i}" for i in range(len(backward_s))]
+    tensor_bytes = np.asarray(tensor_bytes, dtype=float)
+    n = len(backward_s)
+    tensor_layer = np.arange(n) if tensor_layer is None else np.asarray(tensor_layer)
+    names = list(names) if names is not None else [f"layer {i}" for i in range(n)]
     fwd, bwd = float(np.sum(forward_s)), float(backward_s.sum())
     last_start = (accum_steps - 1) * (fwd + bwd) + fwd  # the last micro-batch's backward
-    order = np.arange(len(backward_s))[::-1]
-    bwd_end = np.empty(len(backward_s))
+    order = np.arange(n)[::-1]
+    bwd_end = np.empty(n)
     bwd_end[order] = last_start + np.cumsum(backward_s[order])
     backward_done = last_start + bwd
 
-    sizes = np.array([layer_bytes[b].sum() for b in buckets])
-    times = np.asarray(allreduce_time(sizes), dtype=float) if buckets else np.zeros(0)
+    # buckets flattened (C-level iteration), then reduced per bucket segment
+    counts = np.fromiter(map(len, buckets), dtype=np.intp, count=len(buckets))
+    flat = np.fromiter(chain.from_iterable(buckets), dtype=np.intp, count=int(counts.sum()))
+    first = np.cumsum(counts) - counts  # each bucket's offset in `flat`
+    flat_layer = tensor_layer[flat]
+    sizes = np.add.reduceat(tensor_bytes[flat], first)
+    ready = np.maximum.reduceat(bwd_end[flat_layer], first)
+    times = np.asarray(allreduce_time(sizes), dtype=float) if len(buckets) else np.zeros(0)
     if times.shape != sizes.shape or np.any(times < 0):
         raise ValueError("allreduce_time must return one non-negative time per bucket")
-    ready = np.array([bwd_end[b].max() for b in buckets])
     launch = ready if overlap else np.full(len(buckets), backward_done)
     # end_b = max(launch_b, end_{b-1}) + t_b, unrolled: max over j <= b of (launch_j + t_j..t_b)
     sent = np.cumsum(times)
@@ -159,17 +174,36 @@ def schedule_streams(
     compute = accum_steps * (fwd + bwd) + optimizer_s
     comm = float(times.sum())
     exposed = max(0.0, step - compute)
+    # each bucket's layers: where the layer changes along `flat`, or a bucket begins
+    new_layer = np.ones(len(flat), dtype=bool)
+    new_layer[1:] = flat_layer[1:] != flat_layer[:-1]
+    new_layer[first] = True
+    bucket_names = [names[i] for i in flat_layer[new_layer].tolist()]
+    name_bounds = [*(np.cumsum(new_layer)[first] - 1).tolist(), len(bucket_names)]
     report_buckets = [
         Bucket(
             index=k,
-            bytes=float(sizes[k]),
-            layers=tuple(names[i] for i in b),
-            ready_s=float(ready[k]),
-            start_s=float(starts[k]),
-            end_s=float(ends[k]),
-            time_s=float(times[k]),
+            bytes=size,
+            layers=tuple(bucket_names[lo:hi]),
+            tensors=count,
+            ready_s=r,
+            start_s=t0,
+            end_s=t1,
+            time_s=t,
         )
-        for k, b in enumerate(buckets)
+        for k, (size, count, r, t0, t1, t, lo, hi) in enumerate(
+            zip(
+                sizes.tolist(),
+                counts.tolist(),
+                ready.tolist(),
+                starts.tolist(),
+                ends.tolist(),
+                times.tolist(),
+                name_bounds[:-1],
+                name_bounds[1:],
+                strict=True,
+            )
+        )
     ]
     # Gantt bars: whole passes, except the last backward per layer (it drives the buckets)
     events = []
@@ -215,21 +249,29 @@ def simulate_step(
 ) -> StepReport:
     """One DDP step of `workload` on `gpu`: buckets from the strategy, comm cost injected.
 
-    Gradients are bucketed and sent in strategy.grad_dtype; the optimizer is mixed-precision
-    Adam over all parameters (every data-parallel rank runs it in full).
+    Gradients are bucketed per parameter tensor and sent in strategy.grad_dtype; the
+    optimizer is mixed-precision Adam over all parameters (every data-parallel rank runs it).
     """
     forward_s, backward_s = layer_times(workload, gpu, efficiency, micro_batch)
     grad_bytes = DTYPE_BYTES[strategy.grad_dtype]
-    layer_bytes = workload.layer_params * float(grad_bytes)
-    buckets = assign_buckets(layer_bytes, strategy.bucket_mb * MIB, strategy.first_bucket_mb * MIB)
+    cap, first_cap = strategy.bucket_mb * MIB, strategy.first_bucket_mb * MIB
     return schedule_streams(
         forward_s,
         backward_s,
-        layer_bytes,
-        buckets,
+        workload.tensor_params * float(grad_bytes),
+        _workload_buckets(workload, grad_bytes, cap, first_cap),
         allreduce_time,
+        tensor_layer=workload.tensor_layer,
         overlap=strategy.overlap,
         accum_steps=accum_steps,
         optimizer_s=adam_step_time(workload.params, gpu, grad_bytes),
         names=[layer.name for layer in workload.layers],
     )
+
+
+@lru_cache(maxsize=256)
+def _workload_buckets(
+    workload: Workload, grad_bytes: int, cap_bytes: float, first_cap_bytes: float
+) -> list[list[int]]:
+    """assign_buckets over a workload's tensors, cached: the planner reuses a few caps a lot."""
+    return assign_buckets(workload.tensor_params * grad_bytes, cap_bytes, first_cap_bytes)

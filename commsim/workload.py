@@ -1,17 +1,21 @@
-"""Models as layer lists: parameters and forward FLOPs per layer, and the compute time they cost.
+"""Models as layer lists: parameter tensors and forward FLOPs per layer, and their compute time.
 
-A layer here is the unit the timeline schedules and DDP buckets: a transformer block, an
-embedding, a ResNet conv or batch norm. FLOPs are per sample (one sequence for a transformer,
-one image for a CNN) and count a multiply-add as 2 FLOPs. Backward costs 2x forward (the
-gradient with respect to activations plus the one with respect to weights), which gives the
-standard training cost of 6 FLOPs per parameter per token (Kaplan et al. 2020,
-arXiv:2001.08361). Only matrix multiplications count; element-wise work (norms, activations,
-softmax, residual adds) is left out, as Narayanan et al. 2021 (arXiv:2104.04473) do.
+A layer here is the unit the timeline schedules: a transformer block, an embedding, a ResNet
+conv or batch norm. It lists its parameter tensors, the units DDP buckets, in registration
+order (as `module.parameters()` yields them, a shared tensor once). FLOPs are per sample (one
+sequence for a transformer, one image for a CNN) and count a multiply-add as 2 FLOPs.
+Backward costs 2x forward (the gradient with respect to activations plus the one with
+respect to weights), which gives the standard training cost of 6 FLOPs per parameter per
+token (Kaplan et al. 2020, arXiv:2001.08361). Only matrix multiplications count; element-wise
+work (norms, activations, softmax, residual adds) is left out, as Narayanan et al. 2021
+(arXiv:2104.04473) do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
 
 import numpy as np
 
@@ -22,11 +26,15 @@ BACKWARD_FACTOR = 2.0  # backward FLOPs / forward FLOPs
 
 @dataclass(frozen=True)
 class Layer:
-    """One schedulable layer: parameter count and forward FLOPs per sample."""
+    """One schedulable layer: its parameter tensors and forward FLOPs per sample."""
 
     name: str
-    params: int
+    tensors: tuple[int, ...]  # parameters per tensor, registration order; () without parameters
     forward_flops: float
+
+    @property
+    def params(self) -> int:
+        return sum(self.tensors)
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,17 @@ class Workload:
     def layer_params(self) -> np.ndarray:
         return np.array([layer.params for layer in self.layers], dtype=np.int64)
 
+    @cached_property
+    def tensor_params(self) -> np.ndarray:
+        """Parameters per tensor, all layers' tensors in registration order (what DDP buckets)."""
+        return np.array([n for layer in self.layers for n in layer.tensors], dtype=np.int64)
+
+    @cached_property
+    def tensor_layer(self) -> np.ndarray:
+        """Index of the layer each tensor of `tensor_params` belongs to (non-decreasing)."""
+        counts = [len(layer.tensors) for layer in self.layers]
+        return np.repeat(np.arange(len(self.layers)), counts)
+
     @property
     def layer_flops(self) -> np.ndarray:
         """Forward FLOPs per sample, per layer."""
@@ -48,7 +67,7 @@ class Workload:
 
     @property
     def params(self) -> int:
-        return sum(layer.params for layer in self.layers)
+        return int(self.tensor_params.sum())
 
     @property
     def forward_flops(self) -> float:
@@ -76,18 +95,20 @@ def layer_times(
 
 @dataclass(frozen=True)
 class _Style:
-    """What a transformer family adds around its matmuls."""
+    """What a transformer family adds around its matmuls, and its parameters' registration order."""
 
+    # block tensor order of HF GPT2Block, LlamaDecoderLayer or BertLayer; "bert" also means token
+    # types, an embedding LayerNorm, post-LN (no final norm) and the pretraining heads
+    layout: Literal["gpt", "llama", "bert"]
     bias: bool  # linear layers carry biases
-    norm: int  # parameters per hidden unit of one norm: LayerNorm 2 (gain, bias), RMSNorm 1
+    norm: int  # tensors of one norm, h each: LayerNorm 2 (weight, bias), RMSNorm 1 (weight)
     learned_positions: bool  # a position-embedding table as long as the context
     tied_head: bool  # the LM head reuses the token-embedding matrix
-    bert: bool  # token types, embedding LayerNorm, post-LN (no final norm), pretraining heads
 
 
-_GPT = _Style(bias=True, norm=2, learned_positions=True, tied_head=True, bert=False)
-_LLAMA = _Style(bias=False, norm=1, learned_positions=False, tied_head=False, bert=False)
-_BERT = _Style(bias=True, norm=2, learned_positions=True, tied_head=True, bert=True)
+_GPT = _Style(layout="gpt", bias=True, norm=2, learned_positions=True, tied_head=True)
+_LLAMA = _Style(layout="llama", bias=False, norm=1, learned_positions=False, tied_head=False)
+_BERT = _Style(layout="bert", bias=True, norm=2, learned_positions=True, tied_head=True)
 
 
 @dataclass(frozen=True)
@@ -106,37 +127,51 @@ class _Transformer:
 
 
 def _transformer(c: _Transformer, name: str, seq_len: int) -> Workload:
-    """Layer list of a transformer run on sequences of `seq_len` tokens.
+    """Layer list of a transformer run on sequences of `seq_len` tokens, tensors as HF registers.
 
     Block forward FLOPs = 2*s*(matmul params) + 4*s^2*h: the QK^T and AV products over the
     full s x s score matrix (causal masking ignored, as in Megatron's accounting).
     """
     h, s, st, f = c.hidden, seq_len, c.style, c.ffn_hidden
-    norm = st.norm * h
     kv = c.kv_heads * (h // c.heads)  # width of K and V (grouped-query attention)
-    attn = 2 * h * h + 2 * h * kv  # Q and output projections h x h, K and V h x kv
-    mlp = (3 if c.gated_mlp else 2) * h * f  # gate, up, down or up, down
-    biases = (2 * h + 2 * kv + (2 * f if c.gated_mlp else f) + h) if st.bias else 0
 
-    embed = c.vocab * h + (c.context * h if st.learned_positions else 0)
-    if st.bert:
-        embed += 2 * h + norm  # token-type embeddings and the embedding LayerNorm
+    def linear(n_in: int, n_out: int) -> tuple[int, ...]:
+        """A linear layer's tensors: weight, then bias if the family has them."""
+        return (n_in * n_out, n_out) if st.bias else (n_in * n_out,)
+
+    norm = (h,) * st.norm
+    q, k, v, o = linear(h, h), linear(h, kv), linear(h, kv), linear(h, h)
+    if c.gated_mlp:  # gate, up, down
+        mlp = (*linear(h, f), *linear(h, f), *linear(f, h))
+    else:  # up (GPT-2 c_fc, BERT intermediate), down (c_proj, output)
+        mlp = (*linear(h, f), *linear(f, h))
+    if st.layout == "gpt":  # ln_1, attn.c_attn (Q, K, V fused), attn.c_proj, ln_2, mlp
+        block = (*norm, *linear(h, h + 2 * kv), *o, *norm, *mlp)
+    elif st.layout == "llama":  # self_attn q, k, v, o, mlp, input_ and post_attention_layernorm
+        block = (*q, *k, *v, *o, *mlp, *norm, *norm)
+    else:  # attention q, k, v, output dense and LayerNorm, intermediate, output and LayerNorm
+        block = (*q, *k, *v, *o, *norm, *mlp, *norm)
+    attn_matmul = 2 * h * h + 2 * h * kv  # Q and output projections h x h, K and V h x kv
+    mlp_matmul = (3 if c.gated_mlp else 2) * h * f
+    block_flops = 2.0 * s * (attn_matmul + mlp_matmul) + 4.0 * s * s * h
+
+    embed = (c.vocab * h, *((c.context * h,) if st.learned_positions else ()))
+    if st.layout == "bert":
+        embed += (2 * h, *norm)  # token-type embeddings and the embedding LayerNorm
     layers = [Layer("embedding", embed, 0.0)]
-    block_params = attn + mlp + biases + 2 * norm
-    block_flops = 2.0 * s * (attn + mlp) + 4.0 * s * s * h
-    layers += [Layer(f"block.{i}", block_params, block_flops) for i in range(c.layers)]
+    layers += [Layer(f"block.{i}", block, block_flops) for i in range(c.layers)]
 
-    head_params = 0 if st.tied_head else c.vocab * h
+    head = () if st.tied_head else (c.vocab * h,)
     head_flops = 2.0 * s * h * c.vocab  # logits, counted even when the weight is tied
-    if st.bert:
-        # pooler dense on [CLS] + next-sentence classifier, one token per sequence
-        layers.append(Layer("pooler", h * h + h + 2 * h + 2, 2.0 * (h * h + 2 * h)))
-        # masked-LM transform (dense + LayerNorm) and output bias; logits over all s tokens
-        head_params += h * h + h + norm + c.vocab
-        head_flops += 2.0 * s * h * h
+    if st.layout == "bert":
+        layers.append(Layer("pooler", linear(h, h), 2.0 * h * h))  # dense on [CLS] only
+        # HF `cls`: masked-LM output bias, transform (dense + LayerNorm) over all s tokens and
+        # the tied decoder; then the next-sentence classifier on the pooled token
+        head = (c.vocab, *linear(h, h), *norm, *linear(h, 2))
+        head_flops += 2.0 * s * h * h + 2.0 * h * 2
     else:
         layers.append(Layer("final_norm", norm, 0.0))
-    layers.append(Layer("lm_head", head_params, head_flops))
+    layers.append(Layer("lm_head", head, head_flops))
     return Workload(name, tuple(layers), seq_len)
 
 
@@ -147,15 +182,15 @@ def _resnet50() -> Workload:
     """torchvision resnet50 (v1.5: stride on the 3x3 conv) at 224x224, one layer per module.
 
     He et al. 2016 (arXiv:1512.03385), torchvision.models.resnet50: 25,557,032 parameters,
-    4.09 GMAC per image. Convs have no bias; a batch norm has 2*C parameters and its
-    element-wise FLOPs are not counted. FLOPs = 2 * MACs.
+    4.09 GMAC per image. Convs have one tensor (no bias); a batch norm has two of C (weight,
+    bias) and its element-wise FLOPs are not counted. FLOPs = 2 * MACs.
     """
     layers: list[Layer] = []
 
     def conv_bn(conv: str, bn: str, cin: int, cout: int, k: int, out_hw: int) -> None:
         params = cin * cout * k * k
-        layers.append(Layer(conv, params, 2.0 * params * out_hw * out_hw))
-        layers.append(Layer(bn, 2 * cout, 0.0))
+        layers.append(Layer(conv, (params,), 2.0 * params * out_hw * out_hw))
+        layers.append(Layer(bn, (cout, cout), 0.0))
 
     conv_bn("conv1", "bn1", 3, 64, 7, 112)
     cin, hw = 64, 56  # after the stride-2 max pool
@@ -169,7 +204,7 @@ def _resnet50() -> Workload:
             if b == 0:
                 conv_bn(f"{p}.downsample.0", f"{p}.downsample.1", cin, 4 * width, 1, out_hw)
             cin, hw = 4 * width, out_hw
-    layers.append(Layer("fc", cin * 1000 + 1000, 2.0 * cin * 1000))
+    layers.append(Layer("fc", (cin * 1000, 1000), 2.0 * cin * 1000))
     return Workload("resnet50", tuple(layers), None)
 
 
@@ -254,7 +289,8 @@ def build_workload(
 
     A transformer ModelSpec that sets nothing but name (and seq_len) names a preset. Otherwise
     its family follows gated_mlp: gated means LLaMA-style (RMSNorm, no biases, rotary, untied
-    head), plain means GPT-style (LayerNorm, biases, learned positions, tied head).
+    head), plain means GPT-style (LayerNorm, biases, learned positions, tied head). A custom
+    layer is one parameter tensor (none when it has no parameters).
     """
     if isinstance(model, str):
         return _preset(model, seq_len, source)
@@ -263,7 +299,10 @@ def build_workload(
             raise SpecError(
                 source, "model.custom_layers", "a custom model needs at least one layer"
             )
-        layers = tuple(Layer(x.name, x.params, x.forward_flops) for x in model.custom_layers)
+        layers = tuple(
+            Layer(x.name, (x.params,) if x.params else (), x.forward_flops)
+            for x in model.custom_layers
+        )
         return Workload(model.name, layers, seq_len or model.seq_len)
     if model.kind == "resnet" or not model.model_fields_set - {"name", "kind", "seq_len"}:
         return _preset(model.name, seq_len or model.seq_len, source)

@@ -1,12 +1,18 @@
-"""The DDP step timeline: bucket assignment, stream schedule against a brute-force clock."""
+"""The DDP step timeline: tensor bucketing, stream schedule against a brute-force clock."""
 
 import numpy as np
 import pytest
 
 from commsim.catalog import gpu
+from commsim.planner import BUCKET_MB
 from commsim.specs import Strategy
 from commsim.timeline import MIB, adam_step_time, assign_buckets, schedule_streams, simulate_step
 from commsim.workload import build_workload, layer_times
+
+
+def zero_cost(sizes):
+    """Free communication: only the bucket layout matters."""
+    return np.zeros(len(sizes))
 
 
 def test_assign_buckets_hand_computed():
@@ -42,7 +48,8 @@ def test_assign_buckets_properties():
 def brute_force(fwd, bwd, buckets, comm, overlap, accum, opt):
     """Step a clock one integer unit at a time; each stream starts its next task when allowed.
 
-    Returns (step end, bucket starts, bucket ends, last micro-batch backward end per layer).
+    `buckets` lists the layers each bucket waits for. Returns (step end, bucket starts,
+    bucket ends, last micro-batch backward end per layer).
     """
     n = len(fwd)
     tasks = []
@@ -89,24 +96,31 @@ def test_schedule_matches_brute_force(overlap):
     for _ in range(300):
         n = int(rng.integers(1, 7))
         fwd, bwd = rng.integers(0, 4, n), rng.integers(0, 5, n)
-        layer_bytes = rng.integers(0, 40, n)
-        buckets = assign_buckets(layer_bytes, int(rng.integers(1, 60)), int(rng.integers(1, 20)))
+        tensor_layer = np.repeat(np.arange(n), rng.integers(0, 4, n))  # 0 to 3 tensors a layer
+        tensor_bytes = rng.integers(1, 40, len(tensor_layer))
+        buckets = assign_buckets(tensor_bytes, int(rng.integers(1, 60)), int(rng.integers(1, 20)))
         accum, opt = int(rng.integers(1, 4)), int(rng.integers(0, 3))
         report = schedule_streams(
             fwd,
             bwd,
-            layer_bytes,
+            tensor_bytes,
             buckets,
             allreduce,
+            tensor_layer=tensor_layer,
             overlap=overlap,
             accum_steps=accum,
             optimizer_s=opt,
         )
-        comm = allreduce([layer_bytes[b].sum() for b in buckets])
-        step, starts, ends, bwd_end = brute_force(fwd, bwd, buckets, comm, overlap, accum, opt)
+        comm = allreduce([tensor_bytes[b].sum() for b in buckets])
+        waits = [set(tensor_layer[b].tolist()) for b in buckets]
+        step, starts, ends, bwd_end = brute_force(fwd, bwd, waits, comm, overlap, accum, opt)
         assert report.step_time_s == step
         assert [b.start_s for b in report.buckets] == starts
         assert [b.end_s for b in report.buckets] == ends
+        assert [b.layers for b in report.buckets] == [
+            tuple(f"layer {i}" for i in sorted(w, reverse=True)) for w in waits
+        ]
+        assert [b.tensors for b in report.buckets] == [len(b) for b in buckets]
         backward = {e.label: e.end_s for e in report.events if e.label.startswith("backward layer")}
         assert backward == {f"backward layer {i}": float(t) for i, t in bwd_end.items()}
 
@@ -180,16 +194,49 @@ def test_bad_cost_model():
         schedule_streams([1], [2], [8], [[0]], allreduce, accum_steps=0)
 
 
+def test_assign_buckets_over_a_gpt2_xl_block():
+    # fp32 gradients of ln_1 (w, b), c_attn (w, b), c_proj (w, b), ln_2 (w, b), c_fc, c_proj:
+    #   0: 6400 B   1: 6400   2: 30,720,000   3: 19,200   4: 10,240,000   5: 6400
+    #   6: 6400     7: 6400   8: 40,960,000   9: 25,600  10: 40,960,000  11: 6400
+    # reversed, first limit 1 MiB then 25 MiB = 26,214,400 B:
+    #   11 + 10 = 40,966,400 >= 1 MiB                             -> [11, 10]
+    #   9 + 8 = 40,985,600 >= 25 MiB                               -> [9, 8]
+    #   7..4 = 10,259,200; + 3 = 10,278,400; + 2 = 40,998,400 >= 25 MiB -> [7, 6, 5, 4, 3, 2]
+    #   1 + 0 = 12,800 left over                                   -> [1, 0]
+    block = build_workload("gpt2-xl").layers[1]
+    sizes = 4 * np.array(block.tensors)
+    assert sizes.tolist()[:5] == [6400, 6400, 30_720_000, 19_200, 10_240_000]
+    assert assign_buckets(sizes, 25 * MIB) == [[11, 10], [9, 8], [7, 6, 5, 4, 3, 2], [1, 0]]
+    assert assign_buckets([sizes.sum()], 25 * MIB) == [[0]]  # the block as one tensor
+
+
+def test_bucket_cap_changes_gpt2_xl_buckets():
+    w, a100 = build_workload("gpt2-xl"), gpu("a100")
+    counts = {
+        mb: len(simulate_step(w, a100, Strategy(bucket_mb=mb), zero_cost, efficiency=0.5).buckets)
+        for mb in BUCKET_MB
+    }
+    # 1 MiB: each of a block's 4 weight matrices (>= 9.8 MiB) closes a bucket, then wpe, wte:
+    # 48 * 4 + 2. 25 MiB: 3 a block (c_proj joins c_attn, as above), then the embedding.
+    assert (counts[1], counts[25]) == (48 * 4 + 2, 48 * 3 + 1)
+    # 200 MiB: every bucket but the last holds at least 200 MiB of the 5.9 GB
+    assert counts[200] < counts[25] and counts[200] <= 4 * w.params / (200 * MIB) + 1
+    assert list(counts.values()) == sorted(counts.values(), reverse=True)
+
+
 def test_simulate_step_gpt2_xl():
     w, a100 = build_workload("gpt2-xl"), gpu("a100")
-    free = simulate_step(w, a100, Strategy(), lambda s: np.zeros(len(s)), efficiency=0.5)
+    free = simulate_step(w, a100, Strategy(), zero_cost, efficiency=0.5)
     forward, backward = layer_times(w, a100, 0.5, 1)
     optimizer = w.params * 30 / a100.hbm_bandwidth  # fp32 grads: 30 bytes per parameter
     assert free.optimizer_s == pytest.approx(optimizer) == adam_step_time(w.params, a100)
     assert free.step_time_s == pytest.approx(forward.sum() + backward.sum() + optimizer)
     assert free.exposed_comm_s == pytest.approx(0.0, abs=1e-12)
-    # lm_head is tied (no gradient); the first bucket crosses 1 MiB at the last block
+    # lm_head is tied (no gradient); the first bucket crosses 1 MiB at the last block's
+    # mlp.c_proj weight, and the next one holds block.47's c_fc alone
     assert free.buckets[0].layers == ("final_norm", "block.47")
+    assert free.buckets[0].tensors == 4 and free.buckets[1].layers == ("block.47",)
+    assert free.buckets[0].ready_s == free.buckets[1].ready_s  # a layer's tensors: all at its end
     assert free.buckets[-1].layers[-1] == "embedding"
     assert sum(b.bytes for b in free.buckets) == 4 * w.params
 

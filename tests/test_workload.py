@@ -1,4 +1,4 @@
-"""Workloads: parameter counts against published totals, FLOPs against hand computation."""
+"""Workloads: parameter counts and tensor lists against published models, FLOPs by hand."""
 
 import numpy as np
 import pytest
@@ -31,11 +31,69 @@ def test_gpt3_parameters():
 
 def test_bert_large_parameters():
     w = build_workload("bert-large")
-    heads = {"pooler", "lm_head"}  # pooler+NSP and the MLM transform, tied decoder
-    encoder = sum(layer.params for layer in w.layers if layer.name not in heads)
-    pooler = 1024 * 1024 + 1024
-    assert encoder + pooler == 335_141_888  # HF BertModel (bert-large-uncased)
-    assert w.params == pytest.approx(335e6, rel=0.01)
+    layers = {layer.name: layer for layer in w.layers}
+    assert layers["pooler"].params == 1024 * 1024 + 1024
+    assert w.params - layers["lm_head"].params == 335_141_888  # HF BertModel (bert-large-uncased)
+    assert layers["lm_head"].params == 1_084_220  # BertPreTrainingHeads, decoder weight tied
+
+
+@pytest.mark.parametrize(
+    "name, tensors",
+    [
+        ("gpt2-xl", 2 + 48 * 12 + 2),  # wte, wpe, 48 blocks, ln_f; lm_head tied to wte
+        ("gpt3-175b", 2 + 96 * 12 + 2),
+        ("llama2-7b", 1 + 32 * 9 + 1 + 1),  # 291, as in the HF checkpoint
+        ("llama2-70b", 1 + 80 * 9 + 1 + 1),
+        ("bert-large", 5 + 24 * 16 + 2 + 7),  # BertForPreTraining.parameters()
+        ("resnet50", 53 + 53 * 2 + 2),  # 161: torchvision resnet50().parameters()
+    ],
+)
+def test_tensor_counts(name, tensors):
+    w = build_workload(name)
+    assert len(w.tensor_params) == len(w.tensor_layer) == tensors
+    assert (w.tensor_params > 0).all()
+    per_layer = np.bincount(w.tensor_layer, weights=w.tensor_params, minlength=len(w.layers))
+    np.testing.assert_array_equal(per_layer, w.layer_params)
+    assert all(layer.params == sum(layer.tensors) for layer in w.layers)
+
+
+def test_gpt2_xl_tensors_in_registration_order():
+    h, v = 1600, 50257
+    w = build_workload("gpt2-xl")
+    layers = {layer.name: layer for layer in w.layers}
+    assert layers["embedding"].tensors == (v * h, 1024 * h)  # wte, wpe
+    # ln_1 (weight, bias), attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj (weight, bias)
+    block = (h, h, h * 3 * h, 3 * h, h * h, h, h, h, h * 4 * h, 4 * h, 4 * h * h, h)
+    assert layers["block.0"].tensors == layers["block.47"].tensors == block
+    assert sum(block) == 12 * h * h + 13 * h
+    assert layers["final_norm"].tensors == (h, h)
+    assert layers["lm_head"].tensors == ()  # the tied wte belongs to the embedding only
+
+
+def test_llama2_7b_tensors_in_registration_order():
+    h, f, v = 4096, 11008, 32000
+    w = build_workload("llama2-7b")
+    # q, k, v, o; gate, up, down; input_layernorm, post_attention_layernorm
+    assert w.layers[1].tensors == (h * h,) * 4 + (h * f,) * 3 + (h, h)
+    assert [w.layers[i].tensors for i in (0, -2, -1)] == [(v * h,), (h,), (v * h,)]
+
+
+def test_bert_large_tensors_in_registration_order():
+    h, f, v = 1024, 4096, 30522
+    layers = {layer.name: layer for layer in build_workload("bert-large").layers}
+    # word, position, token-type embeddings, embedding LayerNorm
+    assert layers["embedding"].tensors == (v * h, 512 * h, 2 * h, h, h)
+    # query, key, value, attention output dense, its LayerNorm, intermediate, output, LayerNorm
+    assert layers["block.0"].tensors == (
+        *(h * h, h) * 4,
+        *(h, h),
+        *(h * f, f),
+        *(f * h, h),
+        *(h, h),
+    )
+    assert layers["pooler"].tensors == (h * h, h)
+    # cls: predictions.bias, transform dense and LayerNorm, seq_relationship (NSP)
+    assert layers["lm_head"].tensors == (v, h * h, h, h, h, h * 2, 2)
 
 
 def test_gqa_block_of_llama2_70b():
@@ -43,6 +101,7 @@ def test_gqa_block_of_llama2_70b():
     h, kv = 8192, 8 * 128
     block = next(layer for layer in build_workload("llama2-70b").layers if layer.name == "block.0")
     assert block.params == 2 * h * h + 2 * h * kv + 3 * h * 28672 + 2 * h == 855_654_400
+    assert block.tensors[:4] == (h * h, h * kv, h * kv, h * h)  # q, k, v, o
 
 
 def test_gpt3_forward_flops_match_narayanan():
@@ -75,9 +134,10 @@ def test_resnet50_layers():
     assert names[-3:] == ["layer4.2.conv3", "layer4.2.bn3", "fc"]
     assert len(w.layers) == 53 * 2 + 1  # 53 convs each with a batch norm, and fc
     conv1, fc = w.layers[0], w.layers[-1]
-    assert conv1.params == 64 * 3 * 7 * 7 == 9408
+    assert conv1.tensors == (64 * 3 * 7 * 7,) == (9408,)  # convs have no bias
+    assert w.layers[1].tensors == (64, 64)  # batch norm weight and bias
     assert conv1.forward_flops == 2 * 9408 * 112 * 112  # 2 FLOPs per MAC
-    assert fc.params == 2048 * 1000 + 1000
+    assert fc.tensors == (2048 * 1000, 1000)
     assert w.forward_flops / 2 == pytest.approx(4.09e9, rel=0.005)  # torchvision: 4.09 GMAC
     assert w.seq_len is None
 
@@ -92,13 +152,13 @@ def test_seq_len_override_changes_flops_not_params():
 
 def test_explicit_specs_match_presets():
     gpt = ModelSpec(name="g", layers=48, hidden=1600, heads=25, vocab=50257, seq_len=1024)
-    assert build_workload(gpt).params == build_workload("gpt2-xl").params
+    assert build_workload(gpt).layers == build_workload("gpt2-xl").layers
     llama = ModelSpec(
         name="l", layers=32, hidden=4096, heads=32, ffn_hidden=11008, gated_mlp=True, vocab=32000
     )
     built = build_workload(llama, seq_len=4096)
     assert built.params == 6_738_415_616
-    assert built.forward_flops == build_workload("llama2-7b").forward_flops
+    assert built.layers == build_workload("llama2-7b").layers
 
 
 def test_custom_layers():
@@ -108,11 +168,13 @@ def test_custom_layers():
         custom_layers=[
             LayerSpec(name="a", params=10, forward_flops=20.0),
             LayerSpec(name="b", params=5, forward_flops=0),
+            LayerSpec(name="c", params=0, forward_flops=4.0),
         ],
     )
     w = build_workload(spec)
-    assert [layer.name for layer in w.layers] == ["a", "b"]
-    assert (w.params, w.forward_flops, w.train_flops) == (15, 20.0, 60.0)
+    assert [layer.name for layer in w.layers] == ["a", "b", "c"]
+    assert [layer.tensors for layer in w.layers] == [(10,), (5,), ()]  # one tensor per layer
+    assert (w.params, w.forward_flops, w.train_flops) == (15, 24.0, 72.0)
 
 
 @pytest.mark.parametrize(
