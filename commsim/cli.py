@@ -205,7 +205,8 @@ def plan_cmd(
     report.console.print(
         report.plan_table(
             f"{s.name}: {setup.workload.name}, {s.gpus} GPUs of {setup.cluster.spec.name}, "
-            f"global batch {s.global_batch}: {len(docs)} strategies",
+            f"global batch {s.global_batch}: {len(docs)} strategies ranked "
+            f"({result.skipped} left out)",
             docs,
             top,
         )
