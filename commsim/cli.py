@@ -78,6 +78,17 @@ PlacementOpt = Annotated[
 OverlapOpt = Annotated[
     bool | None, typer.Option("--overlap/--no-overlap", help="Overlap all-reduce with backward.")
 ]
+CompressionOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Gradient compression: none, fp16, bf16, int8, topk:RATIO, randomk:RATIO, "
+        "powersgd:RANK, sign, topk:RATIO+int8."
+    ),
+]
+ErrorFeedbackOpt = Annotated[
+    bool | None,
+    typer.Option("--error-feedback/--no-error-feedback", help="Keep and resend what was dropped."),
+]
 
 
 def _setup(scenario: str | None, **overrides: Any) -> Setup:
@@ -98,6 +109,8 @@ def predict_cmd(
     algorithm: AlgorithmOpt = None,
     placement: PlacementOpt = None,
     overlap: OverlapOpt = None,
+    compression: CompressionOpt = None,
+    error_feedback: ErrorFeedbackOpt = None,
     plot: Annotated[
         str | None, typer.Option(help="Write the step's Gantt chart to this PNG.")
     ] = None,
@@ -117,6 +130,8 @@ def predict_cmd(
             algorithm=algorithm,
             placement=placement,
             overlap=overlap,
+            compression=compression,
+            error_feedback=error_feedback,
         )
         pred = predict(setup)
         doc = {"scenario": setup.scenario.name, "gpus": setup.n_gpus} | pred.to_dict()
@@ -159,10 +174,19 @@ def plan_cmd(
     overlap: Annotated[
         bool | None, typer.Option("--overlap/--no-overlap", help="Search only overlap on/off.")
     ] = None,
+    compression: Annotated[
+        str | None, typer.Option(help="Search only this gradient compression instead of several.")
+    ] = None,
+    error_feedback: ErrorFeedbackOpt = None,
     top: Annotated[int, typer.Option(help="Rows to show.")] = 15,
+    plot: Annotated[
+        str | None,
+        typer.Option(help="PNG: the winner's step time against NIC bandwidth per compressor."),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Search data-parallel strategies (algorithm x bucket x overlap x placement), ranked."""
+    """Search data-parallel strategies (algorithm x bucket x overlap x placement x
+    compression), ranked by step time."""
     with user_errors():
         setup = _setup(
             scenario,
@@ -176,6 +200,8 @@ def plan_cmd(
             algorithm=algorithm,
             placement=placement,
             overlap=overlap,
+            compression=compression,
+            error_feedback=error_feedback,
         )
         base = setup.scenario.strategy  # flags validated as scenario fields; now pin them
         candidates = planner.strategies(
@@ -184,9 +210,17 @@ def plan_cmd(
             bucket_mb=[base.bucket_mb] if bucket_mb else planner.BUCKET_MB,
             overlap=[base.overlap] if overlap is not None else (True, False),
             placements=[base.placement] if placement else PLACEMENTS,
+            compressions=[base.compression] if compression else planner.COMPRESSIONS,
+            error_feedback=error_feedback,
         )
         with _progress(len(candidates), "planning") as bar:
             result = planner.plan(setup, candidates, on_progress=lambda: bar.advance(0))
+        sweep = None
+        if plot and result.ranked:
+            sweep = planner.bandwidth_sweep(setup, result.ranked[0].strategy)
+            report.plot_bandwidth_sweep(
+                sweep, plot, f"{setup.scenario.name}: where compression stops paying"
+            )
     docs = [p.to_dict() for p in result.ranked]
     if json_out:
         report.print_json(
@@ -196,6 +230,12 @@ def plan_cmd(
                 "candidates": docs,
                 "skipped": result.skipped,
                 "notes": result.notes,
+                "bandwidth_sweep": sweep
+                and {
+                    "nic_bandwidth_Bps": sweep.nic_bandwidth,
+                    "step_time_s": sweep.step_time,
+                    "crossover_Bps": sweep.crossovers,
+                },
             }
         )
         return
@@ -213,6 +253,15 @@ def plan_cmd(
     )
     for line in [*report.explain_winner(docs), *result.notes]:
         report.console.print(line, highlight=False)
+    if sweep:
+        for name, bw in sweep.crossovers.items():
+            report.console.print(f"{name} stops paying above {bw * 8 / 1e9:.0f} Gb/s per NIC")
+        if not sweep.crossovers:
+            lo, hi = (b * 8 / 1e9 for b in (sweep.nic_bandwidth[0], sweep.nic_bandwidth[-1]))
+            report.console.print(
+                f"no compressor that pays here stops paying between {lo:g} and {hi:g} Gb/s per NIC"
+            )
+        report.console.print(f"bandwidth sweep drawn to {plot}")
 
 
 @app.command("collective")
@@ -332,3 +381,103 @@ def topo_show(
         report.console.print(f"[dim]source: {spec.source.strip()}[/dim]")
     if plot:
         report.console.print(f"graph drawn to {plot}")
+
+
+compression_app = typer.Typer(no_args_is_help=True, help="Gradient compressors: measure them.")
+app.add_typer(compression_app, name="compression")
+
+BENCH_COMPRESSORS = (
+    "none,fp16,bf16,int8,topk:0.05,topk:0.01,topk:0.05+int8,randomk:0.05,powersgd:4,sign"
+)
+# One transformer block's weight gradients at hidden 1024 (QKV, proj, MLP up, MLP down),
+# flattened into one DDP bucket: 12.6 M fp32 values, 50 MB.
+BLOCK_SHAPES = ((3072, 1024), (1024, 1024), (4096, 1024), (1024, 4096))
+
+
+def _compressor_list(text: str) -> list[str]:
+    from commsim.compression import parse_compressor
+
+    return [parse_compressor(c).spec for c in text.split(",") if c.strip()]
+
+
+@compression_app.command("bench")
+def compression_bench(
+    compressors: Annotated[str, typer.Option(help="Comma-separated spellings.")] = (
+        BENCH_COMPRESSORS
+    ),
+    repeats: Annotated[int, typer.Option(help="Timing repeats (the median is kept).")] = 5,
+    json_out: JsonOpt = False,
+) -> None:
+    """Wire ratio, fidelity delta and encode/decode time per MB of each compressor, on
+    synthetic heavy-tailed gradients of a transformer block and on a real MLP's gradients."""
+    from commsim.compression import measure, synthetic_gradients
+    from commsim.convergence import mlp_gradients
+
+    with user_errors():
+        specs = _compressor_list(compressors)
+        sources = {
+            "synthetic block": np.concatenate(
+                [g.ravel() for g in synthetic_gradients(BLOCK_SHAPES)]
+            ),
+            "digits MLP": np.concatenate([g.ravel() for g in mlp_gradients()]),
+        }
+        rows = []
+        with _progress(len(specs) * len(sources), "measuring") as bar:
+            for source, g in sources.items():
+                for spec in specs:
+                    rows.append(
+                        measure(spec, g, repeats) | {"gradients": source, "elements": g.size}
+                    )
+                    bar.advance(0)
+    if json_out:
+        report.print_json({"rows": rows})
+        return
+    report.console.print(report.compression_table(rows))
+
+
+@compression_app.command("convergence")
+def compression_convergence(
+    compressors: Annotated[str, typer.Option(help="Comma-separated spellings.")] = (
+        "none,fp16,int8,topk:0.05,topk:0.05+int8"
+    ),
+    error_feedback: Annotated[
+        str, typer.Option(help="both, on or off: run each compressor with/without it.")
+    ] = "both",
+    steps: Annotated[int, typer.Option(help="SGD steps.")] = 300,
+    workers: Annotated[int, typer.Option(help="Simulated data-parallel workers.")] = 8,
+    seed: Annotated[int, typer.Option(help="Seed for data split, init and sampling.")] = 0,
+    plot: Annotated[str | None, typer.Option(help="Write the loss curves to this PNG.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Train a small MLP on scikit-learn's bundled digits with simulated workers whose
+    gradients pass through each compressor; accuracy and loss against uncompressed."""
+    from commsim import convergence
+
+    with user_errors():
+        modes = {"both": "both", "on": True, "off": False}
+        if error_feedback not in modes:
+            raise ValueError(f"--error-feedback must be both, on or off, not {error_feedback!r}")
+        if steps < 1 or workers < 1:
+            raise ValueError("--steps and --workers must be at least 1")
+        specs = _compressor_list(compressors)
+        results = convergence.run(specs, modes[error_feedback], steps, workers, seed)
+        if plot:
+            convergence.plot_curves(results, plot)
+    rows = [
+        {
+            "compressor": r.compressor,
+            "error_feedback": r.error_feedback,
+            "test_accuracy": r.test_accuracy,
+            "accuracy_retained": r.accuracy_retained,
+            "test_loss": r.test_loss,
+            "final_train_loss": float(r.losses[-1]),
+            "wire_bytes_per_step": r.wire_bytes_per_step,
+        }
+        for r in results
+    ]
+    if json_out:
+        report.print_json({"steps": steps, "workers": workers, "seed": seed, "rows": rows})
+        return
+    report.console.print(report.convergence_table(rows, steps, workers))
+    if plot:
+        report.console.print(f"loss curves written to {plot}")

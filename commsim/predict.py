@@ -9,8 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from commsim import catalog
+from commsim.collectives.alphabeta import ALGORITHMS
 from commsim.collectives.group import GroupCost
+from commsim.compression import encode_decode_seconds, parse_compressor
 from commsim.specs import (
     ClusterSpec,
     GPUSpec,
@@ -21,7 +25,7 @@ from commsim.specs import (
     parse_spec,
     read_yaml,
 )
-from commsim.timeline import StepReport, simulate_step
+from commsim.timeline import DTYPE_BYTES, AllReduceTime, CodecTime, StepReport, simulate_step
 from commsim.topology.build import Cluster, build_cluster
 from commsim.topology.placement import place
 from commsim.workload import Workload, build_workload
@@ -67,6 +71,7 @@ class Prediction:
             "backward_s": r.backward_s,
             "optimizer_s": r.optimizer_s,
             "comm_s": r.comm_s,
+            "codec_s": r.codec_s,
             "exposed_comm_s": r.exposed_comm_s,
             "overlap_ratio": r.overlap_ratio,
             "overlap_efficiency": r.overlap_efficiency,
@@ -142,6 +147,52 @@ def gradient_sync_cost(setup: Setup, strategy: Strategy) -> GroupCost:
     return GroupCost(setup.cluster, ranks, ps_shards=strategy.ps_shards)
 
 
+def bucket_sync_time(setup: Setup, strategy: Strategy, cost: GroupCost) -> AllReduceTime:
+    """Network seconds to synchronise each gradient bucket, as a function of bucket bytes.
+
+    Uncompressed: one all-reduce in grad_dtype. Compressed (a DDP comm hook): the
+    compressor's collectives on its payload: all-reduce with the strategy's algorithm,
+    all-gather (whose size grows with N) with it too if it applies, else the fastest.
+    """
+    if strategy.compression == "none":
+        return lambda nbytes: cost.time("all-reduce", strategy.algorithm, nbytes)
+    compressor = parse_compressor(strategy.compression)
+
+    def sync(nbytes: np.ndarray) -> np.ndarray:
+        total = np.zeros(len(nbytes))
+        plans = [compressor.collectives(n, cost.n) for n in _elements(strategy, nbytes)]
+        for j, (op, _) in enumerate(plans[0] if plans else []):
+            algorithm = strategy.algorithm if strategy.algorithm in ALGORITHMS[op] else "auto"
+            total += cost.time(op, algorithm, np.array([p[j][1] for p in plans], dtype=float))
+        return total
+
+    return sync
+
+
+def bucket_codec_time(setup: Setup, strategy: Strategy) -> CodecTime | None:
+    """GPU seconds of the comm hook's encode and decode per bucket (None: no compression).
+
+    Error feedback adds its residual traffic to the encode. One GPU syncs nothing."""
+    if strategy.compression == "none" or setup.n_gpus == 1:
+        return None
+    compressor = parse_compressor(strategy.compression)
+
+    def codec(nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pairs = [
+            encode_decode_seconds(compressor, n, setup.gpu, setup.n_gpus, strategy.error_feedback)
+            for n in _elements(strategy, nbytes)
+        ]
+        enc, dec = np.array(pairs, dtype=float).reshape(-1, 2).T
+        return enc, dec
+
+    return codec
+
+
+def _elements(strategy: Strategy, nbytes: np.ndarray) -> list[int]:
+    """Gradient elements in buckets of `nbytes` (bucketed in grad_dtype)."""
+    return [int(n) for n in np.rint(np.asarray(nbytes) / DTYPE_BYTES[strategy.grad_dtype])]
+
+
 def predict(
     setup: Setup, strategy: Strategy | None = None, cost: GroupCost | None = None
 ) -> Prediction:
@@ -150,11 +201,22 @@ def predict(
     `cost` lets a caller that predicts many strategies share one cached cost model."""
     strategy = strategy or setup.scenario.strategy
     cost = cost or gradient_sync_cost(setup, strategy)
-    report = _step(setup, strategy, lambda b: cost.time("all-reduce", strategy.algorithm, b))
+    report = _step(
+        setup,
+        strategy,
+        bucket_sync_time(setup, strategy, cost),
+        codec_time=bucket_codec_time(setup, strategy),
+    )
     return _metrics(setup, strategy, report)
 
 
-def _step(setup: Setup, strategy: Strategy, allreduce_time, accum_steps: int | None = None):
+def _step(
+    setup: Setup,
+    strategy: Strategy,
+    allreduce_time: AllReduceTime,
+    accum_steps: int | None = None,
+    codec_time: CodecTime | None = None,
+) -> StepReport:
     s = setup.scenario
     return simulate_step(
         setup.workload,
@@ -164,6 +226,7 @@ def _step(setup: Setup, strategy: Strategy, allreduce_time, accum_steps: int | N
         efficiency=s.compute_efficiency,
         micro_batch=s.micro_batch,
         accum_steps=accum_steps or setup.accum_steps,
+        codec_time=codec_time,
     )
 
 

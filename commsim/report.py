@@ -93,7 +93,8 @@ def step_table(title: str, pred: dict[str, Any]) -> Table:
         ("  forward", fmt_time(pred["forward_s"]), "all micro-batches"),
         ("  backward", fmt_time(pred["backward_s"]), "all micro-batches"),
         ("  optimizer", fmt_time(pred["optimizer_s"]), "mixed-precision Adam, HBM-bound"),
-        ("communication", fmt_time(pred["comm_s"]), "sum of bucket all-reduces"),
+        ("communication", fmt_time(pred["comm_s"]), "sum of bucket collectives"),
+        ("encode/decode", fmt_time(pred["codec_s"]), "compression on the compute stream"),
         ("exposed comm", fmt_time(pred["exposed_comm_s"]), "step - compute"),
         ("overlap ratio", _pct(pred["overlap_ratio"]), "1 - exposed / comm"),
         ("overlap efficiency", _pct(pred["overlap_efficiency"]), "T_comp / max(T_comp, T_comm)"),
@@ -131,10 +132,20 @@ def bucket_table(buckets: Sequence[dict[str, Any]], limit: int = 12) -> Table:
     return table
 
 
+def compression_label(strategy: dict[str, Any]) -> str:
+    """A compressor as a user spells it, with +EF when error feedback is on."""
+    c = strategy["compression"]
+    return c + (" +EF" if strategy["error_feedback"] and c != "none" else "")
+
+
 def describe_strategy(strategy: dict[str, Any]) -> str:
+    """One line: algorithm, bucket, overlap, placement, compression."""
     s = strategy
     overlap = "overlap" if s["overlap"] else "no overlap"
-    return f"{s['algorithm']}, {s['bucket_mb']:g} MiB, {overlap}, {s['placement']}"
+    return (
+        f"{s['algorithm']}, {s['bucket_mb']:g} MiB, {overlap}, {s['placement']}, "
+        f"compression {compression_label(s)}"
+    )
 
 
 def plan_table(title: str, candidates: Sequence[dict[str, Any]], top: int) -> Table:
@@ -146,6 +157,7 @@ def plan_table(title: str, candidates: Sequence[dict[str, Any]], top: int) -> Ta
         "bucket",
         "overlap",
         "placement",
+        "compression",
         "step",
         "exposed comm",
         "overlap ratio",
@@ -153,7 +165,8 @@ def plan_table(title: str, candidates: Sequence[dict[str, Any]], top: int) -> Ta
         "MFU",
         "vs best",
     ):
-        table.add_column(col, justify="right" if col not in ("algorithm", "placement") else "left")
+        left = col in ("algorithm", "placement", "compression")
+        table.add_column(col, justify="left" if left else "right")
     best = candidates[0]["step_time_s"]
     for i, c in enumerate(candidates[:top], 1):
         s = c["strategy"]
@@ -163,6 +176,7 @@ def plan_table(title: str, candidates: Sequence[dict[str, Any]], top: int) -> Ta
             f"{s['bucket_mb']:g} MiB",
             "on" if s["overlap"] else "off",
             s["placement"],
+            compression_label(s),
             fmt_time(c["step_time_s"]),
             fmt_time(c["exposed_comm_s"]),
             _pct(c["overlap_ratio"]),
@@ -173,12 +187,14 @@ def plan_table(title: str, candidates: Sequence[dict[str, Any]], top: int) -> Ta
     return table
 
 
-_STRATEGY_VALUE = {
-    "algorithm": str,
-    "bucket_mb": lambda mb: f"{mb:g} MiB",
-    "overlap": lambda on: "overlap on" if on else "overlap off",
-    "placement": str,
-}
+# The dimensions a plan explains: label, the strategy keys that change together, the value.
+_DIMENSIONS = (
+    ("algorithm", ("algorithm",), lambda s: s["algorithm"]),
+    ("bucket size", ("bucket_mb",), lambda s: f"{s['bucket_mb']:g} MiB"),
+    ("overlap", ("overlap",), lambda s: "overlap on" if s["overlap"] else "overlap off"),
+    ("placement", ("placement",), lambda s: s["placement"]),
+    ("compression", ("compression", "error_feedback"), compression_label),
+)
 
 
 def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
@@ -187,25 +203,23 @@ def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
     s = best["strategy"]
     lines = [
         f"Best: {describe_strategy(s)}: step {fmt_time(best['step_time_s'])}, compute "
-        f"{fmt_time(best['compute_s'])}, communication {fmt_time(best['comm_s'])} of which "
-        f"{fmt_time(best['exposed_comm_s'])} exposed ({_pct(best['overlap_ratio'])} hidden)."
+        f"{fmt_time(best['compute_s'])}, communication {fmt_time(best['comm_s'])}"
+        + (f" + {fmt_time(best['codec_s'])} encode/decode" if best["codec_s"] else "")
+        + f", of which {fmt_time(best['exposed_comm_s'])} exposed "
+        f"({_pct(best['overlap_ratio'])} hidden)."
     ]
-    for key, label in (
-        ("algorithm", "algorithm"),
-        ("bucket_mb", "bucket size"),
-        ("overlap", "overlap"),
-        ("placement", "placement"),
-    ):
+    for label, keys, show in _DIMENSIONS:
         others = [
             c
             for c in candidates
-            if c["strategy"][key] != s[key] and all(c["strategy"][k] == s[k] for k in s if k != key)
+            if c["strategy"][keys[0]] != s[keys[0]]
+            and all(c["strategy"][k] == s[k] for k in s if k not in keys)
         ]
         if not others:
             continue
         alt = min(others, key=lambda c: c["step_time_s"])
         delta = alt["step_time_s"] - best["step_time_s"]
-        value = _STRATEGY_VALUE[key](alt["strategy"][key])
+        value = show(alt["strategy"])
         lines.append(
             f"  best other {label} ({value}): +{fmt_time(delta)} per step, exposed comm "
             f"{fmt_time(alt['exposed_comm_s'])}."
@@ -300,6 +314,101 @@ def plot_topology(graph: Any, path: str, title: str) -> None:
     ax.set_xticks([])
     ax.set_title(title)
     ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def compression_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """Per compressor and gradient source: wire ratio, fidelity delta, encode/decode speed."""
+    table = Table(
+        title="compressors on this machine's CPU (numpy); delta: ||C(g)-g||^2 <= (1-delta)||g||^2",
+        title_justify="left",
+    )
+    for col in ("gradients", "compressor", "wire ratio", "delta", "encode s/MB", "decode s/MB"):
+        table.add_column(col, justify="left" if col in ("gradients", "compressor") else "right")
+    for r in rows:
+        table.add_row(
+            r["gradients"],
+            r["compressor"],
+            f"{r['wire_ratio']:.4f}",
+            f"{r['delta']:.4f}",
+            f"{r['encode_s_per_MB']:.2e}",
+            f"{r['decode_s_per_MB']:.2e}",
+        )
+    return table
+
+
+def convergence_table(rows: Sequence[dict[str, Any]], steps: int, workers: int) -> Table:
+    """Final accuracy and loss of each compressed training run against the uncompressed one."""
+    table = Table(
+        title=f"digits MLP, {workers} simulated workers, {steps} steps", title_justify="left"
+    )
+    for col in (
+        "compressor",
+        "error feedback",
+        "test accuracy",
+        "retained",
+        "test loss",
+        "train loss",
+        "wire bytes/step",
+    ):
+        table.add_column(col, justify="left" if col == "compressor" else "right")
+    for r in rows:
+        table.add_row(
+            r["compressor"],
+            "on" if r["error_feedback"] else "off",
+            _pct(r["test_accuracy"]),
+            _pct(r["accuracy_retained"]),
+            f"{r['test_loss']:.4f}",
+            f"{r['final_train_loss']:.4f}",
+            f"{r['wire_bytes_per_step']:,}",
+        )
+    return table
+
+
+def plot_bandwidth_sweep(sweep: Any, path: str, title: str) -> None:
+    """Step time against NIC bandwidth for each compressor; where each stops paying."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gbps = [b * 8 / 1e9 for b in sweep.nic_bandwidth]
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for name, times in sweep.step_time.items():
+        style = {"color": "black", "linewidth": 2.5} if name == "none" else {}
+        ax.plot(gbps, times, marker="o", markersize=3, label=name, **style)
+    for name, bw in sweep.crossovers.items():
+        ax.axvline(bw * 8 / 1e9, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(
+            f"{name} stops paying\n{bw * 8 / 1e9:.0f} Gb/s",
+            (bw * 8 / 1e9, ax.get_ylim()[1]),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=7,
+            color="grey",
+        )
+    ax.axvline(sweep.current * 8 / 1e9, color="red", linewidth=1)
+    ax.annotate(
+        "this cluster",
+        (sweep.current * 8 / 1e9, ax.get_ylim()[0]),
+        color="red",
+        fontsize=8,
+        ha="left",
+        va="bottom",
+    )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("bandwidth per NIC (Gb/s)")
+    ax.set_ylabel("step time (s)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

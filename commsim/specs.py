@@ -134,6 +134,14 @@ class ModelSpec(Spec):
     custom_layers: list[LayerSpec] = []
 
 
+def _compressor(spelling: str) -> str:
+    # imported here: compression imports specs for GPUSpec
+    from commsim.compression import parse_compressor
+
+    return parse_compressor(spelling).spec
+
+
+Compression = Annotated[str, AfterValidator(_compressor)]
 Algorithm = Literal["auto", "ring", "tree", "rhd", "ps", "hierarchical"]
 Placement = Literal["blocked", "interleaved", "topology-aware"]
 
@@ -148,6 +156,8 @@ class Strategy(Spec):
     overlap: bool = True
     grad_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"  # DDP all-reduces fp32 grads by default
     ps_shards: int = Field(default=1, ge=1)
+    compression: Compression = "none"  # what a DDP comm hook does to each bucket
+    error_feedback: bool = False  # keep what compression dropped and add it next step
 
 
 class Scenario(Spec):

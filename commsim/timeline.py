@@ -25,6 +25,8 @@ DDP_FIRST_BUCKET_BYTES = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTE
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 AllReduceTime = Callable[[np.ndarray], np.ndarray]  # bucket bytes -> seconds, elementwise
+# bucket bytes -> (encode seconds, decode seconds) of a compressing comm hook, elementwise
+CodecTime = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 def assign_buckets(
@@ -99,14 +101,18 @@ class StepReport:
     step_time_s        end of the optimizer step (the step starts at 0)
     compute_s          T_compute = forward + backward (all micro-batches) + optimizer
     comm_s             T_comm = sum of bucket all-reduce times
-    exposed_comm_s     step_time - T_compute: time the GPU waits on communication
+    codec_s            compression's encode + decode on the compute stream (0 without it)
+    exposed_comm_s     step_time - T_compute: time the GPU spends on or waits for
+                       communication, compression's encode/decode included
     overlap_ratio      1 - exposed / T_comm (1.0 when T_comm = 0): share of comm hidden
     overlap_efficiency T_compute / max(T_compute, T_comm): 1.0 means comm could fully hide
+    where T_comm = comm_s + codec_s: a compressor's encode/decode is communication cost
     """
 
     step_time_s: float
     compute_s: float
     comm_s: float
+    codec_s: float
     exposed_comm_s: float
     overlap_ratio: float
     overlap_efficiency: float
@@ -129,6 +135,7 @@ def schedule_streams(
     accum_steps: int = 1,
     optimizer_s: float = 0.0,
     names: Sequence[str] | None = None,
+    codec_time: CodecTime | None = None,
 ) -> StepReport:
     """Lay one step out on the compute and communication streams; per-layer arrays in forward order.
 
@@ -138,6 +145,9 @@ def schedule_streams(
     once the last all-reduce ends. Under DDP's no_sync only the last micro-batch's backward
     launches all-reduces. Bucket b is ready when the backward of its tensors' layers ends and
     starts at max(ready_b, end_{b-1}), or with overlap off at max(backward end, end_{b-1}).
+    A compressing comm hook (`codec_time`) runs on the compute stream, as DDP hooks do:
+    bucket b's encode runs when it is ready, delaying the rest of the backward and its own
+    all-reduce; decodes run after the backward, each once its all-reduce has ended.
     """
     if accum_steps < 1:
         raise ValueError(f"accum_steps must be at least 1, got {accum_steps}")
@@ -163,16 +173,29 @@ def schedule_streams(
     times = np.asarray(allreduce_time(sizes), dtype=float) if len(buckets) else np.zeros(0)
     if times.shape != sizes.shape or np.any(times < 0):
         raise ValueError("allreduce_time must return one non-negative time per bucket")
-    launch = ready if overlap else np.full(len(buckets), backward_done)
-    # end_b = max(launch_b, end_{b-1}) + t_b, unrolled: max over j <= b of (launch_j + t_j..t_b)
-    sent = np.cumsum(times)
-    ends = sent + np.maximum.accumulate(launch - (sent - times))
+    enc, dec = (
+        (np.asarray(t, dtype=float) for t in codec_time(sizes))
+        if codec_time and len(buckets)
+        else (np.zeros(len(buckets)), np.zeros(len(buckets)))
+    )
+    # Encodes delay everything after them on the compute stream. Bucket order is ready
+    # order, so a layer whose backward starts at t is late by the encodes of buckets ready
+    # by t, and bucket b launches after its own encode.
+    encoded_before = np.concatenate(([0.0], np.cumsum(enc)))  # [k]: the first k buckets' encodes
+    bwd_end = bwd_end + encoded_before[np.searchsorted(ready, bwd_end - backward_s, "right")]
+    backward_done += float(encoded_before[-1])
+    ready = ready + encoded_before[:-1]
+    launch = ready + enc if overlap else np.full(len(buckets), backward_done)
+    ends = _serial_ends(launch, times)
     starts = ends - times
-    opt_start = float(ends.max(initial=backward_done))
+    # decode b starts at max(end of decode b-1, all-reduce b's end), after the backward
+    dec_ends = _serial_ends(np.maximum(ends, backward_done), dec)
+    opt_start = float(max(ends.max(initial=backward_done), dec_ends.max(initial=backward_done)))
     step = opt_start + optimizer_s
 
     compute = accum_steps * (fwd + bwd) + optimizer_s
     comm = float(times.sum())
+    codec = float(enc.sum() + dec.sum())
     exposed = max(0.0, step - compute)
     # each bucket's layers: where the layer changes along `flat`, or a bucket begins
     new_layer = np.ones(len(flat), dtype=bool)
@@ -221,20 +244,34 @@ def schedule_streams(
     events += [
         Event("comm", f"all-reduce bucket {b.index}", b.start_s, b.end_s) for b in report_buckets
     ]
+    events += [
+        Event("compute", f"{kind} bucket {b}", float(end - t), float(end))
+        for kind, finish, span in (("encode", ready + enc, enc), ("decode", dec_ends, dec))
+        for b, (end, t) in enumerate(zip(finish, span, strict=True))
+        if t > 0
+    ]
     events.append(Event("compute", "optimizer", opt_start, step))
     return StepReport(
         step_time_s=step,
         compute_s=compute,
         comm_s=comm,
+        codec_s=codec,
         exposed_comm_s=exposed,
-        overlap_ratio=1.0 - exposed / comm if comm > 0 else 1.0,
-        overlap_efficiency=compute / max(compute, comm) if compute > 0 else 1.0,
+        overlap_ratio=1.0 - exposed / (comm + codec) if comm + codec > 0 else 1.0,
+        overlap_efficiency=compute / max(compute, comm + codec) if compute > 0 else 1.0,
         forward_s=accum_steps * fwd,
         backward_s=accum_steps * bwd,
         optimizer_s=optimizer_s,
         buckets=report_buckets,
         events=events,
     )
+
+
+def _serial_ends(launch: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """End times of jobs run in order on one stream: end_b = max(launch_b, end_{b-1}) + t_b,
+    unrolled as max over j <= b of (launch_j + t_j + ... + t_b)."""
+    done = np.cumsum(times)
+    return done + np.maximum.accumulate(launch - (done - times)) if len(times) else done
 
 
 def simulate_step(
@@ -246,6 +283,7 @@ def simulate_step(
     efficiency: float,
     micro_batch: int = 1,
     accum_steps: int = 1,
+    codec_time: CodecTime | None = None,
 ) -> StepReport:
     """One DDP step of `workload` on `gpu`: buckets from the strategy, comm cost injected.
 
@@ -266,6 +304,7 @@ def simulate_step(
         accum_steps=accum_steps,
         optimizer_s=adam_step_time(workload.params, gpu, grad_bytes),
         names=[layer.name for layer in workload.layers],
+        codec_time=codec_time,
     )
 
 

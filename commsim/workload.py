@@ -44,6 +44,7 @@ class Workload:
     name: str
     layers: tuple[Layer, ...]
     seq_len: int | None  # tokens per sample; None for models without a sequence (CNNs)
+    heads: int | None = None  # attention heads of a transformer (activation memory needs them)
 
     @property
     def layer_params(self) -> np.ndarray:
@@ -172,7 +173,7 @@ def _transformer(c: _Transformer, name: str, seq_len: int) -> Workload:
     else:
         layers.append(Layer("final_norm", norm, 0.0))
     layers.append(Layer("lm_head", head, head_flops))
-    return Workload(name, tuple(layers), seq_len)
+    return Workload(name, tuple(layers), seq_len, c.heads)
 
 
 # --- ResNet-50 ------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def test_predict_flags_override_the_scenario():
 
 
 def test_plan_ranks_best_first():
-    doc = run_json("plan", "--placement", "blocked", "--algorithm", "ring")
+    doc = run_json("plan", "--placement", "blocked", "--algorithm", "ring", "--compression", "none")
     times = [c["step_time_s"] for c in doc["candidates"]]
     assert times == sorted(times)
     assert len(times) == 8 * 2  # bucket sizes x overlap on/off

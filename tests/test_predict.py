@@ -76,3 +76,40 @@ def test_plan_leaves_out_whole_node_algorithms_on_partial_nodes():
         planner.strategies(setup.scenario.strategy, bucket_mb=(25.0,), placements=("blocked",)),
     )
     assert {p.strategy.algorithm for p in result.ranked} == {"ring", "rhd", "ps"}
+
+
+@pytest.mark.parametrize(
+    "cluster,gpus,global_batch,expect_compression",
+    [("ethernet-10g", 64, 512, True), ("dgx-h100-ib", 8, 64, False)],
+)
+def test_planner_compresses_on_a_slow_fabric_not_on_nvlink(
+    cluster, gpus, global_batch, expect_compression
+):
+    setup = _setup(cluster=cluster, gpus=gpus, global_batch=global_batch, micro_batch=8)
+    cands = planner.strategies(
+        setup.scenario.strategy,
+        algorithms=("ring",),
+        bucket_mb=(25.0,),
+        placements=("blocked",),
+        compressions=planner.COMPRESSIONS,
+    )
+    best = planner.plan(setup, cands).ranked[0]
+    assert (best.strategy.compression != "none") == expect_compression
+    if not expect_compression:  # on NVLink every codec costs more GPU time than it saves
+        slower = [p for p in planner.plan(setup, cands).ranked if p.strategy.overlap][1:]
+        assert all(p.report.codec_s > 0 for p in slower)
+
+
+def test_compression_codec_counts_as_communication():
+    pred = predict(_setup(compression="powersgd:4", error_feedback=True, overlap=False))
+    r = pred.report
+    # Without overlap the all-reduces wait for the backward and every encode; decodes hide
+    # under later all-reduces except the last: exposed = encodes + all-reduces + last decode.
+    bars = [e for e in r.events if e.label.startswith(("encode", "decode"))]
+    encodes = sum(e.end_s - e.start_s for e in bars if e.label.startswith("encode"))
+    last_decode = max((e for e in bars if e.label.startswith("decode")), key=lambda e: e.end_s)
+    assert r.codec_s > 0
+    assert r.exposed_comm_s == pytest.approx(
+        encodes + r.comm_s + last_decode.end_s - last_decode.start_s
+    )
+    assert 0 < r.overlap_ratio < 0.1

@@ -150,6 +150,31 @@ def test_hand_computed_step():
     assert off.buckets[0].ready_s == 12  # ready is when the gradients exist, launched or not
 
 
+def test_compression_codec_runs_on_the_compute_stream():
+    # The hand case above with a comm hook: encode 1 and decode 0.5 per bucket.
+    # bucket 0 ready 12, encode 12->13, all-reduce 13->18; the backward of layers 1 and 0
+    # slides by 1 (13->17, 17->19); bucket 1 ready 19, encode 19->20, all-reduce 20->21;
+    # decodes after the backward (20): bucket 0 20->20.5, bucket 1 max(20.5, 21)->21.5;
+    # optimizer 21.5->22.5. Exposed = 22.5 - 19 = 3.5 (encode/decode included), codec 3.
+    fwd, bwd, layer_bytes = [1, 2, 3], [2, 4, 6], [3, 3, 10]
+    buckets = assign_buckets(layer_bytes, 100, 10)
+
+    def cost(sizes):
+        return np.where(np.asarray(sizes) == 10, 5.0, 1.0)
+
+    def codec(sizes):
+        return np.full(len(sizes), 1.0), np.full(len(sizes), 0.5)
+
+    r = schedule_streams(fwd, bwd, layer_bytes, buckets, cost, optimizer_s=1.0, codec_time=codec)
+    assert [(b.ready_s, b.start_s, b.end_s) for b in r.buckets] == [(12, 13, 18), (19, 20, 21)]
+    assert (r.step_time_s, r.compute_s, r.comm_s, r.codec_s) == (22.5, 19, 6, 3)
+    assert r.exposed_comm_s == 3.5
+    assert r.overlap_ratio == pytest.approx(1 - 3.5 / (6 + 3))
+    bars = {e.label: (e.start_s, e.end_s) for e in r.events}
+    assert bars["backward layer 1"] == (13, 17) and bars["backward layer 0"] == (17, 19)
+    assert bars["encode bucket 1"] == (19, 20) and bars["decode bucket 1"] == (21, 21.5)
+
+
 def test_comm_fully_hidden():
     # layer 0 has no parameters, so the last bucket is ready before the backward ends and
     # short all-reduces finish under the remaining compute

@@ -1,0 +1,349 @@
+"""Memory per GPU: model states under ZeRO, activations under tensor, sequence and pipeline
+parallelism and recomputation, and communication buffers; one set of numpy formulas.
+
+Model states follow ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 3 and 5): mixed-
+precision Adam keeps 2 bytes of fp16/bf16 weights, the gradients, and K = 12 bytes of fp32
+master weights, momentum and variance per parameter; stage 1 shards the optimizer states over
+the data-parallel group, stage 2 also the gradients, stage 3 also the weights (FSDP full shard).
+Transformer activations follow Korthikanti et al. 2022 (arXiv:2205.05198, Table 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from commsim.specs import GPUSpec
+from commsim.workload import Workload
+
+PARAM_BYTES = 2  # fp16/bf16 weights (ZeRO Sec. 3.1)
+OPTIMIZER_BYTES = 12  # fp32 master weights, Adam momentum and variance: K = 12 (ZeRO Sec. 3.1)
+# CUDA context, cuBLAS workspace and NCCL communicator buffers (NCCL_BUFFSIZE, 4 MiB per channel
+# and peer): an estimate, not a measurement; a few hundred MiB to over 1 GiB in practice.
+WORKSPACE_BYTES = 2**30
+RESERVE_FRACTION = 0.10  # HBM kept free for the caching allocator's fragmentation (estimate)
+# Non-transformers: stored activation bytes per forward FLOP. From torchvision ResNet-50 at
+# 224x224: its convolutions output 11,113,984 values per image; batch norm keeps each conv
+# output and the next layer the ReLU output, 2 bytes each, so 4 bytes per conv output value =
+# 44.46 MB per image over 8.178 GFLOP forward. Other models get the same ratio (a rough rule).
+ACTIVATION_BYTES_PER_FLOP = 4 * 11_113_984 / 8_178_368_512
+RECOMPUTE = ("none", "selective", "full")  # recompute codes 0, 1, 2 of the batch variant
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """How a model is laid out over GPUs, as memory sees it; independent of `specs.Strategy`
+    (the caller maps a Strategy onto a layout)."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batch: int = 1
+    seq_len: int | None = None  # None: the workload's
+    zero: Literal[0, 1, 2, 3] = 0  # 3 is also FSDP full shard
+    recompute: Literal["none", "selective", "full"] = "none"
+    sequence_parallel: bool = False
+    interleave: int = 1  # virtual pipeline stages (model chunks) per pipeline rank
+    micro_batches: int | None = None  # per step; None: at least enough to fill the pipeline
+    grad_bytes: int = 2  # 4 when gradients are accumulated in fp32 (Megatron's main_grad)
+    bucket_mb: float = 25.0  # gradient bucket (MiB), DDP bucket_cap_mb
+
+    def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {RECOMPUTE}, got {self.recompute!r}")
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per GPU on the worst pipeline stage, by kind."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float  # gradient buckets, ZeRO-3 gathered layers, CUDA/NCCL workspace
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+    def fits(self, gpu: GPUSpec, reserve_fraction: float = RESERVE_FRACTION) -> bool:
+        return self.total <= usable_bytes(gpu, reserve_fraction)
+
+    def reason(self, gpu: GPUSpec, reserve_fraction: float = RESERVE_FRACTION) -> str:
+        """Why it does not fit ("" when it does): the need, the room, the parts largest first."""
+        if self.fits(gpu, reserve_fraction):
+            return ""
+        parts = {
+            "params": self.params,
+            "grads": self.grads,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "buffers": self.buffers,
+        }
+        listed = ", ".join(
+            f"{k} {v / 1e9:.1f} GB" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+        )
+        usable = usable_bytes(gpu, reserve_fraction)
+        return (
+            f"needs {self.total / 1e9:.1f} GB of {usable / 1e9:.1f} GB usable on {gpu.name} "
+            f"({gpu.hbm_bytes / 1e9:.0f} GB less {reserve_fraction:.0%} reserve): {listed}"
+        )
+
+
+def usable_bytes(gpu: GPUSpec, reserve_fraction: float = RESERVE_FRACTION) -> float:
+    """HBM a training process may fill: capacity less the fragmentation reserve."""
+    return gpu.hbm_bytes * (1.0 - reserve_fraction)
+
+
+def activation_bytes_per_layer(s, b, h, a, t, sequence_parallel, recompute):
+    """Activation bytes one transformer layer keeps for one micro-batch (Korthikanti Table 2);
+    `recompute` is a code of RECOMPUTE, arrays broadcast."""
+    # tensor parallel: sbh(10 + 24/t + 5as/(ht)), t = 1: sbh(34 + 5as/h); sequence parallel also
+    # splits the 10 (norms, dropout masks, replicated inputs): sbh/t(34 + 5as/h); selective
+    # recompute drops the 5as/h attention-score term; full recompute keeps the 2sbh layer input,
+    # /t under sequence parallelism (Megatron stores it sharded). 2-byte activations, 1-byte dropout
+    # masks. A GPT block (4h MLP, dropout) is
+    # assumed; a LLaMA block (SwiGLU, no dropout) is charged the same, an approximation.
+    sbh = np.asarray(s, float) * b * h
+    scores = np.where(np.asarray(recompute) == 0, 5.0 * a * s / h, 0.0)
+    replicated = np.where(sequence_parallel, 10.0 / t, 10.0)
+    kept = sbh * (replicated + (24.0 + scores) / t)
+    return np.where(np.asarray(recompute) == 2, 2.0 * sbh / np.where(sequence_parallel, t, 1), kept)
+
+
+def in_flight(stage, pp, interleave=1, micro_batches=np.inf, schedule="1f1b"):
+    """Micro-batches whose activations pipeline rank `stage` holds at its peak, in whole passes
+    over the rank's layers; capped by the `micro_batches` there are."""
+    # 1F1B (Narayanan et al. 2021, arXiv:2104.04473, Sec. 2.2): rank r holds pp - r. Interleaved,
+    # v chunks a rank: Megatron's schedules.py warms up 2(pp - r - 1) + (v - 1)pp chunk passes and
+    # holds one more, /v in whole passes; on rank 0 pp(1 + (pp - 1)/(pp v)) (Korthikanti Sec. 4.2).
+    # GPipe (Huang et al. 2019, arXiv:1811.06965) holds all of a step's micro-batches if pp > 1.
+    stage, pp, v = np.asarray(stage), np.asarray(pp), np.asarray(interleave)
+    if schedule == "gpipe":
+        if np.any(v > 1):
+            raise ValueError("the GPipe schedule has no interleaving")
+        if np.any((pp > 1) & np.isinf(micro_batches)):
+            raise ValueError("the GPipe schedule needs micro_batches")
+        return np.where(pp > 1, micro_batches, 1.0)
+    if schedule != "1f1b":
+        raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {schedule!r}")
+    plain = np.minimum(pp - stage, micro_batches)
+    chunks = np.minimum(2 * (pp - stage - 1) + (v - 1) * pp + 1, micro_batches * v)
+    return np.where(v > 1, chunks / v, plain)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """A transformer's sizes for memory: dimensions and parameters split or replicated over tp."""
+
+    blocks: int
+    hidden: int
+    heads: int
+    vocab: int
+    block: tuple[int, int]  # parameters of one block (split over tp, replicated)
+    first: tuple[int, int]  # layers before the blocks: the embedding
+    last: tuple[int, int]  # layers after the blocks: final norm, heads
+    tied: int  # token-embedding size when the head reuses it (a copy on the last stage), else 0
+
+
+def _transformer_shape(workload: Workload) -> _Shape | None:
+    """A transformer's sizes read off its layers (None for other models)."""
+    # Megatron's split (Shoeybi et al. 2019, arXiv:1909.08053): block matrices and column-parallel
+    # biases split over tp, vectors of length h (norms, row-parallel biases) replicated (BERT's
+    # Q, K, V biases, length h too, are split there: 3h a block counted replicated here); the
+    # vocabulary table and vocabulary-sized head tensors split, positions, token types replicated.
+    names = [layer.name for layer in workload.layers]
+    block_at = [i for i, n in enumerate(names) if n.startswith("block.")]
+    if not block_at or names[0] != "embedding" or names[-1] != "lm_head":
+        return None
+    body = workload.layers[block_at[0]]
+    h = min(body.tensors)  # a norm weight
+    vocab = workload.layers[0].tensors[0] // h
+    if workload.heads is None:
+        raise ValueError(f"{workload.name}: a transformer workload without its head count")
+
+    def split(layers, is_split) -> tuple[int, int]:
+        sizes = [n for layer in layers for n in layer.tensors]
+        return sum(n for n in sizes if is_split(n)), sum(n for n in sizes if not is_split(n))
+
+    tail = workload.layers[block_at[-1] + 1 :]
+    untied = any(n == vocab * h for layer in tail for n in layer.tensors)
+    return _Shape(
+        blocks=len(block_at),
+        hidden=h,
+        heads=workload.heads,
+        vocab=vocab,
+        block=split([body], lambda n: n != h),
+        first=split(workload.layers[:1], lambda n: n == vocab * h),
+        last=split(tail, lambda n: n in (vocab, vocab * h)),
+        tied=0 if untied else vocab * h,
+    )
+
+
+def _states(params, dp, zero, grad_bytes):
+    """Weight, gradient and optimizer bytes of `params` parameters under a ZeRO stage."""
+    # ZeRO Sec. 5.1: P_os 4Ψ + KΨ/Nd, P_os+g 2Ψ + (2 + K)Ψ/Nd, P_os+g+p (2 + 2 + K)Ψ/Nd
+    return (
+        PARAM_BYTES * params / np.where(zero >= 3, dp, 1),
+        grad_bytes * params / np.where(zero >= 2, dp, 1),
+        OPTIMIZER_BYTES * params / np.where(zero >= 1, dp, 1),
+    )
+
+
+def _buffers(zero, bucket_mb, grad_bytes, largest_layer):
+    """Communication buffers and the CUDA/NCCL workspace."""
+    # ZeRO 0-2: two buckets, one filling while one is reduced; the gradients themselves live in
+    # the buckets (DDP gradient_as_bucket_view, Megatron's contiguous buffer). ZeRO-3/FSDP: the
+    # largest layer gathered twice (computing, prefetching) and its gradient before reduce-scatter.
+    gathered = (2 * PARAM_BYTES + grad_bytes) * largest_layer
+    return WORKSPACE_BYTES + np.where(zero >= 3, gathered, 2.0 * bucket_mb * MIB)
+
+
+def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
+    """(params, grads, optimizer, activations, buffers) byte arrays on the worst stage."""
+    shape = _transformer_shape(workload)
+    if shape is None:
+        return _other_components(workload, c, schedule)
+    dp, t, pp, v, zero = c["dp"], c["tp"], c["pp"], c["interleave"], c["zero"]
+    per_chunk = np.ceil(shape.blocks / (pp * v))  # layers per virtual stage, worst rank
+    block = shape.block[0] / t + shape.block[1]
+    first = shape.first[0] / t + shape.first[1]
+    last = shape.last[0] / t + shape.last[1] + np.where(pp > 1, shape.tied / t, 0.0)
+    per_layer = activation_bytes_per_layer(
+        c["seq_len"],
+        c["micro_batch"],
+        shape.hidden,
+        shape.heads,
+        t,
+        c["sp"],
+        c["recompute"],
+    )
+    # Output layer: norm output, logits and fp32 cross-entropy, 4sbh/t(1 + v/h) (Korthikanti
+    # Sec. 4.3), per micro-batch its chunk holds: one under 1F1B, interleaved or not
+    sbh = c["seq_len"] * c["micro_batch"] * shape.hidden
+    output = 4.0 * sbh / t * (1.0 + shape.vocab / shape.hidden)
+    output = output * in_flight(pp - 1, pp, 1, c["micro_batches"], schedule)
+    stages = []
+    for rank, extra, on_last in ((0, first, pp == 1), (pp - 1, last, True)):
+        ends = np.where(pp == 1, first + last, extra)
+        params = per_chunk * v * block + ends
+        acts = in_flight(rank, pp, v, c["micro_batches"], schedule) * per_chunk * v * per_layer
+        acts = acts + np.where(on_last, output, 0.0)
+        largest = np.maximum(block, np.where(pp == 1, np.maximum(first, last), extra))
+        stages.append(
+            (*_states(params, dp, zero, c["grad_bytes"]), acts)
+            + (_buffers(zero, c["bucket_mb"], c["grad_bytes"], largest),)
+        )
+    first_worse = sum(stages[0]) >= sum(stages[1])
+    return tuple(np.where(first_worse, a, b) for a, b in zip(*stages, strict=True))
+
+
+def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
+    """Non-transformers: activations ACTIVATION_BYTES_PER_FLOP x forward FLOPs, a rough rule."""
+    # pp stages of equal layer count, parameters and FLOPs each from its worst stage (an upper
+    # bound); tp splits everything evenly (an idealisation); recompute and SP not modelled.
+    pp, t = c["pp"], c["tp"]
+    params = np.zeros(pp.shape)
+    flops = np.zeros(pp.shape)
+    for p in np.unique(pp):  # a handful of pipeline depths, not one pass per candidate
+        stages = np.array_split(np.arange(len(workload.layers)), int(p))
+        params[pp == p] = max(workload.layer_params[s].sum() for s in stages)
+        flops[pp == p] = max(workload.layer_flops[s].sum() for s in stages)
+    per_pass = ACTIVATION_BYTES_PER_FLOP * flops * c["micro_batch"] / t
+    acts = in_flight(0, pp, c["interleave"], c["micro_batches"], schedule) * per_pass
+    largest = workload.layer_params.max() / t
+    return (
+        *_states(params / t, c["dp"], c["zero"], c["grad_bytes"]),
+        acts,
+        _buffers(c["zero"], c["bucket_mb"], c["grad_bytes"], largest),
+    )
+
+
+def _check(c: dict[str, np.ndarray]) -> None:
+    for key in ("dp", "tp", "pp", "micro_batch", "interleave", "seq_len", "micro_batches"):
+        if np.any(c[key] < 1):
+            raise ValueError(f"{key} must be at least 1")
+    if np.any((c["zero"] < 0) | (c["zero"] > 3)):
+        raise ValueError("zero must be 0, 1, 2 or 3")
+    if np.any((c["recompute"] < 0) | (c["recompute"] > 2)):
+        raise ValueError(f"recompute codes are 0, 1, 2 for {RECOMPUTE}")
+
+
+def _inputs(workload: Workload, **columns) -> dict[str, np.ndarray]:
+    """Broadcast the layout columns to one shape; defaults for seq_len and micro_batches."""
+    if columns["seq_len"] is None:
+        columns["seq_len"] = workload.seq_len or 1
+    if columns["micro_batches"] is None:
+        columns["micro_batches"] = np.inf
+    keys = list(columns)
+    arrays = np.broadcast_arrays(*(np.asarray(columns[k]) for k in keys))
+    c = dict(zip(keys, arrays, strict=True))
+    _check(c)
+    return c
+
+
+def memory_per_gpu_batch(
+    workload: Workload,
+    dp,
+    tp,
+    pp,
+    micro_batch,
+    zero,
+    recompute,
+    sequence_parallel,
+    interleave=1,
+    *,
+    seq_len=None,
+    micro_batches=None,
+    grad_bytes=2,
+    bucket_mb=25.0,
+    schedule: str = "1f1b",
+) -> np.ndarray:
+    """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
+    RECOMPUTE); the same formulas as `memory_per_gpu`."""
+    c = _inputs(
+        workload,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        micro_batch=micro_batch,
+        zero=zero,
+        recompute=recompute,
+        sp=sequence_parallel,
+        interleave=interleave,
+        seq_len=seq_len,
+        micro_batches=micro_batches,
+        grad_bytes=grad_bytes,
+        bucket_mb=bucket_mb,
+    )
+    return sum(_components(workload, c, schedule))
+
+
+def memory_per_gpu(
+    workload: Workload,
+    layout: ParallelLayout,
+    *,
+    schedule: Literal["1f1b", "gpipe"] = "1f1b",
+) -> MemoryBreakdown:
+    """Bytes per GPU on the worst pipeline stage (first or last: a middle one holds no more than
+    the first), by kind."""
+    c = _inputs(
+        workload,
+        dp=layout.dp,
+        tp=layout.tp,
+        pp=layout.pp,
+        micro_batch=layout.micro_batch,
+        zero=layout.zero,
+        recompute=RECOMPUTE.index(layout.recompute),
+        sp=layout.sequence_parallel,
+        interleave=layout.interleave,
+        seq_len=layout.seq_len,
+        micro_batches=layout.micro_batches,
+        grad_bytes=layout.grad_bytes,
+        bucket_mb=layout.bucket_mb,
+    )
+    return MemoryBreakdown(*(float(x) for x in _components(workload, c, schedule)))
