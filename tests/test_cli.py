@@ -183,3 +183,68 @@ fabric: {kind: infiniband, nodes_per_leaf: 1}
     )
     result = run("topo", "show", str(split))
     assert result.exit_code == 2 and "disconnected" in result.output
+
+
+def test_compression_bench_json_rows():
+    doc = run_json("compression", "bench", "--compressors", "fp16,topk:0.05", "--repeats", "1")
+    rows = doc["rows"]
+    assert {r["compressor"] for r in rows} == {"fp16", "topk:0.05"}
+    assert {r["gradients"] for r in rows} == {"synthetic block", "digits MLP"}
+    for r in rows:
+        assert set(r) >= {"compressor", "wire_ratio", "delta", "encode_s_per_MB", "decode_s_per_MB"}
+    fp16 = next(r for r in rows if r["compressor"] == "fp16")
+    assert fp16["wire_ratio"] == 0.5 and fp16["delta"] > 0.999999
+
+
+def test_compression_convergence_json(tmp_path):
+    png = tmp_path / "curves.png"
+    doc = run_json(
+        "compression",
+        "convergence",
+        "--compressors",
+        "topk:0.05",
+        "--steps",
+        "40",
+        "--error-feedback",
+        "on",
+        "--plot",
+        str(png),
+    )
+    names = [(r["compressor"], r["error_feedback"]) for r in doc["rows"]]
+    assert names == [("none", False), ("topk:0.05", True)]
+    assert doc["rows"][0]["accuracy_retained"] == 1.0
+    assert png.exists()
+
+
+def test_predict_with_compression_and_plan_plot(tmp_path):
+    doc = run_json("predict", "--compression", "powersgd:4", "--error-feedback")
+    assert doc["strategy"]["compression"] == "powersgd:4" and doc["codec_s"] > 0
+    png = tmp_path / "bw.png"
+    doc = run_json(
+        "plan",
+        "scenarios/resnet50-10gbe.yaml",
+        "--algorithm",
+        "ring",
+        "--placement",
+        "blocked",
+        "--bucket-mb",
+        "25",
+        "--plot",
+        str(png),
+    )
+    sweep = doc["bandwidth_sweep"]
+    assert set(sweep["step_time_s"]) >= {"none", "fp16", "powersgd:4"}
+    assert png.exists()
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (("predict", "--compression", "zip"), "unknown compressor 'zip'"),
+        (("compression", "bench", "--compressors", "topk:2"), "RATIO"),
+        (("compression", "convergence", "--error-feedback", "maybe"), "both, on or off"),
+    ],
+)
+def test_bad_compression_input_exits_2(args, expect):
+    result = run(*args)
+    assert result.exit_code == 2 and expect in result.output and "Traceback" not in result.output
