@@ -240,7 +240,10 @@ def plan_cmd(
         )
         return
     if not docs:
-        report.err_console.print("no strategy can run on this group; see the notes")
+        report.err_console.print("no strategy can run here:", highlight=False)
+        for note in result.notes:
+            report.err_console.print(f"  {note}", highlight=False)
+        raise typer.Exit(1)
     s = setup.scenario
     report.console.print(
         report.plan_table(

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from commsim.collectives.group import GroupCost
-from commsim.predict import Prediction, Setup, gradient_sync_cost, predict
+from commsim.memory import usable_bytes
+from commsim.predict import Prediction, Setup, ddp_memory, gradient_sync_cost, predict
 from commsim.specs import Strategy
 from commsim.topology.build import build_cluster
 from commsim.topology.placement import PLACEMENTS
@@ -70,13 +71,20 @@ def plan(
     """Predict every candidate (one cost model per placement, shared) and rank by step time.
 
     Left out: a candidate whose algorithm cannot run on the group (tree and hierarchical
-    need whole nodes), and one whose placement gives the very same rank order as a
-    placement already searched (its predictions would be identical rows).
+    need whole nodes), one whose placement gives the very same rank order as a placement
+    already searched (its predictions would be identical rows), and one that does not fit
+    in GPU memory (counted, with the first reason, in the notes).
     """
     costs: dict[tuple[str, int], GroupCost] = {}
     same_as: dict[str, str] = {}
     result = PlanResult(ranked=[])
+    too_big, why = 0, ""
     for strategy in candidates:
+        memory = ddp_memory(setup, strategy)
+        if memory.total > usable_bytes(setup.gpu):
+            too_big, why = too_big + 1, why or memory.reason(setup.gpu)
+            result.skipped += 1
+            continue
         key = (strategy.placement, strategy.ps_shards)
         if key not in costs:
             costs[key] = cost = gradient_sync_cost(setup, strategy)
@@ -100,6 +108,8 @@ def plan(
         f"placement {p} gives the same rank order as {q} here; shown as {q}"
         for p, q in same_as.items()
     ]
+    if too_big:
+        result.notes.append(f"{too_big} strategies dropped: they do not fit in GPU memory ({why})")
     return result
 
 

@@ -15,6 +15,7 @@ from commsim import catalog
 from commsim.collectives.alphabeta import ALGORITHMS
 from commsim.collectives.group import GroupCost
 from commsim.compression import encode_decode_seconds, parse_compressor
+from commsim.memory import MemoryBreakdown, ParallelLayout, memory_per_gpu, usable_bytes
 from commsim.specs import (
     ClusterSpec,
     GPUSpec,
@@ -60,9 +61,15 @@ class Prediction:
     tflops_per_gpu: float
     samples_per_s: float
     tokens_per_s: float | None
+    memory: MemoryBreakdown
+    memory_usable: float  # bytes of HBM a training process may fill
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.memory_usable
 
     def to_dict(self) -> dict[str, Any]:
-        r = self.report
+        r, m = self.report, self.memory
         return {
             "strategy": self.strategy.model_dump(),
             "step_time_s": r.step_time_s,
@@ -80,6 +87,16 @@ class Prediction:
             "tflops_per_gpu": self.tflops_per_gpu,
             "samples_per_s": self.samples_per_s,
             "tokens_per_s": self.tokens_per_s,
+            "memory": {
+                "params_bytes": m.params,
+                "grads_bytes": m.grads,
+                "optimizer_bytes": m.optimizer,
+                "activations_bytes": m.activations,
+                "buffers_bytes": m.buffers,
+                "total_bytes": m.total,
+                "usable_bytes": self.memory_usable,
+                "fits": self.fits,
+            },
             "buckets": [
                 {
                     "index": b.index,
@@ -230,6 +247,24 @@ def _step(
     )
 
 
+def ddp_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
+    """Per-GPU memory of plain DDP: every rank holds all states, one micro-batch of
+    activations, and two gradient buckets in flight.
+
+    DDP under torch.amp keeps fp32 weights (4 B), fp32 gradients (4 B) and Adam's m and v
+    (8 B): 16 B a parameter, the same total as the memory model's mixed-precision split
+    2 + 2 + 12, so that split is used with 2-byte gradients."""
+    s = setup.scenario
+    layout = ParallelLayout(
+        dp=setup.n_gpus,
+        micro_batch=s.micro_batch,
+        seq_len=setup.workload.seq_len,
+        grad_bytes=2,
+        bucket_mb=strategy.bucket_mb,
+    )
+    return memory_per_gpu(setup.workload, layout)
+
+
 def _metrics(setup: Setup, strategy: Strategy, report: StepReport) -> Prediction:
     """Throughput metrics of a predicted step.
 
@@ -253,4 +288,6 @@ def _metrics(setup: Setup, strategy: Strategy, report: StepReport) -> Prediction
         tflops_per_gpu=flops / n / 1e12,
         samples_per_s=throughput,
         tokens_per_s=throughput * seq if seq else None,
+        memory=ddp_memory(setup, strategy),
+        memory_usable=usable_bytes(setup.gpu),
     )

@@ -102,10 +102,30 @@ def step_table(title: str, pred: dict[str, Any]) -> Table:
         ("MFU", _pct(pred["mfu"]), "model FLOP/s / (N peak)"),
         ("TFLOP/s per GPU", f"{pred['tflops_per_gpu']:.1f}", "achieved model FLOP/s"),
         ("samples/s", f"{pred['samples_per_s']:.1f}", "global throughput"),
+        _memory_row(pred["memory"]),
     ]
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def _memory_row(m: dict[str, Any]) -> tuple[str, str, str]:
+    verdict = "fits" if m["fits"] else "[red]DOES NOT FIT[/red]"
+    parts = ", ".join(
+        f"{k.removesuffix('_bytes')} {m[k] / 1e9:.1f}"
+        for k in (
+            "params_bytes",
+            "grads_bytes",
+            "optimizer_bytes",
+            "activations_bytes",
+            "buffers_bytes",
+        )
+    )
+    return (
+        "memory per GPU",
+        f"{m['total_bytes'] / 1e9:.1f} GB",
+        f"{verdict} in {m['usable_bytes'] / 1e9:.1f} GB usable ({parts} GB)",
+    )
 
 
 def bucket_table(buckets: Sequence[dict[str, Any]], limit: int = 12) -> Table:
