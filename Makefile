@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 $(BIN)/commsim: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,calibrate]'
 	touch $@
 
 .PHONY: install demo test lint bench clean

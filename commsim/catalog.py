@@ -66,6 +66,16 @@ GPUS: dict[str, GPUSpec] = {
             "(4.5 PF FP8, 2.25 PF BF16 dense per GPU), 1,440 GB HBM3e, 64 TB/s; "
             "NVLink 5 1.8 TB/s bidirectional",
         ),
+        GPUSpec(
+            name="cpu-host",
+            peak_flops=100e9,
+            hbm_bytes="16GB",
+            hbm_bandwidth="20GB/s",
+            nvlink_bandwidth="10GB/s",
+            source="a stand-in for the CPU processes of the emulated testbed (commsim testbed): "
+            "order-of-magnitude figures for 2 cores with AVX2 FP32 FMA and DDR4; calibration "
+            "measures its compute instead of trusting these",
+        ),
     )
 }
 GPUS["a100"] = GPUS["a100-80gb"]
