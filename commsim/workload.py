@@ -45,6 +45,7 @@ class Workload:
     layers: tuple[Layer, ...]
     seq_len: int | None  # tokens per sample; None for models without a sequence (CNNs)
     heads: int | None = None  # attention heads of a transformer (activation memory needs them)
+    hidden: int | None = None  # a transformer's hidden size (activation sizes need it)
 
     @property
     def layer_params(self) -> np.ndarray:
@@ -173,7 +174,7 @@ def _transformer(c: _Transformer, name: str, seq_len: int) -> Workload:
     else:
         layers.append(Layer("final_norm", norm, 0.0))
     layers.append(Layer("lm_head", head, head_flops))
-    return Workload(name, tuple(layers), seq_len, c.heads)
+    return Workload(name, tuple(layers), seq_len, c.heads, c.hidden)
 
 
 # --- ResNet-50 ------------------------------------------------------------------------------

@@ -131,8 +131,25 @@ def test_interpolation_between_powers_of_two(algorithm):
     cost = GroupCost(c, place(c, 16, "interleaved"))
     sizes = np.array([3.0e3, 1.5e6, 7.77e7, 3.3e8])
     direct = [
-        graph_time("all-reduce", algorithm, s, c, cost.gpus, gpus_per_node=4, channels=2)
+        graph_time(
+            "all-reduce",
+            algorithm,
+            s,
+            c,
+            cost.gpus,
+            gpus_per_node=cost.gpus_per_node,
+            channels=cost.channels,
+        )
         for s in sizes
     ]
     rel = 1e-9 if algorithm != "tree" else 0.015
     assert cost.time("all-reduce", algorithm, sizes) == pytest.approx(direct, rel=rel)
+
+
+def test_node_structure_is_read_off_the_placement():
+    c = make_cluster(nodes=4, gpus_per_node=4, nics=2, nodes_per_leaf=2)
+    assert GroupCost(c, place(c, 16, "blocked")).gpus_per_node == 4
+    assert GroupCost(c, place(c, 16, "interleaved")).gpus_per_node == 1
+    assert GroupCost(c, np.arange(0, 16, 4)).gpus_per_node == 1  # one rank a node (stride 4)
+    partial = GroupCost(c, place(c, 10, "blocked"))
+    assert partial.gpus_per_node == 4 and "hierarchical" not in partial.algorithms("all-reduce")

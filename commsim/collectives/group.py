@@ -18,6 +18,18 @@ from commsim.collectives.schedule import graph_time
 from commsim.topology.build import Cluster
 
 
+def _ranks_per_node(cluster: Cluster, gpus: np.ndarray) -> int:
+    """g when the ranks come in runs of g consecutive ranks on one node each (the last run
+    may be shorter: a partial node, on which whole-node algorithms cannot run), else 1."""
+    node = cluster.node_of(gpus)
+    run = int(np.argmax(node != node[0])) or node.size
+    if node.size % run:
+        return run
+    rows = node.reshape(-1, run)
+    whole = (rows == rows[:, :1]).all() and np.unique(rows[:, 0]).size == rows.shape[0]
+    return run if whole else 1
+
+
 class GroupCost:
     """Collective times for ranks 0..n-1 running on GPUs `gpu_of_rank` of `cluster`."""
 
@@ -27,9 +39,9 @@ class GroupCost:
         self.n = self.gpus.size
         self.ps_shards = ps_shards
         # The schedules treat consecutive groups of gpus_per_node ranks as one node and run
-        # one ring channel per NIC rail, as NCCL does; the placement decides whether that
-        # matches where the ranks really are.
-        self.gpus_per_node = min(cluster.gpus_per_node, self.n)
+        # one ring channel per NIC rail, as NCCL does. Like NCCL, read the node structure off
+        # where the ranks are: runs of equal length on one node each, else one rank a node.
+        self.gpus_per_node = _ranks_per_node(cluster, self.gpus)
         self.channels = cluster.nics_per_node if self.gpus_per_node > 1 else 1
         self._cache: dict[tuple[str, str, float], float] = {}
 
@@ -75,6 +87,15 @@ class GroupCost:
         table = np.array([[self._interpolated(op, a, s) for s in sizes] for a in candidates])
         best = np.argmin(table, axis=0)
         return table[best, np.arange(sizes.size)], [candidates[i] for i in best]
+
+    def affine(self, op: str, algorithm: str) -> tuple[float, float]:
+        """(seconds, seconds per byte): the time as intercept + slope x size, from the graph
+        at 1 MiB and 256 MiB; exact for unpipelined algorithms (see the module docstring),
+        so a planner can price millions of sizes with one multiply-add."""
+        lo, hi = 2.0**20, 2.0**28
+        t_lo, t_hi = self._graph_time(op, algorithm, lo), self._graph_time(op, algorithm, hi)
+        slope = (t_hi - t_lo) / (hi - lo)
+        return t_lo - slope * lo, slope
 
     def time(self, op: str, algorithm: str, sizes: np.ndarray | float) -> np.ndarray:
         """Seconds of `op` with `algorithm` (or 'auto') for each size in bytes."""

@@ -1,0 +1,305 @@
+"""The hybrid-parallel step, vectorised over many layouts at once.
+
+Data x tensor x pipeline parallelism with ZeRO/FSDP, sequence parallelism and activation
+recomputation, as Megatron-LM lays a transformer out (Narayanan et al. 2021, "Efficient
+Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", SC'21; Korthikanti
+et al. 2022). Every quantity is a numpy array with one entry per candidate layout, so a
+planner prices 100,000s of layouts in one pass. Collectives are priced on the cluster
+graph: each distinct group (its size, stride and placement) is evaluated once and handed
+over as intercept + slope x bytes (GroupCost.affine).
+
+Ranks follow Megatron's order: tensor-parallel rank fastest, then data-parallel, then
+pipeline stage, so a tensor-parallel group is consecutive GPUs (inside a node when tp is at
+most the node's GPUs) and a data-parallel group is strided by tp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from commsim.collectives.group import GroupCost
+from commsim.memory import RECOMPUTE, memory_per_gpu_batch, usable_bytes
+from commsim.specs import GPUSpec
+from commsim.timeline import adam_step_time
+from commsim.topology.build import Cluster
+from commsim.topology.placement import place
+from commsim.topology.routing import step_time
+from commsim.workload import Workload
+
+ACT_BYTES = 2  # bf16 activations on the wire (tensor-parallel collectives, pipeline sends)
+PARAM_WIRE_BYTES = 2  # bf16 parameters gathered by ZeRO-3 / FSDP
+TP_ALLREDUCES_FORWARD = 2  # per layer: after attention, after the MLP (Shoeybi et al. 2019)
+
+
+@dataclass(frozen=True)
+class Layouts:
+    """Candidate layouts as parallel arrays (one entry each); recompute holds RECOMPUTE codes."""
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    micro_batch: np.ndarray
+    micro_batches: np.ndarray  # per step and data-parallel rank: global / (dp x micro_batch)
+    zero: np.ndarray
+    recompute: np.ndarray
+    interleave: np.ndarray
+    bucket_mb: np.ndarray
+    overlap: np.ndarray
+    algorithm: np.ndarray  # index into ALGORITHMS
+    placement: np.ndarray  # index into PLACEMENTS
+
+    def __len__(self) -> int:
+        return len(self.dp)
+
+    def take(self, index: np.ndarray) -> Layouts:
+        """The layouts at `index` (a mask or positions)."""
+        return Layouts(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    def row(self, i: int) -> dict[str, object]:
+        """Layout i as plain values, names for the coded fields."""
+        out = {f.name: getattr(self, f.name)[i].item() for f in fields(self)}
+        out["recompute"] = RECOMPUTE[out["recompute"]]
+        out["algorithm"] = ALGORITHMS[out["algorithm"]]
+        out["placement"] = PLACEMENT_KINDS[out["placement"]]
+        return out
+
+
+ALGORITHMS = ("ring", "tree", "rhd", "hierarchical")
+PLACEMENT_KINDS = ("blocked", "interleaved")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the step model needs of a transformer workload."""
+
+    blocks: int
+    hidden: int
+    heads: int
+    seq_len: int
+    block_params: float
+    block_flops: float  # forward FLOPs per sample of one block
+    attention_core_flops: float  # the s^2 part of block_flops (recomputed by "selective")
+    pre_params: float  # embedding
+    pre_flops: float
+    post_params: float  # final norm, LM head
+    post_flops: float
+    total_params: float
+    model_flops: float  # forward FLOPs per sample of the whole model
+
+    @classmethod
+    def of(cls, w: Workload) -> Shape:
+        """Read the shape off a transformer workload's layers (blocks named block.i)."""
+        if w.heads is None or w.hidden is None or w.seq_len is None:
+            raise ValueError(f"{w.name}: tensor and pipeline parallelism need a transformer")
+        names = [layer.name for layer in w.layers]
+        at = [i for i, n in enumerate(names) if n.startswith("block.")]
+        block = w.layers[at[0]]
+        pre, post = w.layers[: at[0]], w.layers[at[-1] + 1 :]
+        s, h = w.seq_len, w.hidden
+        return cls(
+            blocks=len(at),
+            hidden=h,
+            heads=w.heads,
+            seq_len=s,
+            block_params=float(block.params),
+            block_flops=block.forward_flops,
+            attention_core_flops=4.0 * s * s * h,  # QK^T and AV: 2 x 2 s^2 h (Megatron)
+            pre_params=float(sum(x.params for x in pre)),
+            pre_flops=sum(x.forward_flops for x in pre),
+            post_params=float(sum(x.params for x in post)),
+            post_flops=sum(x.forward_flops for x in post),
+            total_params=float(w.params),
+            model_flops=w.forward_flops,
+        )
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Per-layout arrays of where a step's time goes (seconds) and its figures of merit."""
+
+    step: np.ndarray
+    compute: np.ndarray  # forward + backward (+ recomputation) on the slowest stage, all mb
+    bubble: np.ndarray  # pipeline fill and drain
+    tp_comm: np.ndarray  # tensor-parallel collectives, on the critical path
+    pp_comm: np.ndarray  # pipeline sends between stages, on the critical path
+    dp_comm: np.ndarray  # data-parallel / ZeRO collectives in all
+    dp_exposed: np.ndarray  # the part of dp_comm not hidden under compute
+    optimizer: np.ndarray
+    memory: np.ndarray  # bytes per GPU (worst stage)
+    fits: np.ndarray
+    mfu: np.ndarray  # model FLOP/s / peak (no recomputation counted)
+    hfu: np.ndarray  # hardware FLOP/s / peak, recomputation included
+
+    def row(self, i: int) -> dict[str, float]:
+        return {f.name: getattr(self, f.name)[i].item() for f in fields(self)}
+
+
+class HybridModel:
+    """Prices layouts of one workload on one cluster: compute from FLOPs, collectives from
+    the graph (one cached GroupCost per distinct group), memory from commsim.memory."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        cluster: Cluster,
+        gpu: GPUSpec,
+        n_gpus: int,
+        global_batch: int,
+        efficiency: float,
+        grad_bytes: int = 2,
+    ):
+        self.workload, self.cluster, self.gpu = workload, cluster, gpu
+        self.shape = Shape.of(workload)
+        self.n, self.global_batch, self.grad_bytes = n_gpus, global_batch, grad_bytes
+        self.flop_rate = gpu.peak_flops * efficiency
+        self._orders = {k: place(cluster, n_gpus, k) for k in PLACEMENT_KINDS}
+        self._affine: dict[tuple, tuple[float, float]] = {}
+
+    def _group(self, placement: int, start: int, stride: int, size: int) -> np.ndarray:
+        return self._orders[PLACEMENT_KINDS[placement]][start + stride * np.arange(size)]
+
+    def _collective(self, op, algorithm, placement, stride, size) -> tuple[float, float]:
+        """(intercept, slope) of a collective on the group of `size` ranks `stride` apart."""
+        key = (op, algorithm, placement, stride, size)
+        if key not in self._affine:
+            cost = GroupCost(self.cluster, self._group(placement, 0, stride, size))
+            usable = size == 1 or algorithm in cost.algorithms(op)
+            self._affine[key] = (
+                (cost.affine(op, algorithm) if size > 1 else (0.0, 0.0))
+                if usable
+                else (np.inf, np.inf)  # tree / hierarchical need whole nodes
+            )
+        return self._affine[key]
+
+    def _send(self, placement, tp, dp) -> tuple[float, float]:
+        """(intercept, slope per byte) of one stage handing activations to the next: its tp
+        ranks send at once, each to its peer tp x dp ranks ahead."""
+        key = ("p2p", placement, tp, dp)
+        if key not in self._affine:
+            order = self._orders[PLACEMENT_KINDS[placement]]
+            src = order[np.arange(tp)]
+            dst = order[np.arange(tp) + tp * dp]
+            t0 = step_time(self.cluster, src, dst, np.zeros(tp))
+            t1 = step_time(self.cluster, src, dst, np.full(tp, 2.0**24))
+            self._affine[key] = (t0, (t1 - t0) / 2.0**24)
+        return self._affine[key]
+
+    def _price(self, kind, layouts: Layouts, bytes_: np.ndarray, *args) -> np.ndarray:
+        """Seconds for each layout's collective of `bytes_`, via its group's affine cost."""
+        keys = np.stack([getattr(layouts, a) if isinstance(a, str) else a for a in args], axis=1)
+        out = np.empty(len(layouts))
+        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        for j, key in enumerate(uniq):
+            a, b = kind(*key.tolist())
+            sel = inverse.ravel() == j
+            out[sel] = a + b * bytes_[sel]
+        return out
+
+    def evaluate(self, L: Layouts) -> StepBreakdown:
+        """Step time, its parts, memory and utilisation of every layout."""
+        sh = self.shape
+        tp, pp, dp, b, m, v = L.tp, L.pp, L.dp, L.micro_batch, L.micro_batches, L.interleave
+        s, h = sh.seq_len, sh.hidden
+        per_stage = np.ceil(sh.blocks / pp)
+        only = pp == 1
+        # the slowest stage: first (embedding) or last (head) stage's forward FLOPs per sample
+        stage_flops = per_stage * sh.block_flops + np.where(
+            only, sh.pre_flops + sh.post_flops, np.maximum(sh.pre_flops, sh.post_flops)
+        )
+        extra = np.select(
+            [L.recompute == 2, L.recompute == 1],
+            [stage_flops, per_stage * sh.attention_core_flops],
+            0.0,
+        )  # full: the forward again; selective: the attention core again (Korthikanti 2022)
+        t_fwd = stage_flops * b / (tp * self.flop_rate)
+        t_bwd = (2.0 * stage_flops + extra) * b / (tp * self.flop_rate)
+
+        # Tensor parallel: 2 all-reduces of b s h activations per layer forward, 2 backward,
+        # 2 more when a full recompute replays the forward; with sequence parallelism each is a
+        # reduce-scatter + all-gather of the same volume (Korthikanti Sec. 4.2.2).
+        act = b * s * h * ACT_BYTES
+        ar = self._price(
+            lambda alg, pl, t: self._collective("all-reduce", ALGORITHMS[alg], pl, 1, t),
+            L, act, "algorithm", "placement", "tp",
+        )
+        n_fwd = TP_ALLREDUCES_FORWARD * per_stage
+        tp_f = n_fwd * ar
+        tp_b = n_fwd * ar * np.where(L.recompute == 2, 2.0, 1.0)
+        # Pipeline: each micro-batch crosses a stage boundary forward and back, v times with
+        # interleaving; the tp ranks split the activation (scatter-gather optimisation).
+        send = self._price(self._send, L, act / tp, "placement", "tp", "dp")
+        p2p = np.where(only, 0.0, send * v)
+        tick = t_fwd + t_bwd + tp_f + tp_b + 2.0 * p2p
+        # 1F1B: (m + p - 1) ticks; interleaved with v chunks: (m + (p - 1) / v) ticks
+        # (Narayanan et al. 2021, Sec. 2.2); the bubble is the (p - 1) / v extra ticks.
+        ticks = m + (pp - 1) / v
+        pipeline = ticks * tick
+
+        # Data parallel: gradients of the stage's parameters (split over tp)
+        stage_params = per_stage * sh.block_params + np.where(
+            only, sh.pre_params + sh.post_params, np.maximum(sh.pre_params, sh.post_params)
+        )
+        local = stage_params / tp
+        grads = local * self.grad_bytes
+        params_wire = local * PARAM_WIRE_BYTES
+        bucket = L.bucket_mb * 2.0**20
+        n_buckets = np.maximum(1.0, np.ceil(grads / bucket))
+        stride = tp
+
+        def dp_cost(op):
+            return lambda alg, pl, st, d: self._collective(
+                op, ALGORITHMS[alg] if op == "all-reduce" else "ring", pl, st, d
+            )
+
+        def on_dp(op, nbytes):
+            return self._price(dp_cost(op), L, nbytes, "algorithm", "placement", stride, "dp")
+
+        # ZeRO-0: all-reduce the gradient buckets. ZeRO-1/2: reduce-scatter gradients, all-gather
+        # updated parameters (ZeRO Sec. 7: the same volume as an all-reduce). ZeRO-3/FSDP: per
+        # micro-batch, all-gather parameters for forward and again for backward, reduce-scatter
+        # gradients: 1.5x the all-reduce volume at m = 1 (ZeRO Sec. 7.2.2).
+        allreduce = n_buckets * on_dp("all-reduce", grads / n_buckets)
+        rs = n_buckets * on_dp("reduce-scatter", grads / n_buckets)
+        ag = n_buckets * on_dp("all-gather", params_wire / n_buckets)
+        z3_mb = 2.0 * ag + rs
+        dp_comm = np.select([L.zero == 0, L.zero < 3], [allreduce, rs + ag], m * z3_mb)
+        # Overlap: ZeRO 0-2 sync hides under the last micro-batch's backward but for its last
+        # bucket; ZeRO-3 gathers are prefetched under each micro-batch's compute, but for the
+        # first layer's gather.
+        window = np.where(L.overlap, t_bwd, 0.0)
+        last = np.where(L.overlap, dp_comm / n_buckets, dp_comm)
+        sync_exposed = np.maximum(dp_comm - window, last)
+        z3_exposed = m * (np.maximum(z3_mb - (t_fwd + t_bwd), 0.0) + z3_mb / (per_stage + 1))
+        dp_exposed = np.where(L.zero == 3, np.where(L.overlap, z3_exposed, dp_comm), sync_exposed)
+
+        sharded = np.where(L.zero >= 1, dp, 1)
+        optimizer = adam_step_time(local / sharded, self.gpu, self.grad_bytes)
+        step = pipeline + dp_exposed + optimizer
+
+        memory = memory_per_gpu_batch(
+            self.workload, dp, tp, pp, b, L.zero, L.recompute, tp > 1, v,
+            seq_len=s, micro_batches=m, grad_bytes=self.grad_bytes, bucket_mb=L.bucket_mb,
+        )
+        peak = self.n * self.gpu.peak_flops
+        model = 3.0 * sh.model_flops * self.global_batch
+        recomputed = np.select(
+            [L.recompute == 2, L.recompute == 1],
+            [sh.model_flops, sh.blocks * sh.attention_core_flops],
+            0.0,
+        ) * self.global_batch
+        return StepBreakdown(
+            step=step,
+            compute=m * (t_fwd + t_bwd),
+            bubble=(pp - 1) / v * tick,
+            tp_comm=ticks * (tp_f + tp_b),
+            pp_comm=ticks * 2.0 * p2p,
+            dp_comm=dp_comm,
+            dp_exposed=dp_exposed,
+            optimizer=optimizer,
+            memory=memory,
+            fits=memory <= usable_bytes(self.gpu),
+            mfu=model / step / peak,
+            hfu=(model + recomputed) / step / peak,
+        )
