@@ -91,7 +91,23 @@ ErrorFeedbackOpt = Annotated[
 ]
 
 
-def _setup(scenario: str | None, **overrides: Any) -> Setup:
+TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree.")]
+PpOpt = Annotated[int | None, typer.Option("--pp", help="Pipeline-parallel stages.")]
+ZeroOpt = Annotated[int | None, typer.Option("--zero", help="ZeRO stage 0, 1, 2 or 3.")]
+FsdpOpt = Annotated[bool, typer.Option("--fsdp", help="FSDP full shard (the same as --zero 3).")]
+RecomputeOpt = Annotated[
+    str | None, typer.Option(help="Activation recomputation: none, selective, full.")
+]
+InterleaveOpt = Annotated[
+    int | None, typer.Option(help="Virtual pipeline stages per rank (interleaved 1F1B).")
+]
+TokensOpt = Annotated[float | None, typer.Option(help="Training tokens, for time to train.")]
+PriceOpt = Annotated[float | None, typer.Option(help="Price of one GPU-hour, for cost.")]
+
+
+def _setup(scenario: str | None, fsdp: bool = False, **overrides: Any) -> Setup:
+    if fsdp:
+        overrides["zero"] = 3
     spec, source = load_scenario(scenario, overrides)
     return resolve(spec, source)
 
@@ -111,12 +127,21 @@ def predict_cmd(
     overlap: OverlapOpt = None,
     compression: CompressionOpt = None,
     error_feedback: ErrorFeedbackOpt = None,
+    tp: TpOpt = None,
+    pp: PpOpt = None,
+    zero: ZeroOpt = None,
+    fsdp: FsdpOpt = False,
+    recompute: RecomputeOpt = None,
+    interleave: InterleaveOpt = None,
+    tokens: TokensOpt = None,
+    price_per_gpu_hour: PriceOpt = None,
     plot: Annotated[
         str | None, typer.Option(help="Write the step's Gantt chart to this PNG.")
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Predict one training step: compute, communication, overlap, scaling, MFU, buckets."""
+    """Predict one training step: compute, communication, overlap, scaling, MFU, memory,
+    buckets (data parallel) or pipeline/tensor-parallel parts (hybrid layouts)."""
     with user_errors():
         setup = _setup(
             scenario,
@@ -132,11 +157,19 @@ def predict_cmd(
             overlap=overlap,
             compression=compression,
             error_feedback=error_feedback,
+            tp=tp,
+            pp=pp,
+            zero=zero,
+            fsdp=fsdp,
+            recompute=recompute,
+            interleave=interleave,
+            tokens=tokens,
+            price_per_gpu_hour=price_per_gpu_hour,
         )
         pred = predict(setup)
         doc = {"scenario": setup.scenario.name, "gpus": setup.n_gpus} | pred.to_dict()
         if plot:
-            report.plot_timeline(doc, pred.report.events, plot, setup.scenario.name)
+            report.plot_timeline(doc, pred.events, plot, setup.scenario.name)
     if json_out:
         report.print_json(doc)
         return
@@ -148,7 +181,8 @@ def predict_cmd(
             doc,
         )
     )
-    report.console.print(report.bucket_table(doc["buckets"]))
+    if doc["buckets"]:
+        report.console.print(report.bucket_table(doc["buckets"]))
     if plot:
         report.console.print(f"timeline written to {plot}")
 

@@ -119,9 +119,9 @@ class Shape:
 class StepBreakdown:
     """Per-layout arrays of where a step's time goes (seconds) and its figures of merit."""
 
-    step: np.ndarray
+    step: np.ndarray  # = compute + tp_comm + pp_comm + bubble + dp_exposed + optimizer
     compute: np.ndarray  # forward + backward (+ recomputation) on the slowest stage, all mb
-    bubble: np.ndarray  # pipeline fill and drain
+    bubble: np.ndarray  # pipeline fill and drain: (p - 1) / v ticks, comm included
     tp_comm: np.ndarray  # tensor-parallel collectives, on the critical path
     pp_comm: np.ndarray  # pipeline sends between stages, on the critical path
     dp_comm: np.ndarray  # data-parallel / ZeRO collectives in all
@@ -157,14 +157,25 @@ class HybridModel:
         self._orders = {k: place(cluster, n_gpus, k) for k in PLACEMENT_KINDS}
         self._affine: dict[tuple, tuple[float, float]] = {}
 
-    def _group(self, placement: int, start: int, stride: int, size: int) -> np.ndarray:
-        return self._orders[PLACEMENT_KINDS[placement]][start + stride * np.arange(size)]
+    def _ranks(self, placement: int, tp: int, dp: int, pp: int) -> np.ndarray:
+        """GPU of each rank as [stage, data-parallel index, tensor-parallel index]."""
+        return self._orders[PLACEMENT_KINDS[placement]].reshape(pp, dp, tp)
 
-    def _collective(self, op, algorithm, placement, stride, size) -> tuple[float, float]:
-        """(intercept, slope) of a collective on the group of `size` ranks `stride` apart."""
-        key = (op, algorithm, placement, stride, size)
+    def _collective(self, op, algorithm, placement, kind, tp, dp, pp) -> tuple[float, float]:
+        """(intercept, slope) of a collective run by every tensor-parallel group (kind "tp")
+        or every data-parallel group ("dp") of the layout at once: concurrent groups share
+        NICs and uplinks, and the graph prices that."""
+        key = (op, algorithm, placement, kind, tp, dp, pp)
         if key not in self._affine:
-            cost = GroupCost(self.cluster, self._group(placement, 0, stride, size))
+            ranks = self._ranks(placement, tp, dp, pp)
+            groups = (
+                ranks.reshape(-1, tp) if kind == "tp" else ranks.transpose(0, 2, 1).reshape(-1, dp)
+            )
+            nodes = self.cluster.node_of(groups)
+            if (nodes == nodes[:, :1]).all():
+                groups = groups[:1]  # each group inside its own node: they share no link
+            cost = GroupCost(self.cluster, groups)
+            size = groups.shape[1]
             usable = size == 1 or algorithm in cost.algorithms(op)
             self._affine[key] = (
                 (cost.affine(op, algorithm) if size > 1 else (0.0, 0.0))
@@ -173,16 +184,17 @@ class HybridModel:
             )
         return self._affine[key]
 
-    def _send(self, placement, tp, dp) -> tuple[float, float]:
-        """(intercept, slope per byte) of one stage handing activations to the next: its tp
-        ranks send at once, each to its peer tp x dp ranks ahead."""
-        key = ("p2p", placement, tp, dp)
+    def _send(self, placement, tp, dp, pp) -> tuple[float, float]:
+        """(intercept, slope per byte) of every stage handing activations to the next at
+        once, each rank to its peer in the next stage (1F1B's steady state)."""
+        key = ("p2p", placement, tp, dp, pp)
+        if pp == 1:  # one stage: nothing to send
+            return 0.0, 0.0
         if key not in self._affine:
-            order = self._orders[PLACEMENT_KINDS[placement]]
-            src = order[np.arange(tp)]
-            dst = order[np.arange(tp) + tp * dp]
-            t0 = step_time(self.cluster, src, dst, np.zeros(tp))
-            t1 = step_time(self.cluster, src, dst, np.full(tp, 2.0**24))
+            ranks = self._ranks(placement, tp, dp, pp)
+            src, dst = ranks[:-1].ravel(), ranks[1:].ravel()
+            t0 = step_time(self.cluster, src, dst, np.zeros(src.size))
+            t1 = step_time(self.cluster, src, dst, np.full(src.size, 2.0**24))
             self._affine[key] = (t0, (t1 - t0) / 2.0**24)
         return self._affine[key]
 
@@ -221,15 +233,23 @@ class HybridModel:
         # reduce-scatter + all-gather of the same volume (Korthikanti Sec. 4.2.2).
         act = b * s * h * ACT_BYTES
         ar = self._price(
-            lambda alg, pl, t: self._collective("all-reduce", ALGORITHMS[alg], pl, 1, t),
-            L, act, "algorithm", "placement", "tp",
+            lambda alg, pl, t, d, p: self._collective(
+                "all-reduce", ALGORITHMS[alg], pl, "tp", t, d, p
+            ),
+            L,
+            act,
+            "algorithm",
+            "placement",
+            "tp",
+            "dp",
+            "pp",
         )
         n_fwd = TP_ALLREDUCES_FORWARD * per_stage
         tp_f = n_fwd * ar
         tp_b = n_fwd * ar * np.where(L.recompute == 2, 2.0, 1.0)
         # Pipeline: each micro-batch crosses a stage boundary forward and back, v times with
         # interleaving; the tp ranks split the activation (scatter-gather optimisation).
-        send = self._price(self._send, L, act / tp, "placement", "tp", "dp")
+        send = self._price(self._send, L, act / tp, "placement", "tp", "dp", "pp")
         p2p = np.where(only, 0.0, send * v)
         tick = t_fwd + t_bwd + tp_f + tp_b + 2.0 * p2p
         # 1F1B: (m + p - 1) ticks; interleaved with v chunks: (m + (p - 1) / v) ticks
@@ -246,15 +266,22 @@ class HybridModel:
         params_wire = local * PARAM_WIRE_BYTES
         bucket = L.bucket_mb * 2.0**20
         n_buckets = np.maximum(1.0, np.ceil(grads / bucket))
-        stride = tp
-
-        def dp_cost(op):
-            return lambda alg, pl, st, d: self._collective(
-                op, ALGORITHMS[alg] if op == "all-reduce" else "ring", pl, st, d
-            )
 
         def on_dp(op, nbytes):
-            return self._price(dp_cost(op), L, nbytes, "algorithm", "placement", stride, "dp")
+            # data-parallel gradients go by the layout's algorithm; ZeRO's reduce-scatter
+            # and all-gather by ring
+            return self._price(
+                lambda alg, pl, t, d, p: self._collective(
+                    op, ALGORITHMS[alg] if op == "all-reduce" else "ring", pl, "dp", t, d, p
+                ),
+                L,
+                nbytes,
+                "algorithm",
+                "placement",
+                "tp",
+                "dp",
+                "pp",
+            )
 
         # ZeRO-0: all-reduce the gradient buckets. ZeRO-1/2: reduce-scatter gradients, all-gather
         # updated parameters (ZeRO Sec. 7: the same volume as an all-reduce). ZeRO-3/FSDP: per
@@ -279,22 +306,36 @@ class HybridModel:
         step = pipeline + dp_exposed + optimizer
 
         memory = memory_per_gpu_batch(
-            self.workload, dp, tp, pp, b, L.zero, L.recompute, tp > 1, v,
-            seq_len=s, micro_batches=m, grad_bytes=self.grad_bytes, bucket_mb=L.bucket_mb,
+            self.workload,
+            dp,
+            tp,
+            pp,
+            b,
+            L.zero,
+            L.recompute,
+            tp > 1,
+            v,
+            seq_len=s,
+            micro_batches=m,
+            grad_bytes=self.grad_bytes,
+            bucket_mb=L.bucket_mb,
         )
         peak = self.n * self.gpu.peak_flops
         model = 3.0 * sh.model_flops * self.global_batch
-        recomputed = np.select(
-            [L.recompute == 2, L.recompute == 1],
-            [sh.model_flops, sh.blocks * sh.attention_core_flops],
-            0.0,
-        ) * self.global_batch
+        recomputed = (
+            np.select(
+                [L.recompute == 2, L.recompute == 1],
+                [sh.model_flops, sh.blocks * sh.attention_core_flops],
+                0.0,
+            )
+            * self.global_batch
+        )
         return StepBreakdown(
             step=step,
             compute=m * (t_fwd + t_bwd),
             bubble=(pp - 1) / v * tick,
-            tp_comm=ticks * (tp_f + tp_b),
-            pp_comm=ticks * 2.0 * p2p,
+            tp_comm=m * (tp_f + tp_b),
+            pp_comm=m * 2.0 * p2p,
             dp_comm=dp_comm,
             dp_exposed=dp_exposed,
             optimizer=optimizer,

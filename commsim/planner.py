@@ -1,4 +1,8 @@
-"""Enumerate data-parallel strategies, predict each, rank them by step time."""
+"""Enumerate strategies, predict each, rank them by step time.
+
+Two searches: plain DDP in full detail (per-bucket timeline on the graph, with algorithm,
+bucket, overlap, placement and compression), and hybrid data x tensor x pipeline layouts
+priced all at once by commsim.parallel (commsim.search)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,16 @@ import numpy as np
 
 from commsim.collectives.group import GroupCost
 from commsim.memory import usable_bytes
-from commsim.predict import Prediction, Setup, ddp_memory, gradient_sync_cost, predict
+from commsim.predict import (
+    Prediction,
+    Setup,
+    ddp_memory,
+    gradient_sync_cost,
+    hybrid_model,
+    hybrid_prediction,
+    predict,
+)
+from commsim.search import enumerate_layouts, search
 from commsim.specs import Strategy
 from commsim.topology.build import build_cluster
 from commsim.topology.placement import PLACEMENTS
@@ -103,7 +116,7 @@ def plan(
             result.skipped += 1
         if on_progress:
             on_progress()
-    result.ranked.sort(key=lambda p: p.report.step_time_s)
+    result.ranked.sort(key=lambda p: p.step_time_s)
     result.notes = [
         f"placement {p} gives the same rank order as {q} here; shown as {q}"
         for p, q in same_as.items()
@@ -154,7 +167,7 @@ def bandwidth_sweep(
         )
         cost = gradient_sync_cost(scaled, strategy)
         for v in variants:
-            times[v.compression].append(predict(scaled, v, cost).report.step_time_s)
+            times[v.compression].append(predict(scaled, v, cost).step_time_s)
     bandwidths = [f * nic.bandwidth for f in factors]
     return BandwidthSweep(bandwidths, times, _crossovers(bandwidths, times), nic.bandwidth)
 
@@ -173,3 +186,54 @@ def _crossovers(bandwidths: list[float], times: dict[str, list[float]]) -> dict[
             x = logb[i] + (logb[i + 1] - logb[i]) * gain[i] / (gain[i] - gain[i + 1])
             out[c] = float(np.exp(x))
     return out
+
+
+def plan_hybrid(
+    setup: Setup, pins: dict[str, object], keep: int = 200, exclude_data_parallel: bool = False
+) -> PlanResult:
+    """Search data x tensor x pipeline layouts (commsim.search) and return the best `keep`
+    as predictions; with `exclude_data_parallel` plain-DDP layouts are left to `plan`'s
+    detailed per-bucket search."""
+    base = setup.scenario.strategy
+    model = hybrid_model(setup, base)
+    layouts = enumerate_layouts(setup, pins)
+    found = search(setup, model, layouts)
+    result = PlanResult(ranked=[])
+    for i in found.ranked:
+        row = found.layouts.row(int(i))
+        strategy = base.model_copy(
+            update={
+                k: row[k]
+                for k in (
+                    "tp",
+                    "pp",
+                    "zero",
+                    "recompute",
+                    "interleave",
+                    "bucket_mb",
+                    "overlap",
+                    "algorithm",
+                    "placement",
+                )
+            }
+            | {"compression": "none", "error_feedback": False}
+        )
+        if exclude_data_parallel and strategy.data_parallel_only:
+            result.skipped += 1
+            continue
+        variant = replace(
+            setup, scenario=setup.scenario.model_copy(update={"micro_batch": row["micro_batch"]})
+        )
+        result.ranked.append(hybrid_prediction(variant, strategy, found.breakdown.row(int(i))))
+        if len(result.ranked) == keep:
+            break
+    result.notes.append(f"{found.searched} data x tensor x pipeline layouts priced")
+    if found.dropped:
+        smallest = int(np.argmin(np.where(found.breakdown.fits, np.inf, found.breakdown.memory)))
+        result.notes.append(
+            f"{found.dropped} layouts dropped: they do not fit in GPU memory (the smallest of "
+            f"them needs {found.breakdown.memory[smallest] / 1e9:.1f} GB of "
+            f"{usable_bytes(setup.gpu) / 1e9:.1f} GB usable)"
+        )
+    result.skipped += found.dropped + found.searched - len(found.ranked) - found.dropped
+    return result

@@ -15,7 +15,9 @@ from commsim import catalog
 from commsim.collectives.alphabeta import ALGORITHMS
 from commsim.collectives.group import GroupCost
 from commsim.compression import encode_decode_seconds, parse_compressor
-from commsim.memory import MemoryBreakdown, ParallelLayout, memory_per_gpu, usable_bytes
+from commsim.memory import RECOMPUTE, MemoryBreakdown, ParallelLayout, memory_per_gpu, usable_bytes
+from commsim.parallel import ALGORITHMS as HYBRID_ALGORITHMS
+from commsim.parallel import PLACEMENT_KINDS, HybridModel, Layouts
 from commsim.specs import (
     ClusterSpec,
     GPUSpec,
@@ -26,7 +28,16 @@ from commsim.specs import (
     parse_spec,
     read_yaml,
 )
-from commsim.timeline import DTYPE_BYTES, AllReduceTime, CodecTime, StepReport, simulate_step
+from commsim.timeline import (
+    DTYPE_BYTES,
+    AllReduceTime,
+    Bucket,
+    CodecTime,
+    Event,
+    StepReport,
+    adam_step_time,
+    simulate_step,
+)
 from commsim.topology.build import Cluster, build_cluster
 from commsim.topology.placement import place
 from commsim.workload import Workload, build_workload
@@ -43,19 +54,32 @@ class Setup:
     cluster: Cluster
     gpu: GPUSpec
     workload: Workload
-    accum_steps: int
 
     @property
     def n_gpus(self) -> int:
         return self.scenario.gpus
 
+    def micro_batches(self, strategy: Strategy) -> int:
+        """Micro-batches per step on each data-parallel rank: global / (dp x micro_batch)."""
+        return self.scenario.global_batch // (self.dp(strategy) * self.scenario.micro_batch)
+
+    def dp(self, strategy: Strategy) -> int:
+        return self.n_gpus // (strategy.tp * strategy.pp)
+
 
 @dataclass(frozen=True)
 class Prediction:
-    """A predicted step and the throughput metrics derived from it."""
+    """A predicted step: where its time goes, its throughput figures, its memory.
+
+    `parts` holds seconds by name (compute_s, forward_s, backward_s, optimizer_s, comm_s,
+    codec_s, exposed_comm_s, and for hybrid layouts bubble_s, tp_comm_s, pp_comm_s,
+    dp_comm_s, dp_exposed_s); `buckets` and `events` come from the DDP timeline."""
 
     strategy: Strategy
-    report: StepReport
+    step_time_s: float
+    parts: dict[str, float]
+    overlap_ratio: float
+    overlap_efficiency: float
     scaling_efficiency: float
     mfu: float
     tflops_per_gpu: float
@@ -63,54 +87,53 @@ class Prediction:
     tokens_per_s: float | None
     memory: MemoryBreakdown
     memory_usable: float  # bytes of HBM a training process may fill
+    training: dict[str, float] | None = None  # time_to_train_s, gpu_hours, cost (given tokens)
+    buckets: tuple[Bucket, ...] = ()
+    events: tuple[Event, ...] = ()
 
     @property
     def fits(self) -> bool:
         return self.memory.total <= self.memory_usable
 
     def to_dict(self) -> dict[str, Any]:
-        r, m = self.report, self.memory
-        return {
-            "strategy": self.strategy.model_dump(),
-            "step_time_s": r.step_time_s,
-            "compute_s": r.compute_s,
-            "forward_s": r.forward_s,
-            "backward_s": r.backward_s,
-            "optimizer_s": r.optimizer_s,
-            "comm_s": r.comm_s,
-            "codec_s": r.codec_s,
-            "exposed_comm_s": r.exposed_comm_s,
-            "overlap_ratio": r.overlap_ratio,
-            "overlap_efficiency": r.overlap_efficiency,
-            "scaling_efficiency": self.scaling_efficiency,
-            "mfu": self.mfu,
-            "tflops_per_gpu": self.tflops_per_gpu,
-            "samples_per_s": self.samples_per_s,
-            "tokens_per_s": self.tokens_per_s,
-            "memory": {
-                "params_bytes": m.params,
-                "grads_bytes": m.grads,
-                "optimizer_bytes": m.optimizer,
-                "activations_bytes": m.activations,
-                "buffers_bytes": m.buffers,
-                "total_bytes": m.total,
-                "usable_bytes": self.memory_usable,
-                "fits": self.fits,
-            },
-            "buckets": [
-                {
-                    "index": b.index,
-                    "bytes": b.bytes,
-                    "layers": len(b.layers),
-                    "tensors": b.tensors,
-                    "ready_s": b.ready_s,
-                    "start_s": b.start_s,
-                    "end_s": b.end_s,
-                    "time_s": b.time_s,
-                }
-                for b in r.buckets
-            ],
-        }
+        m = self.memory
+        return (
+            {"strategy": self.strategy.model_dump(), "step_time_s": self.step_time_s}
+            | self.parts
+            | {
+                "overlap_ratio": self.overlap_ratio,
+                "overlap_efficiency": self.overlap_efficiency,
+                "scaling_efficiency": self.scaling_efficiency,
+                "mfu": self.mfu,
+                "tflops_per_gpu": self.tflops_per_gpu,
+                "samples_per_s": self.samples_per_s,
+                "tokens_per_s": self.tokens_per_s,
+                "memory": {
+                    "params_bytes": m.params,
+                    "grads_bytes": m.grads,
+                    "optimizer_bytes": m.optimizer,
+                    "activations_bytes": m.activations,
+                    "buffers_bytes": m.buffers,
+                    "total_bytes": m.total,
+                    "usable_bytes": self.memory_usable,
+                    "fits": self.fits,
+                },
+                "training": self.training,
+                "buckets": [
+                    {
+                        "index": b.index,
+                        "bytes": b.bytes,
+                        "layers": len(b.layers),
+                        "tensors": b.tensors,
+                        "ready_s": b.ready_s,
+                        "start_s": b.start_s,
+                        "end_s": b.end_s,
+                        "time_s": b.time_s,
+                    }
+                    for b in self.buckets
+                ],
+            }
+        )
 
 
 def load_scenario(path: str | None, overrides: dict[str, Any]) -> tuple[Scenario, str]:
@@ -142,20 +165,68 @@ def _cluster_spec(scenario: Scenario, source: str) -> ClusterSpec:
     return load_spec(ClusterSpec, catalog.topology_path(scenario.cluster, source))
 
 
-def resolve(scenario: Scenario, source: str = "scenario") -> Setup:
-    """Resolve the model and cluster names, check the batch arithmetic, build the graph."""
+def resolve(scenario: Scenario, source: str = "scenario", check: bool = True) -> Setup:
+    """Resolve the model and cluster names, build the graph, and (unless a planner will
+    search the layout itself) check the scenario's layout against GPUs, batch and model."""
     spec = _cluster_spec(scenario, source)
     gpu = catalog.gpu(spec.node.gpu, spec.name, "node.gpu")
     cluster = build_cluster(spec, scenario.gpus, source)
     workload = build_workload(scenario.model, scenario.seq_len, source)
-    per_step = scenario.gpus * scenario.micro_batch
-    if scenario.global_batch % per_step:
+    setup = Setup(scenario, source, cluster, gpu, workload)
+    if check:
+        check_layout(setup, scenario.strategy)
+    return setup
+
+
+def check_layout(setup: Setup, strategy: Strategy) -> None:
+    """The strategy's degrees must fit the GPU count, the batch and the model (SpecError)."""
+    s, w, src = setup.scenario, setup.workload, setup.source
+    if setup.n_gpus % (strategy.tp * strategy.pp):
         raise SpecError(
-            source,
-            "global_batch",
-            f"{scenario.global_batch} is not a multiple of gpus x micro_batch = {per_step}",
+            src,
+            "strategy",
+            f"tp x pp = {strategy.tp} x {strategy.pp} does not "
+            f"divide the {setup.n_gpus} GPUs into data-parallel replicas",
         )
-    return Setup(scenario, source, cluster, gpu, workload, scenario.global_batch // per_step)
+    per_step = setup.dp(strategy) * s.micro_batch
+    if s.global_batch % per_step:
+        raise SpecError(
+            src,
+            "global_batch",
+            f"{s.global_batch} is not a multiple of "
+            f"data-parallel degree x micro_batch = {per_step}",
+        )
+    if strategy.data_parallel_only:
+        return
+    if w.heads is None:
+        raise SpecError(
+            src,
+            "strategy",
+            f"{w.name} is not a transformer: only data "
+            "parallelism (tp = pp = 1, zero 0, no recompute) applies",
+        )
+    blocks = sum(layer.name.startswith("block.") for layer in w.layers)
+    if w.heads % strategy.tp:
+        raise SpecError(
+            src,
+            "strategy.tp",
+            f"{strategy.tp} does not divide the model's {w.heads} attention heads",
+        )
+    if strategy.pp > blocks:
+        raise SpecError(src, "strategy.pp", f"{strategy.pp} pipeline stages for {blocks} layers")
+    if blocks % (strategy.pp * strategy.interleave):
+        raise SpecError(
+            src,
+            "strategy.pp",
+            f"{blocks} layers do not split evenly into "
+            f"pp x interleave = {strategy.pp} x {strategy.interleave} chunks",
+        )
+    if strategy.interleave > 1 and strategy.pp == 1:
+        raise SpecError(src, "strategy.interleave", "interleaving needs pp > 1")
+    if strategy.placement not in PLACEMENT_KINDS:
+        raise SpecError(
+            src, "strategy.placement", f"hybrid layouts take {' or '.join(PLACEMENT_KINDS)}"
+        )
 
 
 def gradient_sync_cost(setup: Setup, strategy: Strategy) -> GroupCost:
@@ -215,8 +286,13 @@ def predict(
 ) -> Prediction:
     """Predict one optimizer step of the scenario (or of another strategy on its setup).
 
-    `cost` lets a caller that predicts many strategies share one cached cost model."""
+    Plain DDP runs the per-bucket timeline; a hybrid layout the Megatron-style model of
+    commsim.parallel. `cost` lets a caller that predicts many DDP strategies share one
+    cached cost model."""
     strategy = strategy or setup.scenario.strategy
+    if not strategy.data_parallel_only:
+        check_layout(setup, strategy)
+        return predict_hybrid(setup, strategy)
     cost = cost or gradient_sync_cost(setup, strategy)
     report = _step(
         setup,
@@ -242,7 +318,7 @@ def _step(
         allreduce_time,
         efficiency=s.compute_efficiency,
         micro_batch=s.micro_batch,
-        accum_steps=accum_steps or setup.accum_steps,
+        accum_steps=accum_steps or setup.micro_batches(strategy),
         codec_time=codec_time,
     )
 
@@ -266,7 +342,7 @@ def ddp_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
 
 
 def _metrics(setup: Setup, strategy: Strategy, report: StepReport) -> Prediction:
-    """Throughput metrics of a predicted step.
+    """Throughput metrics of a predicted DDP step.
 
     scaling efficiency = throughput(N) / (N * throughput(1)), where one GPU runs the same
       global batch by gradient accumulation with no communication at all;
@@ -274,20 +350,184 @@ def _metrics(setup: Setup, strategy: Strategy, report: StepReport) -> Prediction
       * global batch (no recomputation in data parallelism, so hardware FLOP/s equal
       model FLOP/s and tflops_per_gpu = MFU * peak / 1e12).
     """
+    n = setup.n_gpus
+    accum = setup.micro_batches(strategy) * n
+    single = _step(setup, strategy, lambda b: 0.0 * b, accum_steps=accum)
+    r = report
+    parts = {
+        "compute_s": r.compute_s,
+        "forward_s": r.forward_s,
+        "backward_s": r.backward_s,
+        "optimizer_s": r.optimizer_s,
+        "comm_s": r.comm_s,
+        "codec_s": r.codec_s,
+        "exposed_comm_s": r.exposed_comm_s,
+    }
+    return _prediction(
+        setup,
+        strategy,
+        r.step_time_s,
+        parts,
+        r.overlap_ratio,
+        r.overlap_efficiency,
+        single.step_time_s,
+        mfu=setup.workload.train_flops
+        * setup.scenario.global_batch
+        / r.step_time_s
+        / (n * setup.gpu.peak_flops),
+        hfu=None,
+        memory=ddp_memory(setup, strategy),
+        buckets=tuple(r.buckets),
+        events=tuple(r.events),
+    )
+
+
+def _prediction(
+    setup: Setup,
+    strategy: Strategy,
+    step: float,
+    parts: dict[str, float],
+    overlap_ratio: float,
+    overlap_efficiency: float,
+    single_gpu_step: float,
+    *,
+    mfu: float,
+    hfu: float | None,
+    memory: MemoryBreakdown,
+    buckets=(),
+    events=(),
+) -> Prediction:
+    """The figures every prediction reports, from its step time and parts.
+
+    tflops_per_gpu is hardware FLOP/s per GPU, recomputation included (the Megatron
+    papers' convention); MFU counts model FLOPs only. time to train = tokens / tokens per
+    step x step time; GPU-hours = N x that; cost = GPU-hours x price."""
     s, n = setup.scenario, setup.n_gpus
-    single = _step(setup, strategy, lambda b: 0.0 * b, accum_steps=setup.accum_steps * n)
-    throughput = s.global_batch / report.step_time_s
-    scaling = throughput / (n * s.global_batch / single.step_time_s)
-    flops = setup.workload.train_flops * s.global_batch / report.step_time_s
+    throughput = s.global_batch / step
     seq = setup.workload.seq_len
+    training = None
+    if s.tokens and seq:
+        seconds = s.tokens / (s.global_batch * seq) * step
+        gpu_hours = seconds * n / 3600
+        training = {
+            "time_to_train_s": seconds,
+            "gpu_hours": gpu_hours,
+            "cost": gpu_hours * s.price_per_gpu_hour if s.price_per_gpu_hour else None,
+        }
     return Prediction(
         strategy=strategy,
-        report=report,
-        scaling_efficiency=scaling,
-        mfu=flops / (n * setup.gpu.peak_flops),
-        tflops_per_gpu=flops / n / 1e12,
+        step_time_s=step,
+        parts=parts,
+        overlap_ratio=overlap_ratio,
+        overlap_efficiency=overlap_efficiency,
+        scaling_efficiency=single_gpu_step / (n * step),
+        mfu=mfu,
+        tflops_per_gpu=(hfu if hfu is not None else mfu) * setup.gpu.peak_flops / 1e12,
         samples_per_s=throughput,
         tokens_per_s=throughput * seq if seq else None,
-        memory=ddp_memory(setup, strategy),
+        memory=memory,
         memory_usable=usable_bytes(setup.gpu),
+        training=training,
+        buckets=buckets,
+        events=events,
+    )
+
+
+def strategy_layouts(setup: Setup, strategies: list[Strategy]) -> Layouts:
+    """Strategies as the hybrid model's layout arrays."""
+
+    def col(f, dtype=np.int64):
+        return np.array([f(x) for x in strategies], dtype=dtype)
+
+    return Layouts(
+        dp=col(setup.dp),
+        tp=col(lambda x: x.tp),
+        pp=col(lambda x: x.pp),
+        micro_batch=col(lambda x: setup.scenario.micro_batch),
+        micro_batches=col(setup.micro_batches),
+        zero=col(lambda x: x.zero),
+        recompute=col(lambda x: RECOMPUTE.index(x.recompute)),
+        interleave=col(lambda x: x.interleave),
+        bucket_mb=col(lambda x: x.bucket_mb, float),
+        overlap=col(lambda x: x.overlap, bool),
+        algorithm=col(
+            lambda x: HYBRID_ALGORITHMS.index(
+                x.algorithm if x.algorithm in HYBRID_ALGORITHMS else "ring"
+            )
+        ),
+        placement=col(lambda x: PLACEMENT_KINDS.index(x.placement)),
+    )
+
+
+def hybrid_model(setup: Setup, strategy: Strategy) -> HybridModel:
+    """The hybrid step model of this setup (gradients reduced in the strategy's dtype)."""
+    s = setup.scenario
+    return HybridModel(
+        setup.workload,
+        setup.cluster,
+        setup.gpu,
+        setup.n_gpus,
+        s.global_batch,
+        s.compute_efficiency,
+        DTYPE_BYTES[strategy.grad_dtype],
+    )
+
+
+def predict_hybrid(
+    setup: Setup, strategy: Strategy, model: HybridModel | None = None
+) -> Prediction:
+    """Predict a data x tensor x pipeline layout with commsim.parallel's step model."""
+    model = model or hybrid_model(setup, strategy)
+    b = model.evaluate(strategy_layouts(setup, [strategy])).row(0)
+    return hybrid_prediction(setup, strategy, b)
+
+
+def hybrid_prediction(setup: Setup, strategy: Strategy, b: dict[str, float]) -> Prediction:
+    """A Prediction from one row of the hybrid model's StepBreakdown."""
+    comm = b["tp_comm"] + b["pp_comm"] + b["dp_comm"]
+    exposed = b["tp_comm"] + b["pp_comm"] + b["dp_exposed"]
+    compute = b["compute"] + b["optimizer"]
+    parts = {
+        "compute_s": compute,
+        "forward_s": b["compute"] / 3.0,
+        "backward_s": b["compute"] * 2.0 / 3.0,
+        "optimizer_s": b["optimizer"],
+        "comm_s": comm,
+        "codec_s": 0.0,
+        "exposed_comm_s": exposed,
+        "bubble_s": b["bubble"],
+        "tp_comm_s": b["tp_comm"],
+        "pp_comm_s": b["pp_comm"],
+        "dp_comm_s": b["dp_comm"],
+        "dp_exposed_s": b["dp_exposed"],
+    }
+    w, s = setup.workload, setup.scenario
+    single = s.global_batch * w.train_flops / (setup.gpu.peak_flops * s.compute_efficiency) + (
+        adam_step_time(w.params, setup.gpu, DTYPE_BYTES[strategy.grad_dtype])
+    )
+    layout = ParallelLayout(
+        dp=setup.dp(strategy),
+        tp=strategy.tp,
+        pp=strategy.pp,
+        micro_batch=s.micro_batch,
+        seq_len=w.seq_len,
+        zero=strategy.zero,
+        recompute=strategy.recompute,
+        sequence_parallel=strategy.tp > 1,
+        interleave=strategy.interleave,
+        micro_batches=setup.micro_batches(strategy),
+        grad_bytes=DTYPE_BYTES[strategy.grad_dtype],
+        bucket_mb=strategy.bucket_mb,
+    )
+    return _prediction(
+        setup,
+        strategy,
+        b["step"],
+        parts,
+        1.0 - exposed / comm if comm > 0 else 1.0,
+        compute / max(compute, comm) if compute > 0 else 1.0,
+        single,
+        mfu=b["mfu"],
+        hfu=b["hfu"],
+        memory=memory_per_gpu(w, layout),
     )

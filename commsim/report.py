@@ -93,16 +93,45 @@ def step_table(title: str, pred: dict[str, Any]) -> Table:
         ("  forward", fmt_time(pred["forward_s"]), "all micro-batches"),
         ("  backward", fmt_time(pred["backward_s"]), "all micro-batches"),
         ("  optimizer", fmt_time(pred["optimizer_s"]), "mixed-precision Adam, HBM-bound"),
-        ("communication", fmt_time(pred["comm_s"]), "sum of bucket collectives"),
+        *(
+            (label, fmt_time(pred[key]), what)
+            for key, label, what in (
+                ("bubble_s", "pipeline bubble", "(p - 1) / v idle ticks"),
+                ("tp_comm_s", "tensor-parallel comm", "on the critical path"),
+                ("pp_comm_s", "pipeline sends", "on the critical path"),
+                ("dp_comm_s", "data-parallel comm", "gradient sync / ZeRO collectives"),
+                ("dp_exposed_s", "  of it exposed", "not hidden under backward"),
+            )
+            if key in pred
+        ),
+        ("communication", fmt_time(pred["comm_s"]), "sum of collectives"),
         ("encode/decode", fmt_time(pred["codec_s"]), "compression on the compute stream"),
         ("exposed comm", fmt_time(pred["exposed_comm_s"]), "step - compute"),
         ("overlap ratio", _pct(pred["overlap_ratio"]), "1 - exposed / comm"),
         ("overlap efficiency", _pct(pred["overlap_efficiency"]), "T_comp / max(T_comp, T_comm)"),
         ("scaling efficiency", _pct(pred["scaling_efficiency"]), "thr(N) / (N thr(1))"),
-        ("MFU", _pct(pred["mfu"]), "model FLOP/s / (N peak)"),
-        ("TFLOP/s per GPU", f"{pred['tflops_per_gpu']:.1f}", "achieved model FLOP/s"),
+        ("MFU", _pct(pred["mfu"]), "model FLOP/s / (N peak), recomputation not counted"),
+        (
+            "TFLOP/s per GPU",
+            f"{pred['tflops_per_gpu']:.1f}",
+            "hardware FLOP/s, recomputation counted",
+        ),
         ("samples/s", f"{pred['samples_per_s']:.1f}", "global throughput"),
         _memory_row(pred["memory"]),
+        *(
+            (label, value(pred["training"][key]), what)
+            for key, label, value, what in (
+                (
+                    "time_to_train_s",
+                    "time to train",
+                    lambda t: f"{t / 86400:.1f} days",
+                    "tokens / tokens per step x step time",
+                ),
+                ("gpu_hours", "GPU-hours", lambda h: f"{h:,.0f}", "N x time to train"),
+                ("cost", "cost", lambda c: f"{c:,.0f}", "GPU-hours x price"),
+            )
+            if pred.get("training") and pred["training"][key] is not None
+        ),
     ]
     for row in rows:
         table.add_row(*row)
@@ -159,11 +188,17 @@ def compression_label(strategy: dict[str, Any]) -> str:
 
 
 def describe_strategy(strategy: dict[str, Any]) -> str:
-    """One line: algorithm, bucket, overlap, placement, compression."""
+    """One line: layout (when hybrid), algorithm, bucket, overlap, placement, compression."""
     s = strategy
     overlap = "overlap" if s["overlap"] else "no overlap"
+    layout = (
+        f"tp {s['tp']}, pp {s['pp']}, zero {s['zero']}, recompute {s['recompute']}, "
+        f"interleave {s['interleave']}, "
+        if (s["tp"], s["pp"], s["zero"], s["recompute"], s["interleave"]) != (1, 1, 0, "none", 1)
+        else ""
+    )
     return (
-        f"{s['algorithm']}, {s['bucket_mb']:g} MiB, {overlap}, {s['placement']}, "
+        f"{layout}{s['algorithm']}, {s['bucket_mb']:g} MiB, {overlap}, {s['placement']}, "
         f"compression {compression_label(s)}"
     )
 

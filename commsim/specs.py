@@ -147,8 +147,16 @@ Placement = Literal["blocked", "interleaved", "topology-aware"]
 
 
 class Strategy(Spec):
-    """How the step is parallelised and synchronised (data parallel for now)."""
+    """How the step is parallelised and synchronised.
 
+    Data parallel by default; tp, pp, zero, recompute and interleave make it a Megatron-style
+    hybrid layout (data x tensor x pipeline), priced by commsim.parallel."""
+
+    tp: int = Field(default=1, ge=1)  # tensor-parallel degree
+    pp: int = Field(default=1, ge=1)  # pipeline stages
+    zero: Literal[0, 1, 2, 3] = 0  # ZeRO stage; 3 is FSDP full-shard
+    recompute: Literal["none", "selective", "full"] = "none"
+    interleave: int = Field(default=1, ge=1)  # virtual pipeline stages per rank
     algorithm: Algorithm = "auto"
     placement: Placement = "blocked"
     bucket_mb: float = Field(default=25.0, gt=0)  # DDP bucket_cap_mb (MiB)
@@ -158,6 +166,17 @@ class Strategy(Spec):
     ps_shards: int = Field(default=1, ge=1)
     compression: Compression = "none"  # what a DDP comm hook does to each bucket
     error_feedback: bool = False  # keep what compression dropped and add it next step
+
+    @property
+    def data_parallel_only(self) -> bool:
+        """Plain DDP: what the per-bucket timeline models in full detail."""
+        return (self.tp, self.pp, self.zero, self.recompute, self.interleave) == (
+            1,
+            1,
+            0,
+            "none",
+            1,
+        )
 
 
 class Scenario(Spec):
@@ -172,6 +191,8 @@ class Scenario(Spec):
     micro_batch: int = Field(default=1, ge=1)  # samples per GPU per forward/backward
     seq_len: int | None = Field(default=None, ge=1)  # default: the model's
     compute_efficiency: float = Field(default=0.5, gt=0, le=1)  # achieved / peak FLOP/s
+    tokens: float | None = Field(default=None, gt=0)  # training tokens, for time-to-train
+    price_per_gpu_hour: float | None = Field(default=None, gt=0)  # for cost
     strategy: Strategy = Strategy()
 
 

@@ -17,11 +17,11 @@ def _setup(**overrides):
 def test_one_gpu_scales_perfectly_and_mfu_is_by_definition():
     setup = _setup(gpus=1, global_batch=8, micro_batch=2)
     pred = predict(setup)
-    r = pred.report
-    assert r.comm_s == 0 and r.exposed_comm_s == 0
+    r = pred.parts
+    assert r["comm_s"] == 0 and r["exposed_comm_s"] == 0
     assert pred.scaling_efficiency == pytest.approx(1.0)
     # MFU = 3 x forward FLOPs per sample x global batch / step time / (N x peak)
-    flops = setup.workload.train_flops * 8 / r.step_time_s
+    flops = setup.workload.train_flops * 8 / pred.step_time_s
     assert pred.mfu == pytest.approx(flops / setup.gpu.peak_flops)
     assert pred.tflops_per_gpu == pytest.approx(flops / 1e12)
 
@@ -29,10 +29,10 @@ def test_one_gpu_scales_perfectly_and_mfu_is_by_definition():
 def test_scaling_efficiency_counts_exposed_comm_and_replicated_optimizer():
     setup = _setup()
     pred = predict(setup)
-    r, n = pred.report, setup.n_gpus
+    r, n = pred.parts, setup.n_gpus
     # one GPU runs all n x accum micro-batches of the global batch, then one optimizer step
-    one_gpu = n * (r.forward_s + r.backward_s) + r.optimizer_s
-    assert pred.scaling_efficiency == pytest.approx(one_gpu / (n * r.step_time_s))
+    one_gpu = n * (r["forward_s"] + r["backward_s"]) + r["optimizer_s"]
+    assert pred.scaling_efficiency == pytest.approx(one_gpu / (n * pred.step_time_s))
 
 
 def test_overlap_never_hurts():
@@ -41,8 +41,8 @@ def test_overlap_never_hurts():
     for alg in ("ring", "tree", "hierarchical"):
         on = predict(setup, base.model_copy(update={"algorithm": alg, "overlap": True}))
         off = predict(setup, base.model_copy(update={"algorithm": alg, "overlap": False}))
-        assert on.report.step_time_s <= off.report.step_time_s
-        assert off.report.exposed_comm_s == pytest.approx(off.report.comm_s)
+        assert on.step_time_s <= off.step_time_s
+        assert off.parts["exposed_comm_s"] == pytest.approx(off.parts["comm_s"])
 
 
 def test_batch_must_divide():
@@ -54,7 +54,7 @@ def test_plan_ranks_and_drops_duplicate_orders():
     setup = _setup()
     cands = planner.strategies(setup.scenario.strategy, bucket_mb=(25.0,))
     result = planner.plan(setup, cands)
-    times = [p.report.step_time_s for p in result.ranked]
+    times = [p.step_time_s for p in result.ranked]
     assert times == sorted(times)
     # topology-aware equals blocked on a packed allocation: its rows are left out, noted
     assert {p.strategy.placement for p in result.ranked} == {"blocked", "interleaved"}
@@ -62,7 +62,7 @@ def test_plan_ranks_and_drops_duplicate_orders():
     assert any("topology-aware" in n for n in result.notes)
     # the blocked ring beats the interleaved ring on every setting
     ring = {
-        (p.strategy.placement, p.strategy.overlap): p.report.step_time_s
+        (p.strategy.placement, p.strategy.overlap): p.step_time_s
         for p in result.ranked
         if p.strategy.algorithm == "ring"
     }
@@ -103,22 +103,22 @@ def test_planner_compresses_on_a_slow_fabric_not_on_nvlink(cluster, gpus, expect
     assert (best.strategy.compression != "none") == expect_compression
     if not expect_compression:  # on NVLink every codec costs more GPU time than it saves
         slower = [p for p in planner.plan(setup, cands).ranked if p.strategy.overlap][1:]
-        assert all(p.report.codec_s > 0 for p in slower)
+        assert all(p.parts["codec_s"] > 0 for p in slower)
 
 
 def test_compression_codec_counts_as_communication():
     pred = predict(_setup(compression="powersgd:4", error_feedback=True, overlap=False))
-    r = pred.report
+    r = pred.parts
     # Without overlap the all-reduces wait for the backward and every encode; decodes hide
     # under later all-reduces except the last: exposed = encodes + all-reduces + last decode.
-    bars = [e for e in r.events if e.label.startswith(("encode", "decode"))]
+    bars = [e for e in pred.events if e.label.startswith(("encode", "decode"))]
     encodes = sum(e.end_s - e.start_s for e in bars if e.label.startswith("encode"))
     last_decode = max((e for e in bars if e.label.startswith("decode")), key=lambda e: e.end_s)
-    assert r.codec_s > 0
-    assert r.exposed_comm_s == pytest.approx(
-        encodes + r.comm_s + last_decode.end_s - last_decode.start_s
+    assert r["codec_s"] > 0
+    assert r["exposed_comm_s"] == pytest.approx(
+        encodes + r["comm_s"] + last_decode.end_s - last_decode.start_s
     )
-    assert 0 < r.overlap_ratio < 0.1
+    assert 0 < pred.overlap_ratio < 0.1
 
 
 def test_plan_drops_what_does_not_fit_and_says_why():

@@ -34,14 +34,16 @@ class GroupCost:
     """Collective times for ranks 0..n-1 running on GPUs `gpu_of_rank` of `cluster`."""
 
     def __init__(self, cluster: Cluster, gpu_of_rank: np.ndarray, ps_shards: int = 1):
+        """gpu_of_rank: one group's GPUs in rank order, or a 2-D array of groups that run
+        the same collective at the same time (they share the fabric; all are priced)."""
         self.cluster = cluster
         self.gpus = np.asarray(gpu_of_rank, dtype=np.int64)
-        self.n = self.gpus.size
+        self.n = self.gpus.shape[-1]
         self.ps_shards = ps_shards
         # The schedules treat consecutive groups of gpus_per_node ranks as one node and run
         # one ring channel per NIC rail, as NCCL does. Like NCCL, read the node structure off
         # where the ranks are: runs of equal length on one node each, else one rank a node.
-        self.gpus_per_node = _ranks_per_node(cluster, self.gpus)
+        self.gpus_per_node = _ranks_per_node(cluster, np.atleast_2d(self.gpus)[0])
         self.channels = cluster.nics_per_node if self.gpus_per_node > 1 else 1
         self._cache: dict[tuple[str, str, float], float] = {}
 

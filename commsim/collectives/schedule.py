@@ -309,13 +309,23 @@ def evaluate(
     schedule: Schedule, cluster: Cluster, gpu_of_rank, step_time: StepTimeFn = routed_step_time
 ) -> float:
     """Seconds the schedule takes on the cluster: sum of rounds x step time, where a step
-    ends with its slowest flow under max-min fair sharing (topology.routing.step_time)."""
-    gpu = np.asarray(gpu_of_rank, dtype=np.int64)
-    return float(
-        sum(
-            s.rounds * step_time(cluster, gpu[s.src], gpu[s.dst], s.nbytes, s.rail)
-            for s in schedule
-        )
+    ends with its slowest flow under max-min fair sharing (topology.routing.step_time).
+
+    gpu_of_rank may be 2-D, one row per group: groups that run the same schedule at the
+    same time (every data-parallel group of a hybrid layout), sharing the fabric."""
+    gpu = np.atleast_2d(np.asarray(gpu_of_rank, dtype=np.int64))
+    return float(sum(s.rounds * _concurrent(step_time, cluster, gpu, s) for s in schedule))
+
+
+def _concurrent(step_time: StepTimeFn, cluster: Cluster, gpu: np.ndarray, s: Step, scale=1.0):
+    """One step run by every group (row of gpu) at once."""
+    groups = gpu.shape[0]
+    return step_time(
+        cluster,
+        gpu[:, s.src].ravel(),
+        gpu[:, s.dst].ravel(),
+        np.tile(s.nbytes * scale, groups),
+        np.tile(s.rail, groups),
     )
 
 
@@ -332,21 +342,23 @@ def graph_time(
     chunks: int | None = None,
     step_time: StepTimeFn = routed_step_time,
 ) -> float:
-    """Seconds for `op` over the GPUs gpu_of_rank (rank order) routed on the cluster graph.
+    """Seconds for `op` over the GPUs gpu_of_rank (rank order; 2-D for concurrent groups)
+    routed on the cluster graph.
 
     With chunks None a pipelined algorithm picks its chunk count by pipeline_chunks from
     the graph itself: alpha = its steady-state step with empty flows (path latency plus
     the per-message overhead of every further peer, topology.routing.flow_times), work =
     the same step with the whole buffer minus alpha. On a uniform network these are the
     closed form's."""
-    gpu = np.asarray(gpu_of_rank, dtype=np.int64)
+    gpu = np.atleast_2d(np.asarray(gpu_of_rank, dtype=np.int64))
+    n = gpu.shape[1]
     shape = dict(gpus_per_node=gpus_per_node, channels=channels, ps_shards=ps_shards)
-    steps = build_schedule(op, algorithm, gpu.size, size, chunks=chunks or 1, **shape)
+    steps = build_schedule(op, algorithm, n, size, chunks=chunks or 1, **shape)
     piped = [s for s in steps if s.stages > 1]
     if chunks is None and piped:
         s = piped[0]  # built with one chunk: its flows carry the whole buffer
-        alpha = step_time(cluster, gpu[s.src], gpu[s.dst], np.zeros_like(s.nbytes), s.rail)
-        work = step_time(cluster, gpu[s.src], gpu[s.dst], s.nbytes, s.rail) - alpha
+        alpha = _concurrent(step_time, cluster, gpu, s, scale=0.0)
+        work = _concurrent(step_time, cluster, gpu, s) - alpha
         chunks = int(pipeline_chunks(s.stages, alpha, work, size))
-        steps = build_schedule(op, algorithm, gpu.size, size, chunks=chunks, **shape)
+        steps = build_schedule(op, algorithm, n, size, chunks=chunks, **shape)
     return evaluate(steps, cluster, gpu, step_time)

@@ -42,6 +42,7 @@ class Cluster:
     spines_per_pod: int
     rack_of_node: np.ndarray  # the failure/locality domain a "rack" means: leaf or SU
     names: list[str] = field(default_factory=list)  # edge id -> "u->v"
+    solved_steps: dict = field(default_factory=dict, repr=False)  # routing's cache of steps
 
     @property
     def n_gpus(self) -> int:
