@@ -20,7 +20,7 @@ from commsim.collectives.group import GroupCost
 from commsim.predict import Setup, load_scenario, predict, resolve
 from commsim.specs import ClusterSpec, SpecError, load_spec
 from commsim.topology.build import build_cluster
-from commsim.topology.placement import PLACEMENTS, place
+from commsim.topology.placement import place
 from commsim.units import UnitError, parse_size_range
 
 app = typer.Typer(
@@ -105,11 +105,11 @@ TokensOpt = Annotated[float | None, typer.Option(help="Training tokens, for time
 PriceOpt = Annotated[float | None, typer.Option(help="Price of one GPU-hour, for cost.")]
 
 
-def _setup(scenario: str | None, fsdp: bool = False, **overrides: Any) -> Setup:
+def _setup(scenario: str | None, fsdp: bool = False, check: bool = True, **overrides: Any) -> Setup:
     if fsdp:
         overrides["zero"] = 3
     spec, source = load_scenario(scenario, overrides)
-    return resolve(spec, source)
+    return resolve(spec, source, check)
 
 
 @app.command("predict")
@@ -212,6 +212,20 @@ def plan_cmd(
         str | None, typer.Option(help="Search only this gradient compression instead of several.")
     ] = None,
     error_feedback: ErrorFeedbackOpt = None,
+    tp: Annotated[
+        int | None, typer.Option("--tp", help="Search only this tensor-parallel degree.")
+    ] = None,
+    pp: Annotated[int | None, typer.Option("--pp", help="Search only this pipeline depth.")] = None,
+    zero: Annotated[int | None, typer.Option("--zero", help="Search only this ZeRO stage.")] = None,
+    fsdp: FsdpOpt = False,
+    recompute: Annotated[
+        str | None, typer.Option(help="Search only this recomputation: none, selective, full.")
+    ] = None,
+    interleave: Annotated[
+        int | None, typer.Option(help="Search only this interleaving (virtual stages).")
+    ] = None,
+    tokens: TokensOpt = None,
+    price_per_gpu_hour: PriceOpt = None,
     top: Annotated[int, typer.Option(help="Rows to show.")] = 15,
     plot: Annotated[
         str | None,
@@ -219,42 +233,51 @@ def plan_cmd(
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Search data-parallel strategies (algorithm x bucket x overlap x placement x
-    compression), ranked by step time."""
+    """Search strategies, ranked by step time: plain DDP in full detail (algorithm x bucket
+    x overlap x placement x compression) and, for transformers, data x tensor x pipeline
+    layouts (micro-batch, ZeRO, recomputation, interleaving, bucket, algorithm, overlap)."""
     with user_errors():
-        setup = _setup(
-            scenario,
-            model=model,
-            cluster=cluster,
-            gpus=gpus,
-            global_batch=global_batch,
-            micro_batch=micro_batch,
-            seq_len=seq_len,
+        flags = dict(
             bucket_mb=bucket_mb,
             algorithm=algorithm,
             placement=placement,
             overlap=overlap,
             compression=compression,
             error_feedback=error_feedback,
+            tp=tp,
+            pp=pp,
+            zero=zero,
+            recompute=recompute,
+            interleave=interleave,
+        )
+        setup = _setup(
+            scenario,
+            fsdp=fsdp,
+            check=False,
+            model=model,
+            cluster=cluster,
+            gpus=gpus,
+            global_batch=global_batch,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            tokens=tokens,
+            price_per_gpu_hour=price_per_gpu_hour,
+            **flags,
         )
         base = setup.scenario.strategy  # flags validated as scenario fields; now pin them
-        candidates = planner.strategies(
-            base,
-            algorithms=[base.algorithm] if algorithm not in (None, "auto") else planner.ALGORITHMS,
-            bucket_mb=[base.bucket_mb] if bucket_mb else planner.BUCKET_MB,
-            overlap=[base.overlap] if overlap is not None else (True, False),
-            placements=[base.placement] if placement else PLACEMENTS,
-            compressions=[base.compression] if compression else planner.COMPRESSIONS,
-            error_feedback=error_feedback,
-        )
-        with _progress(len(candidates), "planning") as bar:
-            result = planner.plan(setup, candidates, on_progress=lambda: bar.advance(0))
+        pinned = {k for k, v in flags.items() if v is not None} | ({"zero"} if fsdp else set())
+        if micro_batch is not None:
+            pinned.add("micro_batch")
+        with _progress(1, "planning") as bar:
+            result = planner.plan_all(setup, base, pinned, on_progress=lambda: bar.advance(0))
         sweep = None
-        if plot and result.ranked:
+        if plot and result.ranked and result.ranked[0].strategy.data_parallel_only:
             sweep = planner.bandwidth_sweep(setup, result.ranked[0].strategy)
             report.plot_bandwidth_sweep(
                 sweep, plot, f"{setup.scenario.name}: where compression stops paying"
             )
+        elif plot:
+            result.notes.append("--plot draws the compression sweep of a plain-DDP winner only")
     docs = [p.to_dict() for p in result.ranked]
     if json_out:
         report.print_json(

@@ -14,6 +14,8 @@ import numpy as np
 
 from commsim.collectives.group import GroupCost
 from commsim.memory import usable_bytes
+from commsim.parallel import ALGORITHMS as HYBRID_ALGORITHMS
+from commsim.parallel import PLACEMENT_KINDS
 from commsim.predict import (
     Prediction,
     Setup,
@@ -236,4 +238,65 @@ def plan_hybrid(
             f"{usable_bytes(setup.gpu) / 1e9:.1f} GB usable)"
         )
     result.skipped += found.dropped + found.searched - len(found.ranked) - found.dropped
+    return result
+
+
+def plan_all(
+    setup: Setup,
+    base: Strategy,
+    pinned: set[str],
+    on_progress: Callable[[], None] | None = None,
+) -> PlanResult:
+    """Everything `commsim plan` searches, merged and ranked: plain DDP in full detail when
+    the batch divides over all GPUs and the pins allow it, hybrid layouts for transformers.
+    `pinned` names the strategy fields (and "micro_batch") held at base's values."""
+    s = setup.scenario
+
+    def pick(name, choices):
+        return [getattr(base, name)] if name in pinned else list(choices)
+
+    layout_default = Strategy()
+    layout_keys = ("tp", "pp", "zero", "recompute", "interleave")
+    dp_allowed = all(
+        getattr(base, k) == getattr(layout_default, k) for k in layout_keys if k in pinned
+    )
+    algorithm_pinned = "algorithm" in pinned and base.algorithm != "auto"
+    result = PlanResult(ranked=[])
+    runs_ddp = dp_allowed and s.global_batch % (setup.n_gpus * s.micro_batch) == 0
+    if runs_ddp:
+        ddp = strategies(
+            base.model_copy(update={k: getattr(layout_default, k) for k in layout_keys}),
+            algorithms=[base.algorithm] if algorithm_pinned else ALGORITHMS,
+            bucket_mb=pick("bucket_mb", BUCKET_MB),
+            overlap=pick("overlap", (True, False)),
+            placements=pick("placement", PLACEMENTS),
+            compressions=pick("compression", COMPRESSIONS),
+            error_feedback=base.error_feedback if "error_feedback" in pinned else None,
+        )
+        result = plan(setup, ddp, on_progress)
+    elif dp_allowed:
+        result.notes.append(
+            f"plain data parallelism skipped: global batch {s.global_batch} is not a multiple "
+            f"of {setup.n_gpus} GPUs x micro-batch {s.micro_batch}"
+        )
+    hybrid_allowed = (
+        setup.workload.heads is not None
+        and base.compression == "none"
+        and (not algorithm_pinned or base.algorithm in HYBRID_ALGORITHMS)
+        and base.placement in PLACEMENT_KINDS
+    )
+    if hybrid_allowed:
+        pins = {k: getattr(base, k) for k in pinned & set(Strategy.model_fields)}
+        pins.pop("compression", None)
+        pins.pop("error_feedback", None)
+        if not algorithm_pinned:
+            pins.pop("algorithm", None)
+        if "micro_batch" in pinned:
+            pins["micro_batch"] = s.micro_batch
+        hybrid = plan_hybrid(setup, pins, exclude_data_parallel=runs_ddp)
+        result.ranked = sorted(result.ranked + hybrid.ranked, key=lambda p: p.step_time_s)
+        result.notes += hybrid.notes
+        result.skipped += hybrid.skipped
+        if runs_ddp:
+            result.notes.append("gradient compression is searched for plain DDP (comm hooks)")
     return result

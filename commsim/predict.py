@@ -87,6 +87,7 @@ class Prediction:
     tokens_per_s: float | None
     memory: MemoryBreakdown
     memory_usable: float  # bytes of HBM a training process may fill
+    layout: dict[str, int] | None = None  # dp, micro_batch, micro_batches
     training: dict[str, float] | None = None  # time_to_train_s, gpu_hours, cost (given tokens)
     buckets: tuple[Bucket, ...] = ()
     events: tuple[Event, ...] = ()
@@ -98,7 +99,11 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         m = self.memory
         return (
-            {"strategy": self.strategy.model_dump(), "step_time_s": self.step_time_s}
+            {
+                "strategy": self.strategy.model_dump(),
+                "layout": self.layout,
+                "step_time_s": self.step_time_s,
+            }
             | self.parts
             | {
                 "overlap_ratio": self.overlap_ratio,
@@ -427,6 +432,11 @@ def _prediction(
         tokens_per_s=throughput * seq if seq else None,
         memory=memory,
         memory_usable=usable_bytes(setup.gpu),
+        layout={
+            "dp": setup.dp(strategy),
+            "micro_batch": s.micro_batch,
+            "micro_batches": setup.micro_batches(strategy),
+        },
         training=training,
         buckets=buckets,
         events=events,

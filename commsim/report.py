@@ -203,11 +203,24 @@ def describe_strategy(strategy: dict[str, Any]) -> str:
     )
 
 
+def layout_label(c: dict[str, Any]) -> str:
+    """A layout in a few characters: dp64 tp8 pp16 v2 z1 sel mb1."""
+    s, lay = c["strategy"], c["layout"]
+    parts = [f"dp{lay['dp']}"]
+    parts += [f"tp{s['tp']}"] if s["tp"] > 1 else []
+    parts += [f"pp{s['pp']}"] if s["pp"] > 1 else []
+    parts += [f"v{s['interleave']}"] if s["interleave"] > 1 else []
+    parts += [f"z{s['zero']}"] if s["zero"] else []
+    parts += [s["recompute"][:3]] if s["recompute"] != "none" else []
+    return " ".join([*parts, f"mb{lay['micro_batch']}"])
+
+
 def plan_table(title: str, candidates: Sequence[dict[str, Any]], top: int) -> Table:
     """Ranked strategies, best first."""
     table = Table(title=title, title_justify="left")
-    for col in (
+    columns = (
         "rank",
+        "layout",
         "algorithm",
         "bucket",
         "overlap",
@@ -215,18 +228,20 @@ def plan_table(title: str, candidates: Sequence[dict[str, Any]], top: int) -> Ta
         "compression",
         "step",
         "exposed comm",
-        "overlap ratio",
-        "scaling eff.",
+        "bubble",
+        "memory",
         "MFU",
         "vs best",
-    ):
-        left = col in ("algorithm", "placement", "compression")
+    )
+    for col in columns:
+        left = col in ("layout", "algorithm", "placement", "compression")
         table.add_column(col, justify="left" if left else "right")
     best = candidates[0]["step_time_s"]
     for i, c in enumerate(candidates[:top], 1):
         s = c["strategy"]
         table.add_row(
             str(i),
+            layout_label(c),
             s["algorithm"],
             f"{s['bucket_mb']:g} MiB",
             "on" if s["overlap"] else "off",
@@ -234,8 +249,8 @@ def plan_table(title: str, candidates: Sequence[dict[str, Any]], top: int) -> Ta
             compression_label(s),
             fmt_time(c["step_time_s"]),
             fmt_time(c["exposed_comm_s"]),
-            _pct(c["overlap_ratio"]),
-            _pct(c["scaling_efficiency"]),
+            fmt_time(c.get("bubble_s", 0.0)),
+            f"{c['memory']['total_bytes'] / 1e9:.1f} GB",
             _pct(c["mfu"]),
             f"+{100 * (c['step_time_s'] / best - 1):.1f}%",
         )
@@ -244,6 +259,11 @@ def plan_table(title: str, candidates: Sequence[dict[str, Any]], top: int) -> Ta
 
 # The dimensions a plan explains: label, the strategy keys that change together, the value.
 _DIMENSIONS = (
+    ("tensor parallelism", ("tp",), lambda s: f"tp {s['tp']}"),
+    ("pipeline depth", ("pp",), lambda s: f"pp {s['pp']}"),
+    ("ZeRO stage", ("zero",), lambda s: f"ZeRO {s['zero']}"),
+    ("recomputation", ("recompute",), lambda s: s["recompute"]),
+    ("interleaving", ("interleave",), lambda s: f"v {s['interleave']}"),
     ("algorithm", ("algorithm",), lambda s: s["algorithm"]),
     ("bucket size", ("bucket_mb",), lambda s: f"{s['bucket_mb']:g} MiB"),
     ("overlap", ("overlap",), lambda s: "overlap on" if s["overlap"] else "overlap off"),
@@ -261,7 +281,21 @@ def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
         f"{fmt_time(best['compute_s'])}, communication {fmt_time(best['comm_s'])}"
         + (f" + {fmt_time(best['codec_s'])} encode/decode" if best["codec_s"] else "")
         + f", of which {fmt_time(best['exposed_comm_s'])} exposed "
-        f"({_pct(best['overlap_ratio'])} hidden)."
+        f"({_pct(best['overlap_ratio'])} hidden).",
+        "  where the step goes: "
+        + ", ".join(
+            f"{label} {fmt_time(best[key])}"
+            for key, label in (
+                ("compute_s", "compute"),
+                ("bubble_s", "pipeline bubble"),
+                ("tp_comm_s", "tensor-parallel comm"),
+                ("pp_comm_s", "pipeline sends"),
+                ("dp_exposed_s", "exposed data-parallel comm"),
+                ("exposed_comm_s", "exposed comm"),
+                ("codec_s", "encode/decode"),
+            )
+            if best.get(key) and not (key == "exposed_comm_s" and "dp_exposed_s" in best)
+        ),
     ]
     for label, keys, show in _DIMENSIONS:
         others = [

@@ -98,10 +98,15 @@ def test_predict_flags_override_the_scenario():
 
 
 def test_plan_ranks_best_first():
-    doc = run_json("plan", "--placement", "blocked", "--algorithm", "ring", "--compression", "none")
+    ddp = ("--tp", "1", "--pp", "1", "--zero", "0", "--recompute", "none")
+    doc = run_json("plan", "--placement", "blocked", "--algorithm", "ring", "--compression",
+                   "none", *ddp)
     times = [c["step_time_s"] for c in doc["candidates"]]
     assert times == sorted(times)
-    assert len(times) == 8 * 2  # bucket sizes x overlap on/off
+    assert len(times) == 8 * 2  # bucket sizes x overlap on/off (DDP, micro-batch pinned below)
+    hybrid = run_json("plan", "--placement", "blocked", "--algorithm", "ring")["candidates"]
+    assert any(c["strategy"]["zero"] or c["strategy"]["tp"] > 1 for c in hybrid)
+    assert [c["step_time_s"] for c in hybrid] == sorted(c["step_time_s"] for c in hybrid)
     assert {"strategy", "step_time_s", "mfu"} <= set(doc["candidates"][0])
 
 

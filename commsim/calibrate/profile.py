@@ -507,4 +507,3 @@ def apply_profile(spec: ClusterSpec, profile: Profile, source: str = "profile") 
                 f"cluster {spec.name!r} has no {tier} links (it has: {', '.join(have) or 'none'})",
             )
     return apply_tiers(spec, {t: (f.alpha_s, f.bandwidth_Bps) for t, f in profile.tiers.items()})
-

@@ -303,13 +303,21 @@ def _build(spec: TestbedSpec) -> dict[str, Any]:
         # no IPv6: no router solicitations or DAD chatter on the shaped links
         _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
         _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
-    # Names of every host for every host, and no DNS: a resolver never sends a packet
-    # beyond the testbed (torch's c10d looks peer addresses up).
+    # Every host's name in /etc/hosts and no DNS: name lookups (torch's c10d looks peers up)
+    # answer at once, and a resolver never sends a packet beyond the testbed.
     names = "".join(f"{h.address} {h.name}\n" for h in all_hosts)
+    root_nss = Path("/etc/nsswitch.conf")
+    nss = root_nss.read_text() if root_nss.exists() else ""
+    nss = (
+        re.sub(r"(?m)^hosts:.*$", "hosts: files", nss)
+        if "hosts:" in nss
+        else nss + "hosts: files\n"
+    )
     for h in all_hosts:
         etc = ETC_NETNS / h.netns
         etc.mkdir(parents=True, exist_ok=True)
         (etc / "hosts").write_text(f"127.0.0.1 localhost\n{names}")
+        (etc / "nsswitch.conf").write_text(nss)
         (etc / "resolv.conf").write_text("# commsim testbed: no DNS\nnameserver 127.0.0.1\n")
     links = []
     gso = ("gso_max_size", str(GSO_BYTES))
