@@ -47,7 +47,6 @@ from commsim.calibrate.profile import (
     Results,
     TierFit,
     apply_tiers,
-    cluster_tiers,
     tier_params,
 )
 from commsim.collectives.group import GroupCost
@@ -217,9 +216,12 @@ class GroupModel:
         self.cost = GroupCost(cluster, self.gpus)
 
     def time(self, op: str, algorithm: str, size: float) -> float:
-        if "|" in algorithm:
-            usable = set(self.cost.algorithms(op)) if op in ("all-reduce",) else None
-            names = [a for a in algorithm.split("|") if usable is None or a in usable]
+        if "|" in algorithm:  # tree and hierarchical run only on whole nodes
+            names = [
+                a
+                for a in algorithm.split("|")
+                if a not in ("tree", "hierarchical") or a in self.cost.algorithms(op)
+            ]
             return min(self.time(op, a, size) for a in names)
         n = self.gpus.size
         if op == "send-recv":
@@ -298,7 +300,8 @@ def _solve(
 ) -> np.ndarray:
     """Relative least squares over the free parameters, in units of their start values."""
     scale = theta0[free]
-    lower = np.array([0.0 if p.name == "alpha" else BETA_FLOOR for p in np.array(params)[free]])
+    names = [p.name for p, f in zip(params, free, strict=True) if f]
+    lower = np.array([0.0 if name == "alpha" else BETA_FLOOR for name in names])
 
     def full(u: np.ndarray) -> np.ndarray:
         theta = theta0.copy()
@@ -349,21 +352,21 @@ def fit_profile(
     def times(theta: np.ndarray) -> np.ndarray:
         return model_times(_theta_spec(spec, params, theta), points, algorithms)
 
-    theta = theta0
-    free = np.zeros(len(params), dtype=bool)
+    theta, free = theta0, np.zeros(len(params), dtype=bool)
     for _ in range(3):  # parameters can start or stop mattering as the others move
-        t_now = times(theta)
-        jac = _jacobian(times, theta, t_now)
-        share = np.max(np.abs(jac * theta) / t_now[:, None], axis=0)
-        now_free = share >= MIN_SHARE
-        if not now_free.any():
+        predicted = times(theta)
+        jac = _jacobian(times, theta, predicted)
+        share = np.max(np.abs(jac * theta) / predicted[:, None], axis=0)
+        if not (share >= MIN_SHARE).any():
             raise SpecError(source, "", "no tier parameter changes any prediction: nothing to fit")
-        if np.array_equal(now_free, free):
+        if np.array_equal(share >= MIN_SHARE, free):
             break
-        free = now_free
+        free = share >= MIN_SHARE
         theta = _solve(times, measured, theta, free, params)
-    predicted = times(theta)
-    jac = _jacobian(times, theta, predicted)[:, free] / measured[:, None]
+    else:
+        predicted = times(theta)
+        jac = _jacobian(times, theta, predicted)
+    jac = jac[:, free] / measured[:, None]
     resid = predicted / measured - 1.0
     dof = len(points) - int(free.sum())
     _check_separable(jac, [p for p, f in zip(params, free, strict=True) if f], source)
@@ -404,7 +407,7 @@ def fit_profile(
 def _check_separable(jac: np.ndarray, params: list[Param], source: str) -> None:
     """Refuse parameters the points cannot tell apart (collinear Jacobian columns)."""
     norms = np.linalg.norm(jac, axis=0)
-    u, sv, vt = np.linalg.svd(jac / norms, full_matrices=False)
+    _, sv, vt = np.linalg.svd(jac / norms, full_matrices=False)
     if sv[-1] < 1e-9 * sv[0]:
         tangled = [params[i] for i in np.nonzero(np.abs(vt[-1]) > 0.1)[0]]
         names = ", ".join(f"{p.tier} {p.name}" for p in tangled)

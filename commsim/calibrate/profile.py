@@ -394,7 +394,12 @@ def profile_yaml(profile: Profile) -> str:
     """A profile as YAML (infinite interval ends as .inf)."""
     import yaml
 
-    return yaml.safe_dump(profile.model_dump(mode="python"), sort_keys=False)
+    def plain(x: Any) -> Any:  # safe_dump writes lists, not tuples
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        return [plain(v) for v in x] if isinstance(x, (list, tuple)) else x
+
+    return yaml.safe_dump(plain(profile.model_dump()), sort_keys=False)
 
 
 def cluster_tiers(spec: ClusterSpec) -> tuple[str, ...]:

@@ -1,0 +1,142 @@
+"""The hybrid-parallel step model against hand-computed volumes and schedules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import make_cluster
+from typer.testing import CliRunner
+
+from commsim import catalog
+from commsim.cli import app
+from commsim.collectives.group import GroupCost
+from commsim.parallel import HybridModel, Layouts, Shape
+from commsim.specs import ModelSpec
+from commsim.workload import build_workload
+
+# A small GPT: 8 layers, h = 512, 8 heads, sequence 256, vocabulary 1000.
+MODEL = ModelSpec(name="toy", layers=8, hidden=512, heads=8, vocab=1000, seq_len=256)
+GPU = catalog.GPUS["a100-80gb"]
+
+
+def _model(nodes=4, gpn=8, n=32, batch=64, **cluster):
+    c = make_cluster(
+        nodes=nodes,
+        gpus_per_node=gpn,
+        nics=gpn,
+        nic_bw="200Gbps",
+        link_latency="0s",
+        switch_latency="0s",
+        **cluster,
+    )
+    return HybridModel(build_workload(MODEL), c, GPU, n, batch, efficiency=0.5, grad_bytes=2)
+
+
+def _layout(**kw):
+    base = dict(
+        dp=32,
+        tp=1,
+        pp=1,
+        micro_batch=1,
+        micro_batches=2,
+        zero=0,
+        recompute=0,
+        interleave=1,
+        bucket_mb=1e6,
+        overlap=False,
+        algorithm=0,
+        placement=0,
+    )
+    base.update(kw)
+    return Layouts(**{k: np.atleast_1d(np.array(v)) for k, v in base.items()})
+
+
+def test_ddp_sends_twice_the_gradient_bytes_through_a_ring():
+    hm = _model()
+    b = hm.evaluate(_layout()).row(0)
+    grads = hm.shape.total_params * 2  # bf16 gradients, one bucket
+    # ring all-reduce on the data-parallel group: intercept + slope x bytes, and the slope is
+    # 2 (N-1)/N bytes per byte at the ring's bus bandwidth: check against GroupCost directly
+    a, slope = GroupCost(hm.cluster, np.arange(32)).affine("all-reduce", "ring")
+    assert b["dp_comm"] == pytest.approx(a + slope * grads)
+    # 8 NICs x 25 GB/s per node: bus bandwidth 200 GB/s, so slope = 2 (31/32) / 200e9
+    assert slope == pytest.approx(2 * 31 / 32 / 200e9, rel=1e-6)
+
+
+def test_zero3_moves_one_and_a_half_times_ddp():
+    hm = _model()
+    ddp = hm.evaluate(_layout()).row(0)
+    z3 = hm.evaluate(_layout(zero=3, micro_batches=1)).row(0)
+    z0 = hm.evaluate(_layout(micro_batches=1)).row(0)
+    # all-gather params (forward) + all-gather (backward) + reduce-scatter grads = 3 halves of
+    # an all-reduce's volume; latency terms are 1.5x too (3 phases of N-1 steps vs 2)
+    assert z3["dp_comm"] == pytest.approx(1.5 * z0["dp_comm"], rel=1e-6)
+    assert z0["dp_comm"] == pytest.approx(ddp["dp_comm"])  # DDP syncs once per step
+    z1 = hm.evaluate(_layout(zero=1, micro_batches=1)).row(0)
+    assert z1["dp_comm"] == pytest.approx(z0["dp_comm"], rel=1e-6)  # RS + AG = AR volume
+
+
+def test_tensor_parallel_four_allreduces_per_layer_per_micro_batch():
+    hm = _model()
+    b = hm.evaluate(_layout(dp=4, tp=8, micro_batches=16)).row(0)
+    act = 1 * 256 * 512 * 2  # micro-batch x sequence x hidden x bf16
+    a, slope = GroupCost(hm.cluster, np.arange(8)).affine("all-reduce", "ring")
+    assert b["tp_comm"] == pytest.approx(16 * 8 * 4 * (a + slope * act))
+    full = hm.evaluate(_layout(dp=4, tp=8, micro_batches=16, recompute=2)).row(0)
+    assert full["tp_comm"] == pytest.approx(1.5 * b["tp_comm"])  # the replayed forward: 6
+
+
+def test_one_f_one_b_bubble_fraction():
+    hm = _model()
+    p, m = 4, 6
+    b = hm.evaluate(_layout(dp=8, pp=p, micro_batches=m)).row(0)
+    busy = b["compute"] + b["tp_comm"] + b["pp_comm"]
+    # (p - 1) idle ticks of m + p - 1: bubble / pipeline time = (p - 1) / (m + p - 1)
+    assert b["bubble"] / (busy + b["bubble"]) == pytest.approx((p - 1) / (m + p - 1))
+    # interleaved with v = 2: (p - 1) / v idle ticks, each tick carrying twice the sends
+    inter = hm.evaluate(_layout(dp=8, pp=p, micro_batches=m, interleave=2)).row(0)
+    tick = (inter["compute"] + inter["tp_comm"] + inter["pp_comm"]) / m
+    assert inter["bubble"] == pytest.approx((p - 1) / 2 * tick)
+    assert inter["pp_comm"] == pytest.approx(2 * b["pp_comm"])
+
+
+def test_step_is_the_sum_of_its_parts_and_recompute_costs_hfu_not_mfu():
+    hm = _model()
+    b = hm.evaluate(_layout(dp=4, tp=4, pp=2, micro_batches=8, zero=1, overlap=True)).row(0)
+    parts = ("compute", "tp_comm", "pp_comm", "bubble", "dp_exposed", "optimizer")
+    assert b["step"] == pytest.approx(sum(b[k] for k in parts))
+    full = hm.evaluate(_layout(dp=4, tp=4, pp=2, micro_batches=8, recompute=2)).row(0)
+    assert full["hfu"] > full["mfu"]
+    assert b["hfu"] == pytest.approx(b["mfu"])
+
+
+def test_flop_count_matches_megatron():
+    # Narayanan et al. 2021, eq. (3) per sequence, forward only: 24 s h^2 L (1 + s/6h) plus
+    # the logit layer 2 s h V; Shape reads it off the workload's layers.
+    sh = Shape.of(build_workload(MODEL))
+    s, h, L, V = 256, 512, 8, 1000
+    megatron = 24 * s * h * h * L * (1 + s / (6 * h)) + 2 * s * h * V
+    assert sh.model_flops == pytest.approx(megatron, rel=0.01)
+
+
+def test_interleaved_placement_hurts_tensor_parallelism():
+    hm = _model()
+    blocked = hm.evaluate(_layout(dp=4, tp=8, micro_batches=16)).row(0)
+    spread = hm.evaluate(_layout(dp=4, tp=8, micro_batches=16, placement=1)).row(0)
+    assert spread["tp_comm"] > 2 * blocked["tp_comm"]  # NVLink vs the NICs
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (("--tp", "2"), "2 does not divide the model's 25 attention heads"),
+        (("--pp", "64"), "64 pipeline stages for 48 layers"),
+        (("--tp", "3"), "tp x pp = 3 x 1 does not divide"),
+        (("--model", "resnet50", "--tp", "2"), "not a transformer"),
+        (("--pp", "2", "--interleave", "5"), "do not split evenly"),
+    ],
+)
+def test_bad_layouts_exit_2(args, expect):
+    result = CliRunner().invoke(app, ["predict", *args])
+    assert result.exit_code == 2, result.output
+    assert expect in result.output and "Traceback" not in result.output
