@@ -15,13 +15,15 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from commsim import catalog, planner, report
+from commsim.calibrate.commands import calibrate_app
+from commsim.calibrate.testbed_cli import testbed_app
 from commsim.collectives.alphabeta import ALGORITHMS, bus_factor
 from commsim.collectives.group import GroupCost
 from commsim.predict import Setup, load_scenario, predict, resolve
 from commsim.specs import ClusterSpec, SpecError, load_spec
 from commsim.topology.build import build_cluster
 from commsim.topology.placement import place
-from commsim.units import UnitError, parse_size_range
+from commsim.units import UnitError, parse_size_range, parse_time
 
 app = typer.Typer(
     add_completion=False,
@@ -30,6 +32,8 @@ app = typer.Typer(
 )
 topo_app = typer.Typer(no_args_is_help=True, help="Built-in cluster topologies.")
 app.add_typer(topo_app, name="topo")
+app.add_typer(calibrate_app, name="calibrate")
+app.add_typer(testbed_app, name="testbed")
 
 ALL_ALGORITHMS = ("ring", "tree", "rhd", "ps", "hierarchical", "direct")
 
@@ -168,8 +172,10 @@ def predict_cmd(
         )
         pred = predict(setup)
         doc = {"scenario": setup.scenario.name, "gpus": setup.n_gpus} | pred.to_dict()
-        if plot:
+        if plot and pred.strategy.data_parallel_only:
             report.plot_timeline(doc, pred.events, plot, setup.scenario.name)
+        elif plot:
+            report.plot_pipeline(doc, pred.events, plot, setup.scenario.name)
     if json_out:
         report.print_json(doc)
         return
@@ -192,7 +198,27 @@ def plan_cmd(
     scenario: ScenarioArg = None,
     model: ModelOpt = None,
     cluster: ClusterOpt = None,
-    gpus: GpusOpt = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(help="GPU count, or LOW:HIGH to size the cluster (doubling from LOW)."),
+    ] = None,
+    fabric: Annotated[
+        str | None,
+        typer.Option(help="Cluster sizing: comma-separated topologies to compare (templates)."),
+    ] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="Cluster sizing: GPU model to put in them.")
+    ] = None,
+    deadline: Annotated[
+        str | None,
+        typer.Option(help="Cluster sizing: the smallest cluster that trains in this (30d)."),
+    ] = None,
+    budget: Annotated[
+        float | None, typer.Option(help="Cluster sizing: the most money (or GPU-hours) to spend.")
+    ] = None,
+    objective: Annotated[
+        str, typer.Option(help="Cluster sizing: time-to-train, cost, throughput-per-dollar.")
+    ] = "time-to-train",
     global_batch: GlobalBatchOpt = None,
     micro_batch: MicroBatchOpt = None,
     seq_len: SeqLenOpt = None,
@@ -236,6 +262,27 @@ def plan_cmd(
     """Search strategies, ranked by step time: plain DDP in full detail (algorithm x bucket
     x overlap x placement x compression) and, for transformers, data x tensor x pipeline
     layouts (micro-batch, ZeRO, recomputation, interleaving, bucket, algorithm, overlap)."""
+    if fabric or (gpus and ":" in gpus) or deadline or budget:
+        return _size_clusters(
+            scenario,
+            model,
+            cluster,
+            gpus,
+            fabric,
+            gpu,
+            deadline,
+            budget,
+            objective,
+            dict(
+                global_batch=global_batch,
+                micro_batch=micro_batch,
+                seq_len=seq_len,
+                tokens=tokens,
+                price_per_gpu_hour=price_per_gpu_hour,
+            ),
+            plot,
+            json_out,
+        )
     with user_errors():
         flags = dict(
             bucket_mb=bucket_mb,
@@ -256,7 +303,7 @@ def plan_cmd(
             check=False,
             model=model,
             cluster=cluster,
-            gpus=gpus,
+            gpus=_gpu_count(gpus),
             global_batch=global_batch,
             micro_batch=micro_batch,
             seq_len=seq_len,
@@ -384,6 +431,110 @@ def collective_cmd(
     if algorithm == "auto":
         picks = sorted({r["algorithm"] for r in rows})
         report.console.print(f"auto picked: {', '.join(picks)}")
+
+
+def _sizing_title(spec, gpu: str | None) -> str:
+    model = spec.model if isinstance(spec.model, str) else spec.model.name
+    return (
+        f"cluster sizing: {model}, {spec.tokens:.3g} tokens, global batch "
+        f"{spec.global_batch}" + (f", {gpu}" if gpu else "")
+    )
+
+
+def _gpu_count(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--gpus must be a positive count or LOW:HIGH, not {text!r}")
+    return int(text)
+
+
+def _gpu_sizes(text: str | None, default: int) -> list[int]:
+    """'256:16384' as 256, 512, ..., 16384; a single count as itself."""
+    if text is None:
+        return [default]
+    lo, _, hi = text.partition(":")
+    low, high = _gpu_count(lo), _gpu_count(hi or lo)
+    if high < low:
+        raise ValueError(f"--gpus {text}: HIGH must not be below LOW")
+    sizes = [low]
+    while sizes[-1] * 2 <= high:
+        sizes.append(sizes[-1] * 2)
+    return sizes
+
+
+def _size_clusters(
+    scenario,
+    model,
+    cluster,
+    gpus,
+    fabric,
+    gpu,
+    deadline,
+    budget,
+    objective,
+    overrides,
+    plot,
+    json_out,
+) -> None:
+    """`commsim plan` in sizing mode: best strategy per fabric and size, Pareto front, pick."""
+    with user_errors():
+        if objective not in planner.OBJECTIVES:
+            raise ValueError(f"--objective must be one of {', '.join(planner.OBJECTIVES)}")
+        spec, source = load_scenario(scenario, overrides | {"model": model, "cluster": cluster})
+        if spec.tokens is None:
+            raise SpecError(source, "tokens", "cluster sizing needs the training tokens (--tokens)")
+        fabrics = (
+            [f.strip() for f in fabric.split(",")]
+            if fabric
+            else [spec.cluster if isinstance(spec.cluster, str) else spec.cluster.name]
+        )
+        sizes = _gpu_sizes(gpus, spec.gpus)
+        deadline_s = parse_time(deadline) if deadline else None
+        with _progress(len(fabrics) * len(sizes), "sizing") as bar:
+            rows = planner.size_clusters(
+                spec, source, fabrics, sizes, gpu, on_progress=lambda: bar.advance(0)
+            )
+        front = planner.pareto_front(rows)
+        pick = (
+            planner.pick_size(rows, deadline_s, budget)
+            if deadline_s or budget
+            else min(
+                (r for r in rows if r.best),
+                key=lambda r: planner.objective_value(r, objective),
+                default=None,
+            )
+        )
+        if plot:
+            report.plot_sizing(rows, front, pick, plot, _sizing_title(spec, gpu))
+    if json_out:
+        report.print_json(
+            {
+                "sizing": [r.to_dict() for r in rows],
+                "pareto": [r.to_dict() for r in front],
+                "pick": pick.to_dict() if pick else None,
+                "objective": objective,
+            }
+        )
+        return
+    report.console.print(report.sizing_table(rows, front, pick, _sizing_title(spec, gpu)))
+    if pick:
+        why = (
+            "the smallest cluster meeting the deadline"
+            if deadline_s
+            else "the fastest within the budget"
+            if budget
+            else f"the best {objective}"
+        )
+        report.console.print(
+            f"pick: {pick.gpus} GPUs of {pick.fabric}, {why}: "
+            f"{report.describe_strategy(pick.best.to_dict()['strategy'])}",
+            highlight=False,
+        )
+    else:
+        report.console.print("no cluster meets the deadline/budget", highlight=False)
+    if plot:
+        report.console.print(f"scaling curve and Pareto front drawn to {plot}")
 
 
 @topo_app.command("list")
@@ -541,3 +692,7 @@ def compression_convergence(
     report.console.print(report.convergence_table(rows, steps, workers))
     if plot:
         report.console.print(f"loss curves written to {plot}")
+
+
+if __name__ == "__main__":
+    app()

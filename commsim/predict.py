@@ -18,6 +18,7 @@ from commsim.compression import encode_decode_seconds, parse_compressor
 from commsim.memory import RECOMPUTE, MemoryBreakdown, ParallelLayout, memory_per_gpu, usable_bytes
 from commsim.parallel import ALGORITHMS as HYBRID_ALGORITHMS
 from commsim.parallel import PLACEMENT_KINDS, HybridModel, Layouts
+from commsim.pipeline import pipeline_events
 from commsim.specs import (
     ClusterSpec,
     GPUSpec,
@@ -488,12 +489,16 @@ def predict_hybrid(
 ) -> Prediction:
     """Predict a data x tensor x pipeline layout with commsim.parallel's step model."""
     model = model or hybrid_model(setup, strategy)
-    b = model.evaluate(strategy_layouts(setup, [strategy])).row(0)
-    return hybrid_prediction(setup, strategy, b)
+    layouts = strategy_layouts(setup, [strategy])
+    b = model.evaluate(layouts).row(0)
+    return hybrid_prediction(setup, strategy, b, tuple(pipeline_events(layouts.row(0), b)))
 
 
-def hybrid_prediction(setup: Setup, strategy: Strategy, b: dict[str, float]) -> Prediction:
-    """A Prediction from one row of the hybrid model's StepBreakdown."""
+def hybrid_prediction(
+    setup: Setup, strategy: Strategy, b: dict[str, float], events: tuple[Event, ...] = ()
+) -> Prediction:
+    """A Prediction from one row of the hybrid model's StepBreakdown (with the pipeline's
+    events when the caller will draw them)."""
     comm = b["tp_comm"] + b["pp_comm"] + b["dp_comm"]
     exposed = b["tp_comm"] + b["pp_comm"] + b["dp_exposed"]
     compute = b["compute"] + b["optimizer"]
@@ -540,4 +545,5 @@ def hybrid_prediction(setup: Setup, strategy: Strategy, b: dict[str, float]) -> 
         mfu=b["mfu"],
         hfu=b["hfu"],
         memory=memory_per_gpu(w, layout),
+        events=events,
     )

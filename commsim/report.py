@@ -501,3 +501,186 @@ def plot_bandwidth_sweep(sweep: Any, path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_pipeline(pred: dict[str, Any], events: Sequence[Any], path: str, title: str) -> None:
+    """Gantt chart of a pipelined step (commsim.pipeline events): a row per stage with its idle
+    time hatched as the bubble, ZeRO-3 gathers and hidden dp sync on a thin row beneath."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from commsim.pipeline import event_kind, event_stage, idle_gaps, pipeline_span
+
+    colors = {
+        "forward": "#4c72b0",
+        "backward": "#55a868",
+        "tp": "#c44e52",
+        "send": "#dd8452",
+        "zero3": "#937860",
+        "dp": "#da8bc3",
+        "optimizer": "#8172b2",
+    }
+    names = [
+        "forward",
+        "backward",
+        "tp all-reduce",
+        "send",
+        "ZeRO-3 gather",
+        "dp sync",
+        "optimizer",
+    ]
+    p = 1 + max(event_stage(ev) for ev in events)
+    shown = list(range(p)) if p <= 16 else [*range(8), *range(p - 8, p)]
+    row = {k: r for r, k in enumerate(shown)}
+    start, end = pipeline_span(events)
+    bars: dict[tuple[float, float, str], list[tuple[float, float]]] = {}
+    for k in shown:  # the bubble: idle time on the stage while the pipeline runs
+        gaps = idle_gaps(events, k, start, end)
+        bars[(row[k] - 0.35, 0.55, "idle")] = [(a, b - a) for a, b in gaps]
+    for ev in events:
+        k = event_stage(ev)
+        if k in row:
+            kind = event_kind(ev)
+            lane = (row[k] + 0.24, 0.2) if kind in ("zero3", "dp hidden") else (row[k] - 0.35, 0.55)
+            kind = "dp" if kind == "dp hidden" else kind
+            bars.setdefault((*lane, kind), []).append((ev.start_s, ev.end_s - ev.start_s))
+    fig, ax = plt.subplots(figsize=(12, 1.6 + 0.45 * len(shown)))
+    edge = 0.2 if len(events) < 400 * p else 0.0  # white seams wash out thousands of bars
+    for (y, h, kind), spans in bars.items():
+        if kind == "idle":
+            style = dict(facecolor="#f4f4f4", edgecolor="#b0b0b0", hatch="///", linewidth=0)
+        else:
+            style = dict(facecolor=colors[kind], edgecolor="white", linewidth=edge)
+        ax.broken_barh(spans, (y, h), **style)
+    if p > 16:
+        ax.axhline(7.5 - 0.05, color="#888888", linestyle="--", linewidth=0.8)
+    ax.set_yticks(range(len(shown)), [f"stage {k}" for k in shown])
+    ax.set_ylim(len(shown) - 0.45, -0.55)
+    ax.set_xlabel("time (s)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    handles.append(plt.Rectangle((0, 0), 1, 1, fc="#f4f4f4", ec="#b0b0b0", hatch="///"))
+    ax.legend(
+        handles,
+        [*names, "idle (bubble)"],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.5 / (1.6 + 0.45 * len(shown))),
+        ncols=8,
+        fontsize=8,
+        frameon=False,
+    )
+    cut = f" (stages 8-{p - 9} not drawn)" if p > 16 else ""
+    ax.set_title(
+        f"{title}: {p} stages{cut}, step {fmt_time(pred['step_time_s'])}, bubble "
+        f"{fmt_time(pred['bubble_s'])} ({_pct(pred['bubble_s'] / pred['step_time_s'])})"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def sizing_table(rows: Sequence[Any], front: Sequence[Any], pick: Any, title: str) -> Table:
+    """Per fabric and cluster size: the best strategy, time to train, GPU-hours, cost."""
+    table = Table(title=title, title_justify="left")
+    for col in (
+        "fabric",
+        "GPUs",
+        "best layout",
+        "step",
+        "time to train",
+        "GPU-hours",
+        "cost",
+        "scaling eff.",
+        "MFU",
+        "",
+    ):
+        table.add_column(col, justify="left" if col in ("fabric", "best layout", "") else "right")
+    on_front = {(r.fabric, r.gpus) for r in front}
+    for r in rows:
+        p = r.best
+        mark = " ".join(
+            [
+                *(["Pareto"] if (r.fabric, r.gpus) in on_front else []),
+                *(["<- pick"] if pick is r else []),
+            ]
+        )
+        if p is None:
+            table.add_row(r.fabric, str(r.gpus), f"[dim]{r.note}[/dim]", *[""] * 7)
+            continue
+        t = p.training or {}
+        d = p.to_dict()
+        table.add_row(
+            r.fabric,
+            f"{r.gpus:,}",
+            f"{layout_label(d)} {d['strategy']['algorithm']}",
+            fmt_time(p.step_time_s),
+            f"{t.get('time_to_train_s', 0) / 86400:.1f} d",
+            f"{t.get('gpu_hours', 0):,.0f}",
+            f"{t['cost']:,.0f}" if t.get("cost") is not None else "",
+            _pct(p.scaling_efficiency),
+            _pct(p.mfu),
+            mark,
+        )
+    return table
+
+
+def plot_sizing(rows: Sequence[Any], front: Sequence[Any], pick: Any, path: str, title: str):
+    """Scaling curve (time to train and scaling efficiency against GPUs, per fabric) and the
+    Pareto front of time to train against cost."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    eff = left.twinx()
+    for fabric in dict.fromkeys(r.fabric for r in rows):
+        ok = [r for r in rows if r.fabric == fabric and r.best and r.best.training]
+        gpus = [r.gpus for r in ok]
+        days = [r.best.training["time_to_train_s"] / 86400 for r in ok]
+        line = left.plot(gpus, days, marker="o", label=f"{fabric}: time to train")[0]
+        eff.plot(
+            gpus,
+            [100 * r.best.scaling_efficiency for r in ok],
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{fabric}: scaling efficiency",
+        )
+        cost = [(r.best.training.get("cost") or r.best.training["gpu_hours"]) for r in ok]
+        right.scatter(cost, days, color=line.get_color(), label=fabric)
+        for r, c, d in zip(ok, cost, days, strict=True):
+            right.annotate(
+                f"{r.gpus}", (c, d), fontsize=7, xytext=(3, 3), textcoords="offset points"
+            )
+    if front:
+        fc = [(r.best.training.get("cost") or r.best.training["gpu_hours"]) for r in front]
+        fd = [r.best.training["time_to_train_s"] / 86400 for r in front]
+        right.plot(fc, fd, color="black", linewidth=1, label="Pareto front")
+    if pick is not None and pick.best and pick.best.training:
+        right.scatter(
+            [pick.best.training.get("cost") or pick.best.training["gpu_hours"]],
+            [pick.best.training["time_to_train_s"] / 86400],
+            s=150,
+            facecolors="none",
+            edgecolors="red",
+            label="pick",
+        )
+    left.set_xscale("log", base=2)
+    left.set_yscale("log")
+    left.set_xlabel("GPUs")
+    left.set_ylabel("time to train (days)")
+    eff.set_ylabel("scaling efficiency (%)")
+    eff.set_ylim(0, 105)
+    left.legend(loc="upper center", fontsize=7)
+    eff.legend(loc="lower left", fontsize=7)
+    right.set_xscale("log")
+    right.set_yscale("log")
+    has_price = any(r.best and r.best.training and r.best.training.get("cost") for r in rows)
+    right.set_xlabel("cost" if has_price else "GPU-hours")
+    right.set_ylabel("time to train (days)")
+    right.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -46,7 +46,7 @@ FlopRate = Annotated[float, AfterValidator(_positive)]
 class Spec(BaseModel):
     """Base: unknown fields are errors (a typo must not pass silently)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 class GPUSpec(Spec):

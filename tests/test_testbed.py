@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from commsim.calibrate import testbed
-from commsim.calibrate.testbed_cli import testbed_app
+from commsim.calibrate import testbed, testbed_cli
 from commsim.specs import SpecError
 from commsim.topology.build import build_cluster
 
@@ -135,7 +134,7 @@ def test_needs_root_says_so(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(testbed.TestbedError, match=r"^commsim testbed needs root: .*uid 1000"):
         testbed.up(testbed.load_testbed(OVERSUB))
-    result = CliRunner().invoke(testbed_app, ["up", str(OVERSUB)])
+    result = CliRunner().invoke(testbed_cli.testbed_app, ["up", str(OVERSUB)])
     assert result.exit_code == 2
     assert "needs root" in result.output and "Traceback" not in result.output
 
@@ -150,10 +149,10 @@ def test_needs_iproute2_says_so(monkeypatch):
 def test_cli_bad_input_exits_2(tmp_path):
     runner = CliRunner()
     bad = write(tmp_path, GOOD + "latency: 2ms\n")
-    result = runner.invoke(testbed_app, ["up", str(bad)])
+    result = runner.invoke(testbed_cli.testbed_app, ["up", str(bad)])
     assert result.exit_code == 2
     assert f"{bad}: latency:" in result.output and "Traceback" not in result.output
-    result = runner.invoke(testbed_app, ["run", str(OVERSUB)])
+    result = runner.invoke(testbed_cli.testbed_app, ["run", str(OVERSUB)])
     assert result.exit_code == 2 and "give the command after --" in result.output
 
 
@@ -191,13 +190,17 @@ def test_up_makes_shaped_namespaces(bed):
     assert set(state["namespaces"]) == names and len(state["links"]) == 2 * (4 + 2)
     addr = subprocess.run(
         ["ip", "-n", f"{bed.prefix}-r1h0", "-o", "-4", "addr", "show", "eth0"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "10.77.1.1/16" in addr
     qdisc = subprocess.run(
         ["tc", "-n", f"{bed.prefix}-sw", "qdisc", "show", "dev", "up0"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "htb" in qdisc
     assert any(row["prefix"] == bed.prefix and row["state"] == "up" for row in testbed.status())
 
@@ -212,12 +215,28 @@ def test_host_link_reaches_host_rate(bed):
 @pytest.mark.root
 @needs_root
 def test_oversubscribed_uplink_is_shared(bed):
-    """Both hosts of rack 0 send to rack 1 at once: each gets half the uplink."""
+    """Both hosts of rack 0 send to rack 1 at once: each gets half the uplink, and nothing
+    is dropped."""
     alone = testbed.measure(bed, [("r0h0", "r1h0")]).rates[0]
     both = testbed.measure(bed, [("r0h0", "r1h0"), ("r0h1", "r1h1")]).rates
     assert alone == pytest.approx(bed.uplink_rate * testbed.GOODPUT, rel=TOL)
     for rate in both:
         assert rate == pytest.approx(bed.uplink_rate / 2 * testbed.GOODPUT, rel=TOL)
+    # both directions at once (each uplink carries data one way and ACKs the other): still fair
+    cross = [("r0h0", "r1h0"), ("r0h1", "r1h1"), ("r1h0", "r0h0"), ("r1h1", "r0h1")]
+    for rate in testbed.measure(bed, cross).rates:
+        assert rate == pytest.approx(bed.uplink_rate / 2 * testbed.GOODPUT, rel=TOL)
+    stats = subprocess.run(
+        ["tc", "-n", f"{bed.prefix}-sw", "-s", "qdisc", "show"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "dropped" in stats and all(
+        line.split("dropped ")[1].startswith("0,")
+        for line in stats.splitlines()
+        if "dropped" in line
+    )  # the fabric is lossless
 
 
 ENV_PRINTER = (
@@ -266,10 +285,12 @@ def test_run_timeout_gives_124(bed):
 @needs_root
 def test_cli_status_and_check(bed, tmp_path):
     runner = CliRunner()
-    status = json.loads(runner.invoke(testbed_app, ["status", "--json"]).output)
+    status = json.loads(runner.invoke(testbed_cli.testbed_app, ["status", "--json"]).output)
     assert any(t["prefix"] == bed.prefix for t in status["testbeds"])
     spec_file = write(tmp_path, OVERSUB.read_text() + f"prefix: {bed.prefix}\n")
-    result = runner.invoke(testbed_app, ["check", str(spec_file), "--seconds", "1", "--json"])
+    result = runner.invoke(
+        testbed_cli.testbed_app, ["check", str(spec_file), "--seconds", "1", "--json"]
+    )
     assert result.exit_code == 0, result.output
     links = json.loads(result.output)["links"]
     assert [row["link"] for row in links][:3] == [

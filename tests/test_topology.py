@@ -69,9 +69,40 @@ def test_latency_is_sum_of_hops():
 def test_maxmin_textbook_case():
     # Three flows, two links of capacity 1 and 2: f0 on link0, f1 on both, f2 on link1.
     # Progressive filling: link0 saturates at 0.5 (f0, f1 frozen), then f2 takes 2-0.5=1.5.
-    inc = sp.csr_matrix(np.array([[1, 0], [1, 1], [0, 1]], dtype=float))
-    rates = maxmin_rates(inc, np.array([1.0, 2.0]))
+    paths = np.array([[0, -1], [0, 1], [1, -1]])
+    rates = maxmin_rates(paths, np.array([1.0, 2.0]))
     assert rates == pytest.approx([0.5, 0.5, 1.5])
+
+
+def _progressive_filling(paths, capacity):
+    """The sequential textbook algorithm (Bertsekas & Gallager 6.5.2), as an oracle."""
+    inc = sp.csr_matrix(
+        (np.ones(int((paths >= 0).sum())), (np.nonzero(paths >= 0)[0], paths[paths >= 0])),
+        shape=(paths.shape[0], capacity.size),
+    )
+    rate, active = np.zeros(paths.shape[0]), np.ones(paths.shape[0], dtype=bool)
+    remaining = capacity.astype(float).copy()
+    while active.any():
+        counts = inc.T @ active.astype(float)
+        loaded = counts > 0
+        delta = np.min(remaining[loaded] / counts[loaded])
+        rate[active] += delta
+        remaining[loaded] -= delta * counts[loaded]
+        frozen = (inc @ (loaded & (remaining <= 1e-9 * capacity)).astype(float)) > 0
+        active &= ~frozen
+    return rate
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_maxmin_matches_progressive_filling(seed):
+    rng = np.random.default_rng(seed)
+    edges, flows = 12, 40
+    capacity = rng.choice([1.0, 2.0, 3.0, 5.0], edges)
+    paths = np.full((flows, 4), -1)
+    for f in range(flows):
+        hops = rng.choice(edges, rng.integers(1, 5), replace=False)
+        paths[f, : hops.size] = hops
+    assert maxmin_rates(paths, capacity) == pytest.approx(_progressive_filling(paths, capacity))
 
 
 def test_fluid_model_speeds_up_survivors():

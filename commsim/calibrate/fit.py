@@ -15,20 +15,24 @@ ring all-reduce 2(N-1) alpha + 2(N-1)/N S beta), and homogeneous of degree 1. Wi
 piece the Jacobian, taken by finite differences of the graph evaluator, holds exactly the
 schedule's coefficients: how many alphas and how many bytes per beta each point pays in
 each tier. scipy's trust-region least squares (Branch, Coleman & Li 1999) moves between
-pieces; the residuals are relative, (predicted - measured) / measured, because timing
-noise is multiplicative and sizes span eight decades.
+pieces. Residuals are log(predicted / measured): timing noise is multiplicative, sizes span
+eight decades, and a stalled process (a point 40x too slow) must look as wrong as it is.
+A first pass with a soft-L1 loss finds the bulk; points over 4 robust standard deviations
+from it are set aside (and named in the profile's notes); plain least squares on the rest
+gives the estimate.
 
 Intervals: the linearised covariance s^2 (J^T J)^-1, s^2 = sum r^2 / (m - p), with
-Student's t at m - p degrees of freedom (Seber & Wild 2003, Nonlinear Regression, 5.1).
-A bandwidth's interval is the reciprocal of beta's. A tier is fitted where the data
-separate it: its parameters are free when some measured group spans exactly that tier
-(one node, several nodes of one rack, several racks) and a parameter moves some point's
-time by at least 0.1%; the others keep the cluster's value.
+Student's t at m - p degrees of freedom (Seber & Wild 2003, Nonlinear Regression, 5.1),
+carried to each tier's alpha and log-bandwidth by the delta method. A tier is fitted where
+the data separate it: its parameters are free when some measured group spans exactly that
+tier (one node, several nodes of one rack, several racks) and a parameter moves some
+point's time by at least 0.1%; the others keep the cluster's value.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +51,9 @@ from commsim.calibrate.profile import (
     Results,
     TierFit,
     apply_tiers,
+    cable_share,
+    leaf_uplinks,
+    parsed,
     tier_params,
 )
 from commsim.collectives.group import GroupCost
@@ -168,6 +175,7 @@ def collect_points(results: Results, spec: ClusterSpec) -> tuple[list[Point], li
 
 
 def _step(src, dst, nbytes: float) -> Step:
+    """One step: flows src[i] -> dst[i] of nbytes each, on no particular NIC rail."""
     src = np.asarray(src, dtype=np.int64)
     return Step(
         src=src,
@@ -216,6 +224,7 @@ class GroupModel:
         self.cost = GroupCost(cluster, self.gpus)
 
     def time(self, op: str, algorithm: str, size: float) -> float:
+        """Seconds of `op` on `size` bytes (nccl-tests' S) by `algorithm`."""
         if "|" in algorithm:  # tree and hierarchical run only on whole nodes
             names = [
                 a
@@ -224,7 +233,7 @@ class GroupModel:
             ]
             return min(self.time(op, a, size) for a in names)
         n = self.gpus.size
-        if op == "send-recv":
+        if op == "send-recv" and algorithm == "direct":
             return evaluate(shift(n, size), self.cluster, self.gpus)
         if algorithm == "binomial" and op == "broadcast":
             return evaluate(binomial_broadcast(n, size), self.cluster, self.gpus)
@@ -254,74 +263,142 @@ def model_times(spec: ClusterSpec, points: list[Point], algorithms: dict[str, st
 
 @dataclass(frozen=True)
 class Param:
+    """One fitted number: tier, name, bounds, start, and the scale it is solved in."""
+
     tier: str
-    name: str  # "alpha" (s) or "beta" (s/B)
+    name: str  # alpha (s), beta (s/B), hops, share: see TierModel
+    lower: float
+    upper: float
+    start: float
+    scale: float
+
+
+class TierModel:
+    """The parameters of the tiers a fit frees, and the cluster they describe.
+
+    intra-node and inter-node: alpha and beta = 1 / bandwidth. cross-rack, as apply_tiers
+    can build it: with inter-node also fitted, `hops` (alpha_cross = alpha_inter (1 + 2
+    hops): two more cable + switch hops, as many as the in-rack path holds), else its
+    alpha; and `share` in ((k-1)/k, 1] (uplink = share x k x NIC bandwidth, k the leaf's
+    parallel uplinks). Bounds keep every value buildable, so the fit never leaves the
+    model."""
+
+    def __init__(self, spec: ClusterSpec, tiers: list[str]) -> None:
+        spec = parsed(spec)
+        self.spec, self.tiers = spec, tiers
+        self.k = leaf_uplinks(spec)
+        base = tier_params(spec)
+        fab = spec.fabric
+        hop = fab.link_latency + fab.switch_latency
+        params = []
+        if "intra-node" in tiers:
+            params += self._pair("intra-node", 0.0, *base["intra-node"])
+        if "inter-node" in tiers:
+            floor = 0.0 if "cross-rack" in tiers else 2 * fab.link_latency + fab.switch_latency
+            params += self._pair("inter-node", floor, *base["inter-node"])
+        if "cross-rack" in tiers:
+            alpha_x, uplink = base["cross-rack"]
+            if "inter-node" in tiers:  # the in-rack path holds hop (1 + cable share)
+                alpha_in, top = base["inter-node"][0], 1.0 / (1.0 + cable_share(spec))
+                start = min(top, (alpha_x - alpha_in) / (2 * alpha_in)) if alpha_in else 0.0
+                params.append(Param("cross-rack", "hops", 0.0, top, start, 1.0))
+            else:
+                floor = 3 * hop + fab.link_latency
+                params.append(
+                    Param("cross-rack", "alpha", floor, np.inf, alpha_x, max(alpha_x, 1e-6))
+                )
+            low = (self.k - 1) / self.k + 1e-6
+            share = np.clip(uplink / (self.k * spec.node.nics.bandwidth), low, 1.0)
+            params.append(Param("cross-rack", "share", low, 1.0, float(share), 1.0))
+        self.params = params
+
+    @staticmethod
+    def _pair(tier: str, floor: float, alpha: float, bandwidth: float) -> list[Param]:
+        beta = 1.0 / bandwidth
+        return [
+            Param(tier, "alpha", floor, np.inf, max(alpha, floor), max(alpha, floor, 1e-6)),
+            Param(tier, "beta", BETA_FLOOR * beta, np.inf, beta, beta),
+        ]
+
+    def values(self, theta: np.ndarray) -> dict[str, tuple[float, float]]:
+        """(alpha, bandwidth) of each fitted tier."""
+        v = {(p.tier, p.name): float(x) for p, x in zip(self.params, theta, strict=True)}
+        out = {}
+        for tier in ("intra-node", "inter-node"):
+            if tier in self.tiers:
+                out[tier] = (v[tier, "alpha"], 1.0 / v[tier, "beta"])
+        if "cross-rack" in self.tiers:
+            if "inter-node" in self.tiers:
+                alpha_in, nic = out["inter-node"]
+                alpha_x = alpha_in * (1 + 2 * v["cross-rack", "hops"])
+            else:
+                alpha_x, nic = v["cross-rack", "alpha"], self.spec.node.nics.bandwidth
+            out["cross-rack"] = (alpha_x, v["cross-rack", "share"] * self.k * nic)
+        return out
+
+    def cluster(self, theta: np.ndarray) -> ClusterSpec:
+        return apply_tiers(self.spec, self.values(theta))
 
 
 @dataclass
 class FitResult:
-    """A fitted profile and the points it was fitted to, with the model's times for them."""
+    """A fitted profile, the points it was fitted to, the model's times for them, and the
+    cluster with the fitted tiers written in."""
 
     profile: Profile
     points: list[Point]
     predicted_s: np.ndarray
-    spec: ClusterSpec  # the cluster with the fitted tiers written in
+    spec: ClusterSpec
 
 
-def _theta_spec(spec: ClusterSpec, params: list[Param], theta: np.ndarray) -> ClusterSpec:
-    base = tier_params(spec)
-    tiers = {p.tier: list(base[p.tier]) for p in params}
-    for p, v in zip(params, theta, strict=True):
-        if p.name == "alpha":
-            tiers[p.tier][0] = float(v)
-        else:
-            tiers[p.tier][1] = 1.0 / float(v)
-    return apply_tiers(spec, {t: (a, b) for t, (a, b) in tiers.items()})
-
-
-def _jacobian(f: Callable[[np.ndarray], np.ndarray], theta: np.ndarray, t0: np.ndarray):
-    """Forward differences, each parameter stepped by 1e-5 of itself: exact within a
-    linear piece of the model, which is all a step this small sees."""
+def _jacobian(f: Callable[[np.ndarray], np.ndarray], theta, t0, step: np.ndarray):
+    """Jacobian by one-sided differences: exact within a linear piece of the model, which
+    is all a step of 1e-5 of a parameter's scale sees."""
     cols = []
     for j in range(theta.size):
-        h = 1e-5 * theta[j]
         bumped = theta.copy()
-        bumped[j] += h
-        cols.append((f(bumped) - t0) / h)
+        bumped[j] += step[j]
+        cols.append((f(bumped) - t0) / step[j])
     return np.column_stack(cols)
 
 
+def _steps(model: TierModel, theta: np.ndarray) -> np.ndarray:
+    """Finite-difference steps: 1e-5 of each scale, backwards where forward would leave
+    the parameter's range."""
+    h = np.array([1e-5 * p.scale for p in model.params])
+    upper = np.array([p.upper for p in model.params])
+    return np.where(theta + h > upper, -h, h)
+
+
 def _solve(
-    times: Callable[[np.ndarray], np.ndarray],
-    measured: np.ndarray,
-    theta0: np.ndarray,
-    free: np.ndarray,
-    params: list[Param],
+    times, measured: np.ndarray, model: TierModel, theta0: np.ndarray, free, loss: str
 ) -> np.ndarray:
-    """Relative least squares over the free parameters, in units of their start values."""
-    scale = theta0[free]
-    names = [p.name for p, f in zip(params, free, strict=True) if f]
-    lower = np.array([0.0 if name == "alpha" else BETA_FLOOR for name in names])
+    """Relative least squares over the free parameters, each in units of its scale; loss
+    "soft_l1" (scale 10%) lets a few wild points (a stalled process) pull far less."""
+    ps = [p for p, f in zip(model.params, free, strict=True) if f]
+    scale = np.array([p.scale for p in ps])
 
     def full(u: np.ndarray) -> np.ndarray:
         theta = theta0.copy()
         theta[free] = u * scale
         return theta
 
+    lower = np.array([p.lower for p in ps]) / scale
+    upper = np.array([p.upper for p in ps]) / scale
     res = optimize.least_squares(
-        lambda u: times(full(u)) / measured - 1.0,
-        np.ones(free.sum()),
-        bounds=(lower, np.inf),
+        lambda u: np.log(times(full(u)) / measured),
+        np.clip(theta0[free] / scale, lower, upper),
+        bounds=(lower, upper),
         diff_step=1e-5,
         method="trf",
         x_scale="jac",
+        loss=loss,
+        f_scale=0.1,
     )
     return full(res.x)
 
 
-def fit_profile(
-    results: Results, spec: ClusterSpec, *, source: str = "results"
-) -> FitResult:
+def fit_profile(results: Results, spec: ClusterSpec, *, source: str = "results") -> FitResult:
     """Fit the tiers the data separate, and the compute rate, into a Profile for `spec`."""
     backends = results.backends
     if len(backends) != 1:
@@ -335,73 +412,85 @@ def fit_profile(
     if not points:
         raise SpecError(source, "", "no measured collective of two or more ranks to fit")
     spans = Counter(p.span for p in points)
-    params = [
-        Param(t, name) for t in TIERS if spans.get(t) for name in ("alpha", "beta")
-    ]
-    if len(points) <= len(params):
+    model = TierModel(spec, [t for t in TIERS if spans.get(t)])
+    if len(points) <= len(model.params):
         raise SpecError(
-            source, "", f"{len(points)} points cannot fit {len(params)} parameters: measure more"
+            source,
+            "",
+            f"{len(points)} points cannot fit {len(model.params)} parameters: measure more",
         )
-    base = tier_params(spec)
-    theta0 = np.array(
-        [base[p.tier][0] if p.name == "alpha" else 1.0 / base[p.tier][1] for p in params]
-    )
-    theta0 = np.where(theta0 > 0, theta0, 1e-6)  # a zero latency still needs a scale
     measured = np.array([p.measured_s for p in points])
 
     def times(theta: np.ndarray) -> np.ndarray:
-        return model_times(_theta_spec(spec, params, theta), points, algorithms)
+        return model_times(model.cluster(theta), points, algorithms)
 
-    theta, free = theta0, np.zeros(len(params), dtype=bool)
+    theta = np.array([p.start for p in model.params])
+    scale = np.array([p.scale for p in model.params])
+    free = np.zeros(theta.size, dtype=bool)
     for _ in range(3):  # parameters can start or stop mattering as the others move
         predicted = times(theta)
-        jac = _jacobian(times, theta, predicted)
-        share = np.max(np.abs(jac * theta) / predicted[:, None], axis=0)
-        if not (share >= MIN_SHARE).any():
+        jac = _jacobian(times, theta, predicted, _steps(model, theta))
+        matters = np.max(np.abs(jac) * scale / predicted[:, None], axis=0) >= MIN_SHARE
+        if not matters.any():
             raise SpecError(source, "", "no tier parameter changes any prediction: nothing to fit")
-        if np.array_equal(share >= MIN_SHARE, free):
+        if np.array_equal(matters, free):
             break
-        free = share >= MIN_SHARE
-        theta = _solve(times, measured, theta, free, params)
-    else:
-        predicted = times(theta)
-        jac = _jacobian(times, theta, predicted)
-    jac = jac[:, free] / measured[:, None]
-    resid = predicted / measured - 1.0
-    dof = len(points) - int(free.sum())
-    _check_separable(jac, [p for p, f in zip(params, free, strict=True) if f], source)
-    s2 = float(resid @ resid) / dof
-    half = np.full(len(params), np.nan)
-    cov = s2 * np.linalg.inv(jac.T @ jac)
-    half[free] = stats.t.ppf(0.975, dof) * np.sqrt(np.diag(cov))
-    fitted_spec = _theta_spec(spec, params, theta)
-    tiers = _tier_fits(params, theta, half, free, spans)
-    for p, f in zip(params, free, strict=True):
+        free = matters
+        theta = _solve(times, measured, model, theta, free, "soft_l1")
+    keep = _inliers(np.log(times(theta) / measured))
+    if keep.sum() <= free.sum():
+        raise SpecError(source, "", "too few consistent points to fit: measure more")
+    theta = _solve(lambda th: times(th)[keep], measured[keep], model, theta, free, "linear")
+    predicted = times(theta)
+    jac = _jacobian(times, theta, predicted, _steps(model, theta))
+    rel_jac = jac[keep][:, free] / predicted[keep, None]  # of log(predicted)
+    resid = np.log(predicted[keep] / measured[keep])
+    dof = int(keep.sum() - free.sum())
+    _check_separable(rel_jac, [p for p, f in zip(model.params, free, strict=True) if f], source)
+    cov = np.zeros((theta.size, theta.size))
+    cov[np.ix_(free, free)] = float(resid @ resid) / dof * np.linalg.inv(rel_jac.T @ rel_jac)
+    if not keep.all():
+        worst = int(np.argmax(np.abs(np.log(predicted / measured))))
+        p = points[worst]
+        notes.append(
+            f"left out {int((~keep).sum())} of {len(points)} points as outliers (over 4 robust "
+            f"sd from the fit); worst: {p.op} of {p.bytes:.0f} B on {len(p.gpus)} ranks "
+            f"(line {p.line}), measured {p.measured_s:.3g} s, model {predicted[worst]:.3g} s"
+        )
+    tiers = _tier_fits(model, theta, cov, stats.t.ppf(0.975, dof), free, spans)
+    for p, f, x in zip(model.params, free, theta, strict=True):
         if not f:
-            what = "alpha" if p.name == "alpha" else "bandwidth"
             notes.append(
-                f"{p.tier} {what} kept the cluster's value: no measurement depends on it "
-                "(measure smaller sizes for alpha, larger for bandwidth; or another link "
+                f"{p.tier} {p.name} kept the cluster's value: no measurement depends on it "
+                "(measure smaller sizes for alpha, larger for bandwidth, or another link "
                 "is the bottleneck)"
             )
-    compute = fit_compute(results, spec)
+        elif min(x - p.lower, p.upper - x) <= 1e-6 * p.scale:
+            notes.append(f"{p.tier} {p.name} ended at its bound ({p.lower:g}..{p.upper:g})")
     profile = Profile(
         cluster=spec.name,
         backend=backend,
         tiers=tiers,
         algorithms=algorithms,
-        compute=compute,
+        compute=fit_compute(results, spec),
         provenance=Provenance(
             files=results.files,
             runs=list(results.runs),
             date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             points=len(points),
             commsim=__version__,
-            rms_rel_error=float(np.sqrt(np.mean(resid**2))),
+            rms_rel_error=float(np.sqrt(np.mean(np.expm1(resid) ** 2))),  # points kept
         ),
         notes=notes,
     )
-    return FitResult(profile, points, predicted, fitted_spec)
+    return FitResult(profile, points, predicted, model.cluster(theta))
+
+
+def _inliers(resid: np.ndarray) -> np.ndarray:
+    """Points within 4 robust standard deviations (1.4826 x the median absolute deviation,
+    Rousseeuw & Croux 1993), or within 5%, of the median residual."""
+    dev = np.abs(resid - np.median(resid))
+    return dev <= max(4 * 1.4826 * float(np.median(dev)), 0.05)
 
 
 def _check_separable(jac: np.ndarray, params: list[Param], source: str) -> None:
@@ -417,26 +506,43 @@ def _check_separable(jac: np.ndarray, params: list[Param], source: str) -> None:
 
 
 def _tier_fits(
-    params: list[Param], theta: np.ndarray, half: np.ndarray, free: np.ndarray, spans: Counter
+    model: TierModel, theta: np.ndarray, cov: np.ndarray, t: float, free, spans: Counter
 ) -> dict[str, TierFit]:
-    """Per-tier values and 95% intervals; a bandwidth's interval is 1 / beta's."""
+    """Each tier's alpha and bandwidth with 95% intervals by the delta method: alpha
+    +- t sd, bandwidth x exp(+- t sd(log bandwidth)), gradients by finite differences of
+    TierModel.values (no model evaluation)."""
+
+    def flat(th: np.ndarray) -> np.ndarray:
+        return np.array([[a, np.log(b)] for a, b in model.values(th).values()]).ravel()
+
+    base = flat(theta)
+    steps = _steps(model, theta)
+    grad = np.column_stack(
+        [
+            (flat(theta + np.eye(theta.size)[j] * steps[j]) - base) / steps[j]
+            for j in range(theta.size)
+        ]
+    )
+    sd = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", grad, cov, grad), 0.0))
     out = {}
-    for tier in dict.fromkeys(p.tier for p in params):
-        (ia,) = [i for i, p in enumerate(params) if p == Param(tier, "alpha")]
-        (ib,) = [i for i, p in enumerate(params) if p == Param(tier, "beta")]
-        alpha, beta = float(theta[ia]), float(theta[ib])
-        alpha_ci = (max(0.0, alpha - half[ia]), alpha + half[ia]) if free[ia] else None
-        bw_ci = None
-        if free[ib]:
-            lo, hi = beta - half[ib], beta + half[ib]
-            bw_ci = (1.0 / hi, 1.0 / lo if lo > 0 else float("inf"))
+    for i, (tier, (alpha, bw)) in enumerate(model.values(theta).items()):
+        mine = [p.tier == tier for p in model.params]
+        names = {p.name for p, m, f in zip(model.params, mine, free, strict=True) if m and f}
+        fitted_alpha = bool(names & {"alpha", "hops"})
+        fitted_bw = bool(names & {"beta", "share"})
+        spread = math.exp(min(t * float(sd[2 * i + 1]), 700.0))  # overflows to inf: unbounded
+        high = bw * spread
+        if tier == "cross-rack":  # the leaf's k uplinks at the NIC rate are its ceiling
+            high = min(high, bw / float(theta[[p.name == "share" for p in model.params]][0]))
         out[tier] = TierFit(
             alpha_s=alpha,
-            alpha_ci_s=alpha_ci,
-            bandwidth_Bps=1.0 / beta,
-            bandwidth_ci_Bps=bw_ci,
+            alpha_ci_s=(max(0.0, alpha - t * sd[2 * i]), alpha + t * sd[2 * i])
+            if fitted_alpha
+            else None,
+            bandwidth_Bps=bw,
+            bandwidth_ci_Bps=(bw / spread, high) if fitted_bw else None,
             points=spans[tier],
-            fitted=[n for n, i in (("alpha", ia), ("bandwidth", ib)) if free[i]],
+            fitted=[n for n, f in (("alpha", fitted_alpha), ("bandwidth", fitted_bw)) if f],
         )
     return out
 

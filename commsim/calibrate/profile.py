@@ -33,9 +33,9 @@ TIERS = ("intra-node", "inter-node", "cross-rack")
 Op = Literal["all-reduce", "all-gather", "reduce-scatter", "broadcast", "all-to-all", "send-recv"]
 Tier = Literal["intra-node", "inter-node", "cross-rack"]
 
-# What each backend runs, as the model names it (calibrate.fit.collective_times):
+# What each backend runs, by the names calibrate.fit.GroupModel prices:
 ALGORITHMS: dict[str, dict[str, str]] = {
-    # gloo 0.x as torch.distributed calls it for CPU tensors (ProcessGroupGloo.cpp):
+    # gloo as torch's ProcessGroupGloo calls it for CPU tensors (ProcessGroupGloo.cpp):
     "gloo": {
         "all-reduce": "ring",  # gloo/allreduce.cc: ring reduce-scatter, then ring all-gather
         "all-gather": "ring",  # gloo/allgather.cc: N-1 ring steps, two segments in flight
@@ -65,7 +65,7 @@ ALGORITHMS: dict[str, dict[str, str]] = {
 
 
 class Record(BaseModel):
-    """Fields every record has. Unknown fields are kept out, so newer writers stay readable."""
+    """Fields every record has. Unknown fields are ignored, so newer writers stay readable."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -86,6 +86,8 @@ class RankInfo(BaseModel):
 
 
 class MetaRecord(Record):
+    """The start of a run: who measured, with what, where each rank ran."""
+
     kind: Literal["meta"]
     format: int = FORMAT_VERSION
     source: Literal["harness", "nccl-tests"]
@@ -151,6 +153,8 @@ class LayerRecord(BaseModel):
 
 
 class ModelRecord(Record):
+    """The harness's DDP model, layer by layer, as commsim can rebuild it (a Workload)."""
+
     kind: Literal["model"]
     name: str
     batch: int = Field(ge=1)  # samples per rank per step
@@ -179,6 +183,8 @@ class DDPRecord(Record):
 
 
 class EndRecord(Record):
+    """How a run ended; a failed run says why (which rank, doing what)."""
+
     kind: Literal["end"]
     status: Literal["complete", "failed"]
     message: str = ""
@@ -415,6 +421,12 @@ def cluster_tiers(spec: ClusterSpec) -> tuple[str, ...]:
     return tuple(tiers)
 
 
+def parsed(spec: ClusterSpec) -> ClusterSpec:
+    """The spec with every field validated: pydantic leaves unset defaults as written
+    ("100ns"), so validate a dump of it, in which they are set."""
+    return ClusterSpec.model_validate(spec.model_dump(warnings=False))
+
+
 def _leaf_ports(spec: ClusterSpec) -> int:
     """NIC ports on a full leaf: a rail-optimised leaf takes one NIC of each node of its unit."""
     per_node = 1 if spec.node.rail_optimized else spec.node.nics.count
@@ -431,6 +443,7 @@ def tier_params(spec: ClusterSpec) -> dict[str, tuple[float, float]]:
     oversubscription, or uplinks_per_leaf x NIC bandwidth."""
     from commsim import catalog
 
+    spec = parsed(spec)
     node, fab = spec.node, spec.fabric
     out: dict[str, tuple[float, float]] = {}
     tiers = cluster_tiers(spec)
@@ -454,41 +467,84 @@ def tier_params(spec: ClusterSpec) -> dict[str, tuple[float, float]]:
     return out
 
 
+def leaf_uplinks(spec: ClusterSpec) -> int:
+    """How many parallel leaf-spine links a leaf has (topology.build): uplinks_per_leaf,
+    or ceil(ports / oversubscription); the rack's uplink bandwidth is split among them."""
+    spec = parsed(spec)
+    if spec.fabric.uplinks_per_leaf is not None:
+        return spec.fabric.uplinks_per_leaf
+    return max(1, math.ceil(_leaf_ports(spec) / spec.fabric.oversubscription[0]))
+
+
+def cable_share(spec: ClusterSpec) -> float:
+    """The cable's part of one cable + switch hop in the spec (0 when both are 0)."""
+    spec = parsed(spec)
+    hop = spec.fabric.link_latency + spec.fabric.switch_latency
+    return spec.fabric.link_latency / hop if hop > 0 else 0.0
+
+
 def apply_tiers(spec: ClusterSpec, tiers: Mapping[str, tuple[float, float]]) -> ClusterSpec:
     """A copy of `spec` whose links have the given (alpha, bandwidth) per tier.
 
-    intra-node sets node.intra_latency and intra_bandwidth. cross-rack sets cable latency
-    to 0 and each switch to (alpha_cross - alpha_inter) / 2 (a cross-rack path passes two
-    more switches than an in-rack one: topology.build), and the leaf uplink through the
-    leaf oversubscription ports x NIC bandwidth / uplink (at least 1: an uplink at least as
-    fast as its ports is no bottleneck); uplinks_per_leaf is dropped so the rate holds.
-    inter-node sets the NIC bandwidth, and the NIC latency so the in-rack path's latency is
-    alpha_inter (the NIC latency is also LogP's per-message overhead: half of it, each end).
+    intra-node sets node.intra_latency and intra_bandwidth. inter-node sets the NIC
+    bandwidth, and the NIC latency so that the in-rack path (NIC, cable, switch, cable)
+    takes alpha_inter; the NIC latency is also LogP's per-message overhead (half of it at
+    each end). cross-rack: a cross-rack path passes two more cable + switch hops than an
+    in-rack one (topology.build), so with inter-node given a hop gets (alpha_cross -
+    alpha_inter) / 2, split between cable and switch as the spec splits it (cable_share),
+    and the in-rack path must still hold its own cable, switch, cable; without it the
+    fabric stays and the NIC latency makes the cross-rack path take alpha_cross. Its
+    bandwidth is the rack's whole uplink, set through the leaf oversubscription (ports x
+    NIC bandwidth / uplink, uplinks_per_leaf dropped); it must lie in ((k-1), k] NIC
+    bandwidths, k = leaf_uplinks(spec), so the leaf keeps its k parallel uplinks.
+    A value outside these ranges is a ValueError: no link setting gives it.
     """
     unknown = set(tiers) - set(TIERS)
     if unknown:
         raise ValueError(f"unknown tier {sorted(unknown)[0]!r} (tiers: {', '.join(TIERS)})")
+    spec = parsed(spec)
     data = spec.model_dump()
     node, fab = data["node"], data["fabric"]
     if "intra-node" in tiers:
         node["intra_latency"], node["intra_bandwidth"] = tiers["intra-node"]
-    hop = spec.fabric.link_latency + spec.fabric.switch_latency
-    alpha_in = spec.node.nics.latency + hop + spec.fabric.link_latency  # the in-rack path
     nic_bw = spec.node.nics.bandwidth
     if "inter-node" in tiers:
         alpha_in, nic_bw = tiers["inter-node"]
+        node["nics"]["bandwidth"] = nic_bw
     if "cross-rack" in tiers:
         alpha_x, uplink = tiers["cross-rack"]
-        fab["link_latency"] = 0.0
-        fab["switch_latency"] = max(0.0, (alpha_x - alpha_in) / 2)
-        ports_bw = _leaf_ports(spec) * nic_bw
-        fab["oversubscription"] = [max(1.0, ports_bw / uplink), *fab["oversubscription"][1:]]
+        if "inter-node" in tiers:
+            hop = (alpha_x - alpha_in) / 2
+            if hop < -1e-12:
+                raise ValueError(
+                    f"cross-rack alpha {alpha_x:.4g} s is below the in-rack alpha "
+                    f"{alpha_in:.4g} s: a cross-rack path has more hops, not fewer"
+                )
+            share = cable_share(spec)
+            fab["link_latency"], fab["switch_latency"] = share * hop, (1 - share) * max(0.0, hop)
+        k, ports = leaf_uplinks(spec), _leaf_ports(spec)
+        if not (k - 1) * nic_bw < uplink <= k * nic_bw * (1 + 1e-9):
+            raise ValueError(
+                f"cross-rack bandwidth {uplink:.4g} B/s is outside what the leaf's {k} "
+                f"uplink(s) carry at the NIC rate: ({k - 1}, {k}] x {nic_bw:.4g} B/s"
+            )
+        oversub = ports * nic_bw / uplink
+        while math.ceil(ports / oversub) > k:  # rounding must not add an uplink
+            oversub = math.nextafter(oversub, math.inf)
+        fab["oversubscription"] = [max(1.0, oversub), *fab["oversubscription"][1:]]
         fab["uplinks_per_leaf"] = None
-    if "inter-node" in tiers:
-        node["nics"]["bandwidth"] = nic_bw
     if "inter-node" in tiers or "cross-rack" in tiers:
-        in_rack_fabric = 2 * fab["link_latency"] + fab["switch_latency"]
-        node["nics"]["latency"] = max(0.0, alpha_in - in_rack_fabric)
+        link, switch = fab["link_latency"], fab["switch_latency"]
+        if "inter-node" in tiers:
+            fabric_part, alpha = 2 * link + switch, alpha_in
+        else:
+            fabric_part, alpha = 4 * link + 3 * switch, alpha_x
+        if alpha < fabric_part - 1e-12:
+            raise ValueError(
+                f"alpha {alpha:.4g} s is below the fabric's own {fabric_part:.4g} s of cables "
+                "and switches on that path"
+            )
+        node["nics"]["latency"] = max(0.0, alpha - fabric_part)
     return ClusterSpec.model_validate(data)
 
 
@@ -511,4 +567,9 @@ def apply_profile(spec: ClusterSpec, profile: Profile, source: str = "profile") 
                 f"tiers.{tier}",
                 f"cluster {spec.name!r} has no {tier} links (it has: {', '.join(have) or 'none'})",
             )
-    return apply_tiers(spec, {t: (f.alpha_s, f.bandwidth_Bps) for t, f in profile.tiers.items()})
+    try:
+        return apply_tiers(
+            spec, {t: (f.alpha_s, f.bandwidth_Bps) for t, f in profile.tiers.items()}
+        )
+    except ValueError as e:
+        raise SpecError(source, "tiers", str(e)) from None

@@ -4,7 +4,9 @@ Each host is a network namespace `{prefix}-r{R}h{H}` with one interface `eth0` a
 10.77.R.(H+1)/16. The switches are Linux bridges (one ToR per rack, one core) in a switch
 namespace `{prefix}-sw`, so nothing touches the root namespace's network. Every link is a
 veth pair shaped with htb on the egress of both ends (one token bucket per direction, like
-a full-duplex cable): host <-> ToR at host_rate, ToR <-> core at uplink_rate.
+a full-duplex cable): host <-> ToR at host_rate, ToR <-> core at uplink_rate. Each link
+shares its rate fairly between source hosts and never drops a packet (receive windows are
+capped and queues hold them), like a lossless InfiniBand or RoCE fabric.
 
 Latency is not emulated: netem, the only Linux qdisc that delays packets, is not available
 here, so a non-zero `latency` is refused; calibration fits the natural latency of veth,
@@ -46,9 +48,10 @@ MAX_HOSTS = 64
 GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame (MTU 1500, TCP timestamps)
 PROBE_PORT = 5201
 GSO_BYTES = 16384  # largest packet the veths hand on: smaller costs CPU, larger costs precision
+TCP_RMEM_MAX = 4194304  # receive buffer cap in every host: bounds each stream's bytes in flight
 _NS_RE = re.compile(r"^([a-z][a-z0-9]*)-(sw|r\d+h\d+)$")
 # A catalog GPU is required by ClusterSpec; the ranks here are CPU processes.
-CLUSTER_GPU = "a100-80gb"
+CLUSTER_GPU = "cpu-host"
 
 
 class TestbedError(SpecError):
@@ -217,10 +220,10 @@ def owned_namespaces(prefix: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _locked(prefix: str) -> Iterator[None]:
-    """One up/down at a time per prefix."""
+def _locked() -> Iterator[None]:
+    """One up or down at a time on this host (each takes well under a second)."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(STATE_DIR / f"{prefix}.lock", "w") as lock:
+    with open(STATE_DIR / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -232,16 +235,17 @@ def state_path(prefix: str) -> Path:
 # ---------------------------------------------------------------- up / down / status
 
 
-def _shape(ns: str, dev: str, rate: float, sources: Sequence[Host]) -> dict[str, Any]:
+def _shape(ns: str, dev: str, rate: float, sources: Sequence[Host], streams: int) -> dict[str, Any]:
     """Shape one device's egress to `rate` with htb; returns the record for the state file.
 
     Packets under 128 bytes (TCP ACKs, ARP, tiny messages) go first, so a bulk stream does
     not starve the opposite direction's ACKs; the rest is shared fairly between source
-    hosts, each in its own 20 ms FIFO (drop-tail FIFOs alone split bandwidth very unevenly
-    between TCP streams, and Linux's fair queues are not available here). Buckets hold 1 ms,
-    and at least 1.5 GSO packets so htb never waits on a partial one."""
+    hosts, each in its own FIFO, deep enough for the receive windows of `streams` TCP
+    streams: the fabric is lossless, like InfiniBand or RoCE with PFC (a drop-tail FIFO
+    splits bandwidth unevenly between TCP streams, and fair queues are not available here).
+    Buckets hold 1 ms, and at least 1.5 GSO packets so htb never waits on a partial one."""
     burst = max(GSO_BYTES * 3 // 2, int(rate * 1e-3))
-    queue_bytes = max(4 * GSO_BYTES, int(rate * 20e-3))
+    queue_bytes = TCP_RMEM_MAX * streams
 
     def bits(r: float) -> str:
         return f"{int(r * 8)}bit"
@@ -276,6 +280,7 @@ def _shape(ns: str, dev: str, rate: float, sources: Sequence[Host]) -> dict[str,
         "dev": dev,
         "rate_Bps": rate,
         "burst_bytes": burst,
+        "queue_bytes_per_source": queue_bytes,
         "sources": [h.name for h in sources],
     }
 
@@ -283,7 +288,7 @@ def _shape(ns: str, dev: str, rate: float, sources: Sequence[Host]) -> dict[str,
 def up(spec: TestbedSpec) -> dict[str, Any]:
     """Build the testbed (removing leftovers of the same prefix first); returns its state."""
     require_root()
-    with _locked(spec.prefix):
+    with _locked():
         _down(spec.prefix)
         try:
             state = _build(spec)
@@ -303,22 +308,27 @@ def _build(spec: TestbedSpec) -> dict[str, Any]:
         # no IPv6: no router solicitations or DAD chatter on the shaped links
         _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
         _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
+        # a stream's window, hence what it can queue in the fabric, stays under TCP_RMEM_MAX
+        _sh("ip", "netns", "exec", ns, "sysctl", "-qw",
+            f"net.ipv4.tcp_rmem=4096 131072 {TCP_RMEM_MAX}")  # fmt: skip
     # Every host's name in /etc/hosts and no DNS: name lookups (torch's c10d looks peers up)
-    # answer at once, and a resolver never sends a packet beyond the testbed.
-    names = "".join(f"{h.address} {h.name}\n" for h in all_hosts)
-    root_nss = Path("/etc/nsswitch.conf")
-    nss = root_nss.read_text() if root_nss.exists() else ""
-    nss = (
-        re.sub(r"(?m)^hosts:.*$", "hosts: files", nss)
-        if "hosts:" in nss
-        else nss + "hosts: files\n"
-    )
+    # answer at once, and a resolver never sends a packet beyond the testbed. `ip netns
+    # exec` can only bind a file over one that exists in /etc.
+    nss = Path("/etc/nsswitch.conf")
+    files = {
+        "hosts": "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in all_hosts),
+        "resolv.conf": "# commsim testbed: no DNS\nnameserver 127.0.0.1\n",
+        "nsswitch.conf": re.sub(r"(?m)^hosts:.*$", "hosts: files", nss.read_text())
+        if nss.exists()
+        else "",
+    }
     for h in all_hosts:
         etc = ETC_NETNS / h.netns
         etc.mkdir(parents=True, exist_ok=True)
-        (etc / "hosts").write_text(f"127.0.0.1 localhost\n{names}")
-        (etc / "nsswitch.conf").write_text(nss)
-        (etc / "resolv.conf").write_text("# commsim testbed: no DNS\nnameserver 127.0.0.1\n")
+        for name, text in files.items():
+            if (Path("/etc") / name).exists():
+                (etc / name).write_text(text)
+    streams = max(4, spec.n_hosts)  # per source and link, before the fabric would drop
     links = []
     gso = ("gso_max_size", str(GSO_BYTES))
     bridges = ["core"] + [f"tor{r}" for r in range(spec.racks)]
@@ -333,8 +343,11 @@ def _build(spec: TestbedSpec) -> dict[str, Any]:
         _sh("ip", "-n", sw, "link", "set", down_dev, "master", "core", "up")
         inside = [h for h in all_hosts if h.rack == r]
         outside = [h for h in all_hosts if h.rack != r]
-        links.append(_shape(sw, up_dev, spec.uplink_rate, inside) | {"link": f"tor{r}->core"})
-        links.append(_shape(sw, down_dev, spec.uplink_rate, outside) | {"link": f"core->tor{r}"})
+        for dev, srcs, link in (
+            (up_dev, inside, f"tor{r}->core"),
+            (down_dev, outside, f"core->tor{r}"),
+        ):
+            links.append(_shape(sw, dev, spec.uplink_rate, srcs, streams) | {"link": link})
     for h in all_hosts:
         port = h.name
         _sh("ip", "-n", sw, "link", "add", "name", port, *gso, "type", "veth",
@@ -343,8 +356,10 @@ def _build(spec: TestbedSpec) -> dict[str, Any]:
         _sh("ip", "-n", h.netns, "addr", "add", f"{h.address}/16", "dev", "eth0")
         _sh("ip", "-n", h.netns, "link", "set", "eth0", "up")
         others = [o for o in all_hosts if o != h]
-        links.append(_shape(h.netns, "eth0", spec.host_rate, [h]) | {"link": f"{h.name}->tor"})
-        links.append(_shape(sw, port, spec.host_rate, others) | {"link": f"tor->{h.name}"})
+        links.append(
+            _shape(h.netns, "eth0", spec.host_rate, [h], streams) | {"link": f"{h.name}->tor"}
+        )
+        links.append(_shape(sw, port, spec.host_rate, others, streams) | {"link": f"tor->{h.name}"})
     warnings = []
     if spec.n_hosts * spec.host_rate > CPU_BUDGET:
         warnings.append(
@@ -368,7 +383,7 @@ def down(prefix: str = "cs") -> list[str]:
     """Remove every namespace of the testbed with this prefix (and its processes, links and
     bridges with it), also after a crash; returns the namespaces removed."""
     require_root()
-    with _locked(prefix):
+    with _locked():
         return _down(prefix)
 
 
@@ -612,7 +627,8 @@ def run(
 
 def _probe(argv: Sequence[str]) -> None:
     """Inside a namespace: `sink PORT N` receives N streams and prints, per sender address,
-    (time, bytes so far) samples; `source ADDR PORT START SECONDS` streams from START on."""
+    (time, bytes so far) samples from the first byte on; `source ADDR PORT SECONDS`
+    connects, says ready, and streams for SECONDS once a line arrives on stdin."""
     if argv[0] == "sink":
         port, n = int(argv[1]), int(argv[2])
         server = socket.create_server(("0.0.0.0", port), backlog=n)
@@ -630,7 +646,7 @@ def _probe(argv: Sequence[str]) -> None:
                 if key.data is None:
                     conn, (addr, _) = server.accept()
                     sel.register(conn, selectors.EVENT_READ, addr)
-                    samples[addr], totals[addr] = [(time.monotonic(), 0)], 0
+                    samples[addr], totals[addr] = [], 0
                     continue
                 addr = key.data
                 got = len(key.fileobj.recv(1 << 20))
@@ -640,15 +656,17 @@ def _probe(argv: Sequence[str]) -> None:
                     sel.unregister(key.fileobj)
                     key.fileobj.close()
                     done += 1
-                if not got or now - samples[addr][-1][0] >= 0.005:
+                if not got or not samples[addr] or now - samples[addr][-1][0] >= 0.005:
                     samples[addr].append((now, totals[addr]))
         print(json.dumps(samples), flush=True)
     else:
-        addr, port, start, seconds = argv[1], int(argv[2]), float(argv[3]), float(argv[4])
-        time.sleep(max(0.0, start - time.monotonic()))
+        addr, port, seconds = argv[1], int(argv[2]), float(argv[3])
         chunk = bytes(256 * 1024)
         with socket.create_connection((addr, port), timeout=15) as s:
-            while time.monotonic() < start + seconds:
+            print("ready", flush=True)
+            sys.stdin.readline()
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
                 s.sendall(chunk)
 
 
@@ -700,12 +718,19 @@ def measure(
         for d, p in sinks.items():
             if p.stdout.readline().strip() != "ready":
                 raise TestbedError(f"the stream receiver on {d} did not start")
-        start = time.monotonic() + 0.5  # every source has started its interpreter by then
-        cpu0 = _cpu_times()
         for s, d in flows:
             cmd = ["ip", "netns", "exec", by_name[s].netns, *probe, "source",
-                   by_name[d].address, str(PROBE_PORT), f"{start:.6f}", str(seconds)]  # fmt: skip
-            sources.append(subprocess.Popen(cmd))
+                   by_name[d].address, str(PROBE_PORT), str(seconds)]  # fmt: skip
+            sources.append(
+                subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            )
+        for (s, _), p in zip(flows, sources, strict=True):
+            if p.stdout.readline().strip() != "ready":
+                raise TestbedError(f"the stream sender on {s} did not connect")
+        cpu0 = _cpu_times()
+        for p in sources:  # every stream is connected: start them together
+            p.stdin.write("go\n")
+            p.stdin.close()
         for p in sources:
             if p.wait(timeout=seconds + 30) != 0:
                 raise TestbedError("a stream sender failed (see its message above)")

@@ -11,7 +11,6 @@ the step (alpha_with_fanin): an endpoint sends and receives its messages one by 
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse as sp
 
 from commsim.collectives.alphabeta import alpha_with_fanin
 from commsim.topology.build import Cluster
@@ -142,40 +141,45 @@ def peer_counts(src, dst) -> np.ndarray:
     return np.where(real, np.maximum(fan_out[src], fan_in[dst]), 1)
 
 
-def _incidence(paths: np.ndarray, n_edges: int) -> sp.csr_matrix:
-    """Flows x edges 0/1 matrix of which flow crosses which edge."""
-    rows, hops = np.nonzero(paths >= 0)
-    data = np.ones(rows.size)
-    return sp.csr_matrix((data, (rows, paths[rows, hops])), shape=(paths.shape[0], n_edges))
-
-
 def link_loads(cluster: Cluster, paths: np.ndarray) -> np.ndarray:
     """How many flows cross each edge (by edge id)."""
     used = paths[paths >= 0]
     return np.bincount(used, minlength=cluster.capacity.size)
 
 
-def maxmin_rates(incidence: sp.csr_matrix, capacity: np.ndarray) -> np.ndarray:
-    """Max-min fair rate of each flow by progressive filling (Bertsekas & Gallager, 6.5.2).
+def maxmin_rates(paths: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Max-min fair rate of each flow (paths: flows x hops of edge ids, -1 padded).
 
-    All unfrozen flows grow together until some edge saturates; its flows freeze at that
-    rate; repeat. A flow with no edges (a self-send) gets an infinite rate.
-    """
-    n_flows = incidence.shape[0]
-    rate = np.zeros(n_flows)
-    active = np.asarray(incidence.sum(axis=1)).ravel() > 0
-    rate[~active] = np.inf
+    Water-filling by local bottlenecks: an edge whose fair share (remaining capacity /
+    unfrozen flows) is the smallest on every unfrozen flow through it is a bottleneck; all
+    such edges freeze their flows at their share at once, their rates leave the other
+    edges, repeat. Each round is one vectorised pass; rounds are the depth of the
+    bottleneck structure, not the number of distinct rates (Bertsekas & Gallager 6.5.2
+    give the sequential form, which tests/test_topology.py checks this against).
+    A flow with no edges (a self-send) gets an infinite rate."""
+    used = paths >= 0
+    rate = np.full(paths.shape[0], np.inf)
+    live = np.nonzero(used.any(axis=1))[0]  # the active flows, shrinking every round
+    edge, used = np.where(used, paths, 0)[live], used[live]
     remaining = capacity.astype(float).copy()
-    by_edge = incidence.T.tocsr()
-    while active.any():
-        counts = by_edge @ active.astype(float)
-        loaded = counts > 0
-        delta = np.min(remaining[loaded] / counts[loaded])
-        rate[active] += delta
-        remaining[loaded] -= delta * counts[loaded]
-        saturated = loaded & (remaining <= 1e-9 * capacity)
-        frozen = (incidence @ saturated.astype(float)) > 0
-        active &= ~frozen
+    counts = np.bincount(edge[used], minlength=capacity.size).astype(float)
+    while live.size:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(counts > 0, remaining / counts, np.inf)
+        hop_share = np.where(used, share[edge], np.inf)
+        least = hop_share.min(axis=1)  # each active flow's tightest share
+        not_least = used & (hop_share > least[:, None] * (1 + 1e-12))
+        bottleneck = (counts > 0) & (np.bincount(edge[not_least], minlength=capacity.size) == 0)
+        frozen = (used & bottleneck[edge]).any(axis=1)
+        rate[live[frozen]] = least[frozen]
+        hops = used & frozen[:, None]
+        freed = np.broadcast_to(least[:, None], hops.shape)[hops]
+        remaining = np.maximum(
+            remaining - np.bincount(edge[hops], weights=freed, minlength=capacity.size), 0.0
+        )
+        counts -= np.bincount(edge[hops], minlength=capacity.size)
+        keep = ~frozen
+        live, edge, used = live[keep], edge[keep], used[keep]
     return rate
 
 
@@ -200,6 +204,8 @@ def flow_times(
 
 
 _CACHE_SIZE = 512
+FLUID_BAND = 0.05  # flows finishing within 5% of the first are released together
+FLUID_ROUNDS = 4
 
 
 def _solved(cluster, src, dst, rail, shape) -> tuple[np.ndarray, np.ndarray]:
@@ -217,21 +223,28 @@ def _solved(cluster, src, dst, rail, shape) -> tuple[np.ndarray, np.ndarray]:
 def _solve(cluster, src, dst, rail, nbytes) -> tuple[np.ndarray, np.ndarray]:
     """Route the flows and run the fluid max-min model to completion."""
     paths, lat = routes(cluster, src, dst, rail)
+    paths = paths[:, : int((paths >= 0).sum(axis=1).max(initial=0))].astype(np.int32)
     lat = alpha_with_fanin(lat, peer_counts(src, dst), endpoint_overhead(cluster, src, dst))
     remaining = np.array(nbytes, dtype=float)
-    incidence = _incidence(paths, cluster.capacity.size)
     finish = np.zeros(lat.size)
     alive = (remaining > 0) & (paths[:, 0] >= 0)
-    now = 0.0
+    now, rounds = 0.0, 0
     while alive.any():
         idx = np.nonzero(alive)[0]
-        rates = maxmin_rates(incidence[idx], cluster.capacity)
-        dt = np.min(remaining[idx] / rates)
-        now += dt
+        rates = maxmin_rates(paths[idx], cluster.capacity)
+        left = remaining[idx] / rates
+        rounds += 1
+        # Flows due within FLUID_BAND of the first finish together (each at its own time);
+        # the rest keep their rates that long. After FLUID_ROUNDS rounds all finish at their
+        # current rates. Both only ever slow survivors down, and bound the rounds when
+        # hash collisions give every flow its own rate.
+        band = np.inf if rounds >= FLUID_ROUNDS else left.min() * (1.0 + FLUID_BAND)
+        done = left <= band
+        finish[idx[done]] = now + left[done]
+        dt = left[done].max()
         remaining[idx] -= rates * dt
-        done = remaining[idx] <= 1e-9 * np.maximum(1.0, rates * dt)
-        finish[idx[done]] = now
         alive[idx[done]] = False
+        now += dt
     return lat, finish
 
 

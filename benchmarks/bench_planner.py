@@ -1,0 +1,79 @@
+"""Planner speed: hybrid layouts priced per second, and the issue's GPT-3 sizing sweep.
+
+Goals (issue 3): 100,000 strategies evaluated a second; the GPT-3 175B sizing sweep over
+256..16,384 H100s on two fabrics in under a minute on a 2-core machine.
+Run: .venv/bin/python benchmarks/bench_planner.py
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from commsim.parallel import Layouts
+from commsim.predict import hybrid_model, load_scenario, resolve
+from commsim.search import enumerate_layouts, search
+
+SWEEP = [
+    "plan",
+    "--model",
+    "gpt3-175b",
+    "--tokens",
+    "300e9",
+    "--gpu",
+    "h100",
+    "--gpus",
+    "256:16384",
+    "--fabric",
+    "dgx-h100-ib,roce-3tier-3to1",
+    "--price-per-gpu-hour",
+    "2.5",
+    "--global-batch",
+    "1536",
+    "--seq-len",
+    "2048",
+    "--json",
+]
+
+
+def layouts_per_second(gpus: int, cluster: str) -> None:
+    scenario, source = load_scenario(
+        None,
+        {
+            "model": "gpt3-175b",
+            "cluster": cluster,
+            "gpus": gpus,
+            "global_batch": 1536,
+            "seq_len": 2048,
+        },
+    )
+    setup = resolve(scenario, source, check=False)
+    model = hybrid_model(setup, scenario.strategy)
+    layouts = enumerate_layouts(setup)
+    t0 = time.perf_counter()
+    search(setup, model, layouts)  # cold: every distinct group priced on the graph
+    cold = time.perf_counter() - t0
+    big = Layouts(*(np.tile(getattr(layouts, f), 20) for f in Layouts.__dataclass_fields__))
+    t0 = time.perf_counter()
+    model.evaluate(big)  # warm: group costs cached, the vectorised arithmetic alone
+    warm = time.perf_counter() - t0
+    print(
+        f"{cluster} {gpus:>6} GPUs: {len(layouts):>6} layouts, cold {cold:6.2f} s "
+        f"({len(layouts) / cold:>9,.0f}/s), warm {len(big):>7} layouts in {warm:.3f} s "
+        f"({len(big) / warm:>11,.0f}/s)"
+    )
+
+
+def main() -> None:
+    for gpus in (1024, 16384):
+        layouts_per_second(gpus, "dgx-h100-ib")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "commsim.cli", *SWEEP], check=True, capture_output=True)
+    print(f"sizing sweep (14 points, 2 fabrics): {time.perf_counter() - t0:.1f} s wall")
+
+
+if __name__ == "__main__":
+    main()

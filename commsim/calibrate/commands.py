@@ -1,0 +1,274 @@
+"""`commsim calibrate`: measure real runs, import nccl-tests logs, fit a profile, validate it.
+
+Only `run` imports torch (the calibrate extra). Bad input (a malformed results line, an
+nccl-tests log of another version or with errors, a profile for another cluster) prints
+one line naming the file and line and exits 2; outputs are written to a temporary file
+and renamed, so nothing already there is lost or half-overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Annotated
+
+import typer
+
+from commsim import catalog, report
+from commsim.calibrate.profile import (
+    OPS,
+    Profile,
+    append_records,
+    load_profile,
+    profile_yaml,
+    read_results,
+    record_line,
+    write_atomic,
+)
+from commsim.specs import ClusterSpec, SpecError, load_spec
+from commsim.units import UnitError, fmt_bytes, fmt_rate, fmt_time
+
+calibrate_app = typer.Typer(
+    no_args_is_help=True,
+    help="Measure torch.distributed on a real cluster, fit the model to it, check predictions.",
+)
+
+
+@contextlib.contextmanager
+def _user_errors() -> Iterator[None]:
+    """Input errors: one line on stderr, exit code 2."""
+    try:
+        yield
+    except (SpecError, UnitError, ValueError) as e:
+        report.err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def _cluster(name: str) -> ClusterSpec:
+    return load_spec(ClusterSpec, catalog.topology_path(name, name))
+
+
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SpecError(flag, "", f"expected numbers separated by commas, got {text!r}") from None
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+ClusterOpt = Annotated[str, typer.Option(help="Topology name or cluster YAML the run used.")]
+
+
+@calibrate_app.command("run")
+def run_cmd(
+    out: Annotated[str, typer.Option(help="Results file (JSONL); appended to, never truncated.")],
+    backend: Annotated[str, typer.Option(help="gloo, nccl, or auto (nccl with CUDA).")] = "auto",
+    sizes: Annotated[str, typer.Option(help="Size sweep LOW:HIGH, doubling.")] = "8B:256MiB",
+    ops: Annotated[str, typer.Option(help="Comma-separated ops, or 'all'.")] = "all",
+    bucket_mb: Annotated[
+        str, typer.Option(help="DDP bucket caps in MiB, comma-separated; '' skips DDP.")
+    ] = "1,5,25",
+    local: Annotated[
+        int | None, typer.Option(help="Start N ranks on this host instead of torchrun's.")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds a rank may wait on its peers.")] = 300.0,
+    warmup: Annotated[int, typer.Option(help="Untimed runs of each point.")] = 5,
+    repeats: Annotated[int, typer.Option(help="Timed runs of each point (at most).")] = 20,
+    groups: Annotated[
+        str, typer.Option(help="'tiers': also rank 0's rack and host; 'world': all ranks only.")
+    ] = "tiers",
+    width: Annotated[int, typer.Option(help="DDP model width.")] = 512,
+    depth: Annotated[int, typer.Option(help="DDP model blocks.")] = 4,
+    batch: Annotated[int, typer.Option(help="DDP samples per rank per step.")] = 32,
+) -> None:
+    """Benchmark collectives and a DDP step with torch.distributed; append results to OUT.
+
+    Under torchrun (or `commsim testbed run`) every rank runs this command; --local N
+    starts N ranks here."""
+    with _user_errors():
+        try:
+            from commsim.calibrate import harness
+        except ImportError as e:
+            raise SpecError(
+                "torch", "", f"not importable ({e}): pip install 'commsim[calibrate]'"
+            ) from None
+        cfg = harness.HarnessConfig(
+            out=out,
+            backend=backend,
+            sizes=sizes,
+            ops=OPS if ops == "all" else tuple(o.strip() for o in ops.split(",") if o.strip()),
+            bucket_mb=_floats(bucket_mb, "--bucket-mb"),
+            warmup=warmup,
+            repeats=repeats,
+            groups=groups,
+            timeout_s=timeout,
+            width=width,
+            depth=depth,
+            batch=batch,
+        )
+        code = harness.launch_local(cfg, local) if local is not None else harness.run_rank(cfg)
+    if code:
+        raise typer.Exit(code)
+    if local is not None or os.environ.get("RANK") == "0":  # the rank that wrote
+        report.err_console.print(f"results appended to {out}")
+
+
+@calibrate_app.command("import-nccl-tests")
+def import_cmd(
+    logs: Annotated[list[str], typer.Argument(help="nccl-tests output files.")],
+    out: Annotated[str, typer.Option(help="Results file (JSONL) to append to.")],
+    op: Annotated[
+        str | None, typer.Option(help="The collective, when neither log nor file name says.")
+    ] = None,
+) -> None:
+    """Read nccl-tests logs (all_reduce_perf and siblings) into a results file."""
+    from pathlib import Path
+
+    from commsim.calibrate.ncclt import parse_log
+
+    with _user_errors():
+        if op is not None and op not in OPS:
+            raise SpecError("--op", "", f"unknown op {op!r} (choose from {', '.join(OPS)})")
+        records = [r for log in logs for r in parse_log(log, op)]
+        metas = [r for r in records if r["kind"] == "meta"]
+        if len({m["run"] for m in metas}) < len(metas):
+            raise SpecError(", ".join(logs), "", "the same log is given twice")
+        path = Path(out)
+        if path.exists():
+            existing = read_results(path) if path.read_text().strip() else None
+            known = set(existing.runs) if existing else set()
+            again = [m for m in metas if m["run"] in known]
+            if again:
+                raise SpecError(
+                    again[0]["file"], "", f"already imported into {out} (run {again[0]['run']})"
+                )
+            append_records(path, records)
+        else:
+            write_atomic(path, "".join(record_line(r) for r in records))
+    points = len(records) - len(metas)
+    report.err_console.print(f"{points} measurements of {len(metas)} tests appended to {out}")
+
+
+def _tier_rows(profile: Profile) -> list[list[str]]:
+    rows = []
+    for tier, f in profile.tiers.items():
+        a_ci = (
+            f"{fmt_time(f.alpha_ci_s[0])} .. {fmt_time(f.alpha_ci_s[1])}" if f.alpha_ci_s else "-"
+        )
+        if f.bandwidth_ci_Bps:
+            lo, hi = f.bandwidth_ci_Bps
+            b_ci = f"{fmt_rate(lo)} .. {fmt_rate(hi) if hi != float('inf') else 'unbounded'}"
+        else:
+            b_ci = "-"
+        rows.append(
+            [tier, fmt_time(f.alpha_s), a_ci, fmt_rate(f.bandwidth_Bps), b_ci, str(f.points)]
+        )
+    return rows
+
+
+@calibrate_app.command("fit")
+def fit_cmd(
+    results: Annotated[list[str], typer.Argument(help="Results files (JSONL).")],
+    cluster: ClusterOpt,
+    output: Annotated[str, typer.Option("-o", "--output", help="Profile YAML to write.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Fit alpha and bandwidth per link tier (and the compute rate) to measurements."""
+    from rich.table import Table
+
+    from commsim.calibrate.fit import fit_profile
+
+    with _user_errors():
+        spec = _cluster(cluster)
+        fitted = fit_profile(read_results(results), spec, source=", ".join(results))
+        write_atomic(output, profile_yaml(fitted.profile))
+    profile = fitted.profile
+    if json_out:
+        report.print_json(profile.model_dump() | {"profile_file": output})
+        return
+    table = Table(title=f"{spec.name}, {profile.backend}: fitted link tiers", title_justify="left")
+    for col in ("tier", "alpha", "95% interval", "bandwidth", "95% interval", "points"):
+        table.add_column(col, justify="left" if col == "tier" else "right")
+    for row in _tier_rows(profile):
+        table.add_row(*row)
+    report.console.print(table)
+    if profile.compute:
+        c = profile.compute
+        report.console.print(
+            f"compute: {c.flops_per_s / 1e9:.3g} GFLOP/s per rank ({c.model}), "
+            f"{100 * c.efficiency:.1f}% of the {c.gpu} peak"
+        )
+    rms = profile.provenance.rms_rel_error or 0.0
+    report.console.print(
+        f"{profile.provenance.points} points, rms relative error {100 * rms:.1f}%; "
+        f"profile written to {output}"
+    )
+    for note in profile.notes:
+        report.console.print(f"note: {note}", highlight=False)
+
+
+@calibrate_app.command("validate")
+def validate_cmd(
+    results: Annotated[list[str], typer.Argument(help="Results files (JSONL).")],
+    profile: Annotated[str, typer.Option(help="Profile YAML from `calibrate fit`.")],
+    cluster: ClusterOpt,
+    plot: Annotated[
+        str | None, typer.Option(help="Draw measured vs predicted to this PNG.")
+    ] = None,
+    min_bytes: Annotated[
+        str, typer.Option(help="Summarise collectives of at least this size, e.g. 1MiB.")
+    ] = "0B",
+    json_out: JsonOpt = False,
+) -> None:
+    """Predicted against measured for every point, with the profile applied to the cluster."""
+    from rich.table import Table
+
+    from commsim.calibrate.validate import plot_validation, validate
+    from commsim.units import parse_bytes
+
+    with _user_errors():
+        spec = _cluster(cluster)
+        prof = load_profile(profile)
+        checked = validate(
+            read_results(results),
+            spec,
+            prof,
+            min_bytes=parse_bytes(min_bytes),
+            profile_source=profile,
+        )
+        if plot:
+            plot_validation(checked, plot, f"{spec.name}, {prof.backend}: measured vs predicted")
+    if json_out:
+        report.print_json(checked.to_dict())
+        return
+    table = Table(title=f"{spec.name}: predicted vs measured", title_justify="left")
+    for col in ("what", "ranks", "span", "size", "measured", "predicted", "error"):
+        table.add_column(col, justify="left" if col in ("what", "span") else "right")
+    for r in checked.rows:
+        size = fmt_bytes(r.bytes) if r.bytes else f"{r.bucket_mb:g} MiB buckets"
+        what = r.op if r.kind == "collective" else r.kind
+        table.add_row(
+            what,
+            str(r.group_size),
+            r.span,
+            size,
+            fmt_time(r.measured_s),
+            fmt_time(r.predicted_s),
+            f"{100 * r.error:+.1f}%",
+        )
+    report.console.print(table)
+    for kind, label in (("collective", "collectives"), ("ddp-step", "DDP step time")):
+        s = checked.summary(kind)
+        if s["points"]:
+            floor = f" of {fmt_bytes(checked.min_bytes)} and more" if kind == "collective" else ""
+            report.console.print(
+                f"{label}{floor}: median |error| {s['median_abs_pct_error']:.1f}%, worst "
+                f"{s['max_abs_pct_error']:.1f}% over {s['points']} points"
+            )
+    if plot:
+        report.console.print(f"plot written to {plot}")
+
+
+if __name__ == "__main__":
+    calibrate_app()

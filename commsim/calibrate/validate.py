@@ -1,0 +1,246 @@
+"""Predicted against measured: every collective, and the data-parallel step per bucket size.
+
+Predictions come from the cluster with the profile's tiers written in (apply_profile) and
+the graph evaluator, each group on the GPUs its ranks really ran on (fit.placement), each
+op by the algorithm the profile names for the backend. The data-parallel step is the
+harness model exported as a commsim Workload, its per-layer forward and backward times
+scaled to the measured compute alone, laid on the timeline (timeline.schedule_streams)
+with DDP's buckets (timeline.assign_buckets) and the predicted all-reduce of each.
+
+Errors: error = predicted / measured - 1; abs_pct = 100 |error|. Exposed communication can
+be near zero, so its error is taken relative to the measured step time instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from commsim.calibrate.fit import GroupModel, collect_points, placement, span
+from commsim.calibrate.profile import (
+    DDPRecord,
+    ModelRecord,
+    Profile,
+    Results,
+    apply_profile,
+    write_atomic,
+)
+from commsim.specs import ClusterSpec, SpecError
+from commsim.timeline import MIB, StepReport, assign_buckets, schedule_streams
+from commsim.topology.build import build_cluster
+from commsim.workload import Layer, Workload
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One comparison. kind: collective, ddp-step or ddp-exposed."""
+
+    kind: str
+    run: str
+    op: str
+    group_size: int
+    span: str
+    bytes: float | None
+    bucket_mb: float | None
+    measured_s: float
+    predicted_s: float
+    error: float  # predicted / measured - 1 (exposed: (predicted - measured) / step)
+
+    @property
+    def abs_pct(self) -> float:
+        return 100.0 * abs(self.error)
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"abs_pct_error": self.abs_pct}
+
+
+@dataclass(frozen=True)
+class Validation:
+    rows: list[Row]
+    min_bytes: float
+
+    def summary(self, kind: str) -> dict[str, float | int | None]:
+        """Median and worst absolute percentage error of one kind of row (collectives:
+        those of at least min_bytes)."""
+        errs = [
+            r.abs_pct
+            for r in self.rows
+            if r.kind == kind and (kind != "collective" or (r.bytes or 0) >= self.min_bytes)
+        ]
+        if not errs:
+            return {"points": 0, "median_abs_pct_error": None, "max_abs_pct_error": None}
+        return {
+            "points": len(errs),
+            "median_abs_pct_error": float(np.median(errs)),
+            "max_abs_pct_error": float(np.max(errs)),
+        }
+
+    def to_dict(self) -> dict:
+        coll = self.summary("collective")
+        return {
+            "rows": [r.to_dict() for r in self.rows],
+            "min_bytes": self.min_bytes,
+            "median_abs_pct_error": coll["median_abs_pct_error"],
+            "max_abs_pct_error": coll["max_abs_pct_error"],
+            "points": coll["points"],
+            "ddp_step": self.summary("ddp-step"),
+            "ddp_exposed": self.summary("ddp-exposed"),
+        }
+
+
+def harness_workload(model: ModelRecord) -> Workload:
+    """The harness's model as a commsim Workload: its layers, parameter tensors in
+    registration order and forward FLOPs per sample, so predictions describe it."""
+    layers = tuple(Layer(x.name, tuple(x.tensors), x.forward_flops) for x in model.layers)
+    return Workload(model.name, layers, seq_len=None)
+
+
+def predict_ddp(
+    group: GroupModel, model: ModelRecord, ddp: DDPRecord, algorithm: str
+) -> StepReport:
+    """The predicted data-parallel step of the harness model for one bucket size.
+
+    Per-layer forward and backward times are the harness's measured ones scaled so they
+    sum to the measured compute alone (minus the optimizer); each bucket all-reduces in
+    `algorithm` on the group's GPUs; the optimizer runs after the last all-reduce."""
+    workload = harness_workload(model)
+    fwd = np.array([x.forward_s for x in model.layers])
+    bwd = np.array([x.backward_s for x in model.layers])
+    scale = max(ddp.compute_s - ddp.optimizer_s, 0.0) / float(fwd.sum() + bwd.sum())
+    tensor_bytes = workload.tensor_params * float(DTYPE_BYTES.get(model.dtype, 4))
+    buckets = assign_buckets(tensor_bytes, ddp.bucket_mb * MIB, ddp.first_bucket_mb * MIB)
+    return schedule_streams(
+        fwd * scale,
+        bwd * scale,
+        tensor_bytes,
+        buckets,
+        lambda sizes: np.array([group.time("all-reduce", algorithm, s) for s in sizes]),
+        tensor_layer=workload.tensor_layer,
+        optimizer_s=ddp.optimizer_s,
+        names=[layer.name for layer in workload.layers],
+    )
+
+
+def validate(
+    results: Results,
+    spec: ClusterSpec,
+    profile: Profile,
+    *,
+    min_bytes: float = 0.0,
+    profile_source: str = "profile",
+) -> Validation:
+    """Predict every measured point with the profile applied to `spec`."""
+    backends = results.backends
+    if backends != {profile.backend}:
+        raise SpecError(
+            profile_source,
+            "backend",
+            f"profile is for {profile.backend}, the results are {', '.join(sorted(backends))}",
+        )
+    fitted = apply_profile(spec, profile, profile_source)
+    points, _ = collect_points(results, fitted)
+    ops = {p.op for p in points} | (
+        {"all-reduce"} if any(r.ddp for r in results.runs.values()) else set()
+    )
+    missing = sorted(ops - set(profile.algorithms))
+    if missing:
+        raise SpecError(profile_source, "algorithms", f"names no algorithm for {missing[0]}")
+    ddp_runs = [(rid, run) for rid, run in results.runs.items() if run.model and run.ddp]
+    world = {rid: placement(run.meta, fitted, f"run {rid}") for rid, run in ddp_runs}
+    gpus_used = [g for p in points for g in p.gpus] + [g for w in world.values() for g in w]
+    if not gpus_used:
+        raise SpecError(", ".join(results.files), "", "nothing measured to validate")
+    cluster = build_cluster(fitted, max(gpus_used) + 1)
+    groups: dict[tuple[int, ...], GroupModel] = {}
+
+    def group(gpus) -> GroupModel:
+        key = tuple(int(g) for g in gpus)
+        return groups.get(key) or groups.setdefault(key, GroupModel(cluster, key))
+
+    rows = []
+    for p in points:
+        pred = group(p.gpus).time(p.op, profile.algorithms[p.op], p.bytes)
+        rows.append(
+            Row(
+                "collective",
+                p.run,
+                p.op,
+                len(p.gpus),
+                p.span,
+                p.bytes,
+                None,
+                p.measured_s,
+                pred,
+                pred / p.measured_s - 1.0,
+            )
+        )
+    for rid, run in ddp_runs:
+        gpus = world[rid]
+        where = span(fitted, gpus)
+        for d in run.ddp:
+            rep = predict_ddp(group(gpus), run.model, d, profile.algorithms["all-reduce"])  # type: ignore[arg-type]
+            common = (rid, "ddp", len(gpus), where, None, d.bucket_mb)
+            rows.append(
+                Row(
+                    "ddp-step",
+                    *common,
+                    d.step_s,
+                    rep.step_time_s,
+                    rep.step_time_s / d.step_s - 1.0,
+                )
+            )
+            rows.append(
+                Row(
+                    "ddp-exposed",
+                    *common,
+                    d.exposed_comm_s,
+                    rep.exposed_comm_s,
+                    (rep.exposed_comm_s - d.exposed_comm_s) / d.step_s,
+                )
+            )
+    return Validation(rows, min_bytes)
+
+
+def plot_validation(validation: Validation, path: str | Path, title: str) -> None:
+    """Measured (x) against predicted (y), log-log, one colour per op, with y = x and
+    +-15% lines; written whole or not at all."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    kinds = [r for r in validation.rows if r.kind in ("collective", "ddp-step")]
+    if not kinds:
+        raise SpecError(str(path), "", "nothing to plot")
+    for label in dict.fromkeys(r.op for r in kinds):
+        mine = [r for r in kinds if r.op == label]
+        ax.scatter(
+            [r.measured_s for r in mine],
+            [r.predicted_s for r in mine],
+            s=14,
+            marker="s" if label == "ddp" else "o",
+            label="DDP step" if label == "ddp" else label,
+        )
+    values = [v for r in kinds for v in (r.measured_s, r.predicted_s) if v > 0]
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    line = np.geomspace(lo, hi, 50)
+    ax.plot(line, line, "k-", lw=1, label="y = x")
+    for f in (0.85, 1.15):
+        ax.plot(line, line * f, "k:", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
+    ax.set_xlabel("measured (s)")
+    ax.set_ylabel("predicted (s)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(True, which="both", alpha=0.3)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())

@@ -1,0 +1,238 @@
+"""One hybrid layout's step as Gantt events: its pipeline schedule simulated op by op.
+
+Each stage runs 1F1B (PipeDream-Flush; Narayanan et al. 2021, "Efficient Large-Scale Language
+Model Training on GPU Clusters Using Megatron-LM", Sec. 2.2.1): p - 1 - k warm-up forwards on
+stage k, then one forward one backward, then the cool-down backwards. With v > 1 model chunks
+per device it runs the interleaved 1F1B of Sec. 2.2.2 in Megatron-core's order (schedules.py:
+get_schedule_table, get_pp_rank_microbatches): micro-batches in groups of p, depth-first over
+the chunks, 2 (p - 1 - k) + (v - 1) p warm-up forwards.
+
+Every op waits for its input (the previous stage's forward, the next stage's backward) and
+runs one at a time on its stage, so the bubble comes out of the schedule. A forward or
+backward is its compute, then its tensor-parallel all-reduces (on the critical path), then
+its send to the neighbouring stage; sends are synchronous, as Megatron's default p2p: the
+sender waits for the transfer and the receiver starts when it lands. Durations come from the
+hybrid model's StepBreakdown (commsim.parallel). With free sends the makespan is its
+(m + (p - 1) / v) ticks exactly (for m >= p when v > 1); the model charges every stage two
+sends a micro-batch and the end stages send one way, so paid sends make the simulation 3 sends
+shorter at v = 1 (p >= 3, m >= 2) and at most m + 1 sends shorter when interleaved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from commsim.timeline import Event
+
+PIPELINE_KINDS = ("forward", "backward", "tp", "send")  # what the pipeline's makespan spans
+CRITICAL_KINDS = (*PIPELINE_KINDS, "dp", "optimizer")  # what keeps a stage busy
+
+
+@dataclass(frozen=True)
+class ChunkTimes:
+    """Seconds of one model chunk's work for one micro-batch, and the step's tail."""
+
+    forward: float
+    backward: float  # recomputation included
+    tp_forward: float
+    tp_backward: float
+    send: float  # one activation (or gradient) hand-off between neighbouring stages
+    gather: float  # one ZeRO-3 parameter all-gather, prefetched (0 without ZeRO-3 overlap)
+    dp_hidden: float  # data-parallel sync under the last backward (ZeRO 0-2 with overlap)
+    dp_exposed: float
+    optimizer: float
+
+
+def chunk_times(layout: dict, parts: dict) -> ChunkTimes:
+    """Per-chunk, per-micro-batch durations from one StepBreakdown row, split as parallel.py
+    does: the backward is 2x the forward (3x with full recomputation; selective is taken as
+    none, its attention replay being a few percent), tp all-reduces 1:1 (1:2 with full)."""
+    m, v, zero = layout["micro_batches"], layout["interleave"], layout["zero"]
+    full = layout["recompute"] == "full"
+    compute, tp = parts["compute"] / (m * v), parts["tp_comm"] / (m * v)
+    forward = compute / (4.0 if full else 3.0)
+    tp_forward = tp / (3.0 if full else 2.0)
+    prefetched = zero == 3 and layout["overlap"]
+    # ZeRO-3 moves, per micro-batch, a forward gather, a backward gather and a gradient
+    # reduce-scatter of about equal volume (2-byte parameters and gradients)
+    return ChunkTimes(
+        forward=forward,
+        backward=compute - forward,
+        tp_forward=tp_forward,
+        tp_backward=tp - tp_forward,
+        send=parts["pp_comm"] / (2.0 * m * v),
+        gather=parts["dp_comm"] / (3.0 * m * v) if prefetched else 0.0,
+        dp_hidden=0.0 if zero == 3 else parts["dp_comm"] - parts["dp_exposed"],
+        dp_exposed=parts["dp_exposed"],
+        optimizer=parts["optimizer"],
+    )
+
+
+def stage_order(p: int, m: int, v: int, k: int) -> list[tuple[str, int, int]]:
+    """The ops of stage k in run order: ("F" or "B", model chunk, micro-batch)."""
+    # micro-batches run in groups of p, or of the fewest that leave no group under p
+    # (Megatron-core rejects the others); m < p, which it rejects, runs as one group
+    size = next((n for n in range(p, m + 1) if m % n == 0 or m % n >= p), m)
+    table = [
+        (c, i) for g in range(0, m, size) for c in range(v) for i in range(g, min(g + size, m))
+    ]
+    n = len(table)
+    warm = min(p - 1 - k, m) if v == 1 else min(2 * (p - 1 - k) + (v - 1) * size, n)
+    fwd = [("F", c, i) for c, i in table]
+    bwd = [("B", v - 1 - c, i) for c, i in table]
+    steady = [op for j in range(n - warm) for op in (fwd[warm + j], bwd[j])]
+    return fwd[:warm] + steady + bwd[n - warm :]
+
+
+@dataclass(frozen=True)
+class Op:
+    """One forward or backward of a chunk on a stage, as simulated."""
+
+    stage: int
+    kind: str  # "F" or "B"
+    chunk: int
+    mb: int
+    start: float
+    compute_end: float
+    tp_end: float
+    end: float  # its send done (= tp_end when it sends nothing)
+    to: int | None  # the stage it sends to, if any
+
+
+def simulate(p: int, m: int, v: int, t: ChunkTimes) -> list[Op]:
+    """Run every stage's order against the dependencies; each op starts when its stage is
+    free and its input has arrived."""
+    orders = [stage_order(p, m, v, k) for k in range(p)]
+    done: dict[tuple[str, int, int, int], Op] = {}
+    at, free = [0] * p, [0.0] * p
+    while any(at[k] < len(orders[k]) for k in range(p)):
+        moved = False
+        for k in range(p):
+            while at[k] < len(orders[k]):
+                kind, c, i = orders[k][at[k]]
+                if kind == "F":
+                    src = (k - 1, c) if k > 0 else (p - 1, c - 1) if c > 0 else None
+                    dst = (k + 1, c) if k < p - 1 else (0, c + 1) if c < v - 1 else None
+                else:
+                    src = (k + 1, c) if k < p - 1 else (0, c + 1) if c < v - 1 else None
+                    dst = (k - 1, c) if k > 0 else (p - 1, c - 1) if c > 0 else None
+                if src is not None:
+                    dep = (kind, *src, i)
+                else:  # the first stage's first chunk reads data; the loss turns forward around
+                    dep = ("F", k, c, i) if kind == "B" else None
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[k], 0.0 if dep is None else done[dep].end)
+                compute_end = start + (t.forward if kind == "F" else t.backward)
+                tp_end = compute_end + (t.tp_forward if kind == "F" else t.tp_backward)
+                to = None if dst is None else dst[0]
+                end = tp_end + (0.0 if to is None else t.send)
+                done[(kind, k, c, i)] = Op(k, kind, c, i, start, compute_end, tp_end, end, to)
+                free[k], at[k], moved = end, at[k] + 1, True
+        if not moved:
+            raise RuntimeError(f"pipeline schedule deadlocks (p={p}, m={m}, v={v})")
+    return sorted(done.values(), key=lambda op: (op.stage, op.start))
+
+
+def pipeline_events(layout: dict, parts: dict) -> list[Event]:
+    """The step of one layout (a Layouts.row) priced by one StepBreakdown.row, as events on
+    streams "stage k" (compute, dp sync, optimizer), "stage k tp", "stage k send",
+    "stage k zero3" (prefetched gathers) and "stage k dp" (sync hidden under backward)."""
+    p, m, v = layout["pp"], layout["micro_batches"], layout["interleave"]
+    t = chunk_times(layout, parts)
+    ops = simulate(p, m, v, t)
+    events: list[Event] = []
+    # ZeRO-3 gathers: as late as possible ahead of their op, one at a time per stage; the
+    # step starts with whatever cannot hide, which the model counts in dp_exposed
+    gathers: list[tuple[Op, float]] = []
+    if t.gather > 0:
+        for k in range(p):
+            ready = float("inf")
+            for op in reversed([o for o in ops if o.stage == k]):
+                ready = min(op.start, ready) - t.gather
+                gathers.append((op, ready))
+    shift = max([0.0] + [-s for _, s in gathers])
+    for op, s in gathers:
+        events.append(
+            Event(
+                f"stage {op.stage} zero3", f"gather {_name(op, v)}", s + shift, s + t.gather + shift
+            )
+        )
+    for op in ops:
+        what, k = _name(op, v), op.stage
+        events.append(Event(f"stage {k}", what, op.start + shift, op.compute_end + shift))
+        if op.tp_end > op.compute_end:
+            events.append(
+                Event(
+                    f"stage {k} tp",
+                    f"tp all-reduce {what}",
+                    op.compute_end + shift,
+                    op.tp_end + shift,
+                )
+            )
+        if op.end > op.tp_end:
+            events.append(
+                Event(
+                    f"stage {k} send",
+                    f"send {what} to stage {op.to}",
+                    op.tp_end + shift,
+                    op.end + shift,
+                )
+            )
+    exposed = max(t.dp_exposed - shift, 0.0)
+    for k in range(p):
+        last = max(op.end for op in ops if op.stage == k) + shift
+        if t.dp_hidden > 0:
+            events.append(Event(f"stage {k} dp", "dp sync (hidden)", last - t.dp_hidden, last))
+        if exposed > 0:
+            events.append(Event(f"stage {k}", "dp sync", last, last + exposed))
+        if t.optimizer > 0:
+            events.append(
+                Event(f"stage {k}", "optimizer", last + exposed, last + exposed + t.optimizer)
+            )
+    return events
+
+
+def _name(op: Op, v: int) -> str:
+    what = f"{'forward' if op.kind == 'F' else 'backward'} {op.mb}"
+    return what + (f" chunk {op.chunk}" if v > 1 else "")
+
+
+def event_kind(ev: Event) -> str:
+    """forward, backward, tp, send, zero3, dp (exposed sync), dp hidden or optimizer."""
+    sub = ev.stream.split()[2:]
+    if sub:
+        return "dp hidden" if sub[0] == "dp" else sub[0]
+    return ev.label.split()[0]
+
+
+def event_stage(ev: Event) -> int:
+    """The pipeline stage an event runs on."""
+    return int(ev.stream.split()[1])
+
+
+def pipeline_span(events: Sequence[Event]) -> tuple[float, float]:
+    """First forward start to last backward (its all-reduce and send) end, all stages."""
+    busy = [ev for ev in events if event_kind(ev) in PIPELINE_KINDS]
+    return min(ev.start_s for ev in busy), max(ev.end_s for ev in busy)
+
+
+def idle_gaps(
+    events: Sequence[Event], stage: int, start: float, end: float
+) -> list[tuple[float, float]]:
+    """Intervals of [start, end] in which the stage runs nothing on its critical path
+    (compute, tp all-reduce, send, dp sync, optimizer): its bubble within the window."""
+    busy = sorted(
+        (ev.start_s, ev.end_s)
+        for ev in events
+        if event_stage(ev) == stage and event_kind(ev) in CRITICAL_KINDS
+    )
+    gaps, t = [], start
+    for s, e in busy:
+        if s > t and t < end:
+            gaps.append((t, min(s, end)))
+        t = max(t, e)
+    if t < end:
+        gaps.append((t, end))
+    return gaps

@@ -1,0 +1,342 @@
+"""Fitting on synthetic measurements with known alpha and bandwidth per tier (no torch):
+the fit recovers them within its 95% intervals, and the intervals shrink with more points.
+Also: writing tiers into a cluster, profiles that do not fit a cluster, placements."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import make_spec
+
+from commsim.calibrate import fit
+from commsim.calibrate.profile import (
+    ALGORITHMS,
+    CollectiveRecord,
+    DDPRecord,
+    LayerRecord,
+    MetaRecord,
+    ModelRecord,
+    Profile,
+    RankInfo,
+    Results,
+    Run,
+    apply_profile,
+    apply_tiers,
+    cluster_tiers,
+    leaf_uplinks,
+    tier_params,
+)
+from commsim.calibrate.validate import harness_workload, predict_ddp, validate
+from commsim.collectives.schedule import evaluate
+from commsim.specs import SpecError
+from commsim.topology.build import build_cluster
+
+# 2 racks x 2 nodes x 2 GPUs, leaf uplink 2:1 oversubscribed: all three tiers
+SPEC = make_spec(nodes=4, gpus_per_node=2, nodes_per_leaf=2, oversubscription=(2.0,))
+TRUTH = {"intra-node": (5e-6, 20e9), "inter-node": (30e-6, 1.25e9), "cross-rack": (40e-6, 1.25e9)}
+OPS = ("all-reduce", "all-gather", "send-recv", "broadcast", "all-to-all")
+
+
+def _results(
+    spec, truth, groups, sizes, *, noise=0.03, seed=0, ops=OPS, ranks=None, outliers=0
+) -> Results:
+    """Measurements drawn from commsim's own model with the true tiers, times lognormal
+    noise; `outliers` points are made 20x slower (a stalled process)."""
+    world = 1 + max(max(g) for g in groups)
+    ranks = ranks or [
+        RankInfo(rank=r, host=f"h{r // 2}", rack=f"r{r // 4}", local_rank=r % 2)
+        for r in range(world)
+    ]
+    meta = MetaRecord(
+        kind="meta", run="syn", source="harness", backend="gloo", world_size=world, ranks=ranks
+    )
+    run = Run(meta=meta, line=1)
+    recs = [
+        CollectiveRecord(kind="collective", run="syn", op=op, group=g, bytes=s, time_s=1.0)
+        for g in groups
+        for op in ops
+        for s in sizes
+    ]
+    run.collectives = list(enumerate(recs, start=2))
+    res = Results(files=["synthetic"], runs={"syn": run})
+    points, _ = fit.collect_points(res, spec)
+    model = fit.model_times(apply_tiers(spec, truth), points, ALGORITHMS["gloo"])
+    rng = np.random.default_rng(seed)
+    t = model * np.exp(rng.normal(0.0, noise, model.size))
+    t[rng.choice(t.size, outliers, replace=False)] *= 20
+    run.collectives = [
+        (line, r.model_copy(update={"time_s": float(x)}))
+        for (line, r), x in zip(run.collectives, t, strict=True)
+    ]
+    return res
+
+
+def _inside(fitted, truth):
+    for tier, (alpha, bw) in truth.items():
+        f = fitted.profile.tiers[tier]
+        assert f.alpha_ci_s[0] <= alpha <= f.alpha_ci_s[1], (tier, f)
+        assert f.bandwidth_ci_Bps[0] <= bw <= f.bandwidth_ci_Bps[1] * (1 + 1e-9), (tier, f)
+
+
+def _width(fitted, tier):
+    f = fitted.profile.tiers[tier]
+    return (f.alpha_ci_s[1] / f.alpha_ci_s[0], f.bandwidth_ci_Bps[1] / f.bandwidth_ci_Bps[0])
+
+
+ONE_HOST = [RankInfo(rank=r, host="h", local_rank=r) for r in range(4)]
+
+
+def test_one_tier_recovered_and_intervals_shrink():
+    spec = make_spec(nodes=1, gpus_per_node=4)
+    truth = {"intra-node": (40e-6, 2e9)}
+    groups = [[0, 1, 2, 3], [0, 1]]
+    few = fit.fit_profile(
+        _results(spec, truth, groups, 8 * 4.0 ** np.arange(8), ranks=ONE_HOST), spec
+    )
+    many = fit.fit_profile(
+        _results(spec, truth, groups, 8 * 2.0 ** np.arange(16), seed=1, ranks=ONE_HOST), spec
+    )
+    for fitted in (few, many):
+        _inside(fitted, truth)
+        assert set(fitted.profile.tiers) == {"intra-node"}
+        assert fitted.profile.tiers["intra-node"].fitted == ["alpha", "bandwidth"]
+        assert fitted.profile.provenance.rms_rel_error == pytest.approx(0.03, abs=0.01)
+    wide, narrow = _width(few, "intra-node"), _width(many, "intra-node")
+    assert narrow[0] < wide[0] and narrow[1] < wide[1]
+
+
+def test_three_tiers_recovered_with_oversubscribed_uplink():
+    groups = [[0, 1], [0, 1, 2, 3], list(range(8))]
+    fitted = fit.fit_profile(_results(SPEC, TRUTH, groups, 8 * 4.0 ** np.arange(12)), SPEC)
+    _inside(fitted, TRUTH)
+    assert {t: f.points for t, f in fitted.profile.tiers.items()} == {
+        "intra-node": 60,
+        "inter-node": 60,
+        "cross-rack": 60,
+    }
+    # the fitted cluster predicts what it was fitted to
+    val = validate(
+        _results(SPEC, TRUTH, groups, 8 * 4.0 ** np.arange(12), noise=0.0),
+        SPEC,
+        fitted.profile.model_copy(update={"cluster": SPEC.name}),
+    )
+    assert val.summary("collective")["max_abs_pct_error"] < 3.0
+
+
+def test_outliers_are_set_aside_and_named():
+    spec = make_spec(nodes=1, gpus_per_node=4)
+    truth = {"intra-node": (40e-6, 2e9)}
+    sizes = 8 * 2.0 ** np.arange(14)
+    res = _results(spec, truth, [[0, 1, 2, 3]], sizes, outliers=3, seed=4, ranks=ONE_HOST)
+    fitted = fit.fit_profile(res, spec)
+    _inside(fitted, truth)
+    (note,) = [n for n in fitted.profile.notes if "outliers" in n]
+    assert note.startswith("left out 3 of 70 points")
+
+
+def test_tier_without_its_own_group_keeps_the_cluster_value():
+    # only whole-world groups: intra- and inter-node links are never measured alone
+    fitted = fit.fit_profile(
+        _results(SPEC, TRUTH, [list(range(8))], 8 * 4.0 ** np.arange(12)), SPEC
+    )
+    assert set(fitted.profile.tiers) == {"cross-rack"}
+
+
+def test_too_few_points_and_mixed_backends():
+    spec = make_spec(nodes=1, gpus_per_node=2)
+    truth = {"intra-node": (40e-6, 2e9)}
+    with pytest.raises(SpecError, match="2 points cannot fit 2 parameters"):
+        fit.fit_profile(_results(spec, truth, [[0, 1]], [8, 1 << 20], ops=("all-reduce",)), spec)
+    res = _results(spec, truth, [[0, 1]], 8 * 4.0 ** np.arange(8))
+    other = res.runs["syn"]
+    other_meta = other.meta.model_copy(update={"run": "nc", "backend": "nccl"})
+    res.runs["nc"] = Run(meta=other_meta, line=99, collectives=other.collectives)
+    with pytest.raises(SpecError, match="mix backends"):
+        fit.fit_profile(res, spec)
+
+
+# --------------------------------------------------------------------------- tiers in specs
+
+
+def test_tier_params_roundtrip_keeps_every_time():
+    """Writing a cluster's own tiers back changes no prediction."""
+    again = apply_tiers(SPEC, tier_params(SPEC))
+    groups = [[0, 1], [0, 1, 2, 3], list(range(8))]
+    res = _results(SPEC, tier_params(SPEC), groups, [8.0, 65536.0, 1 << 24], noise=0.0)
+    points, _ = fit.collect_points(res, SPEC)
+    a = fit.model_times(SPEC, points, ALGORITHMS["gloo"])
+    b = fit.model_times(again, points, ALGORITHMS["gloo"])
+    np.testing.assert_allclose(a, b, rtol=1e-9)
+    for tier, values in tier_params(SPEC).items():
+        assert tier_params(again)[tier] == pytest.approx(values)
+    assert again.node.nics.latency == pytest.approx(2e-6)  # the same split of alpha
+
+
+def test_apply_tiers_sets_the_links():
+    spec = apply_tiers(SPEC, TRUTH)
+    cluster = build_cluster(spec)
+    assert tier_params(spec)["cross-rack"] == pytest.approx(TRUTH["cross-rack"])
+    assert leaf_uplinks(spec) == leaf_uplinks(SPEC) == 1
+    # a send from rack 0 to rack 1 alone: alpha_cross + S / min(NIC, uplink)
+    from commsim.topology.routing import path_params
+
+    lat, bw = path_params(cluster, 0, 4)
+    assert lat == pytest.approx(40e-6) and bw == pytest.approx(1.25e9)
+    lat, bw = path_params(cluster, 0, 2)
+    assert lat == pytest.approx(30e-6) and bw == pytest.approx(1.25e9)
+    lat, bw = path_params(cluster, 0, 1)
+    assert lat == pytest.approx(5e-6) and bw == pytest.approx(20e9)
+
+
+@pytest.mark.parametrize(
+    ("tiers", "words"),
+    [
+        ({"cross-rack": (40e-6, 3e9), "inter-node": (30e-6, 1.25e9)}, "outside what the leaf"),
+        ({"cross-rack": (20e-6, 1e9), "inter-node": (30e-6, 1.25e9)}, "below the in-rack"),
+        ({"cross-rack": (90e-6, 1e9), "inter-node": (30e-6, 1.25e9)}, "below the fabric's"),
+        ({"inter-node": (1e-8, 1.25e9)}, "below the fabric's own"),
+        ({"spine": (1.0, 1.0)}, "unknown tier"),
+    ],
+)
+def test_apply_tiers_refuses_what_no_link_gives(tiers, words):
+    with pytest.raises(ValueError, match=words):
+        apply_tiers(SPEC, tiers)
+
+
+def _profile(cluster: str, tiers: dict) -> Profile:
+    return Profile.model_validate(
+        {
+            "cluster": cluster,
+            "backend": "gloo",
+            "tiers": {
+                t: {"alpha_s": a, "bandwidth_Bps": b, "points": 1} for t, (a, b) in tiers.items()
+            },
+            "algorithms": ALGORITHMS["gloo"],
+            "provenance": {"files": [], "runs": [], "date": "", "points": 1, "commsim": "0"},
+        }
+    )
+
+
+def test_apply_profile_checks_the_cluster():
+    assert cluster_tiers(SPEC) == ("intra-node", "inter-node", "cross-rack")
+    applied = apply_profile(SPEC, _profile("test", TRUTH))
+    assert tier_params(applied)["inter-node"] == pytest.approx(TRUTH["inter-node"])
+    with pytest.raises(SpecError, match="cluster: fitted on cluster 'elsewhere', not 'test'"):
+        apply_profile(SPEC, _profile("elsewhere", TRUTH))
+    one_gpu = make_spec(nodes=4, gpus_per_node=1, nodes_per_leaf=4)
+    with pytest.raises(SpecError, match="tiers.intra-node: cluster 'test' has no intra-node"):
+        apply_profile(one_gpu, _profile("test", {"intra-node": (1e-6, 1e9)}))
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def _meta(ranks: list[tuple[str, str | None, int]]) -> MetaRecord:
+    return MetaRecord(
+        kind="meta",
+        run="m",
+        source="harness",
+        backend="gloo",
+        world_size=len(ranks),
+        ranks=[
+            RankInfo(rank=i, host=h, rack=r, local_rank=lr) for i, (h, r, lr) in enumerate(ranks)
+        ],
+    )
+
+
+def test_placement_follows_racks_and_hosts():
+    # interleaved over racks: ranks alternate between rack B and rack A
+    meta = _meta([("b1", "B", 0), ("a1", "A", 0), ("b2", "B", 0), ("a2", "A", 0)])
+    spec = make_spec(nodes=4, gpus_per_node=1, nodes_per_leaf=2)
+    gpu = fit.placement(meta, spec)
+    assert gpu.tolist() == [0, 2, 1, 3]  # rack B -> leaf 0 (nodes 0, 1), rack A -> leaf 1
+    assert fit.span(spec, gpu[[0, 2]]) == "inter-node"
+    assert fit.span(spec, gpu[[0, 1]]) == "cross-rack"
+    # no rack labels: hosts fill nodes in order; local ranks pick the GPU
+    meta = _meta([("x", None, 1), ("x", None, 0), ("y", None, 0)])
+    assert fit.placement(meta, make_spec(nodes=2, gpus_per_node=2)).tolist() == [1, 0, 2]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "spec_kw", "words"),
+    [
+        ([("a", "R", 0), ("b", "R", 0), ("c", "R", 0)], {"nodes_per_leaf": 2}, "3 hosts"),
+        ([("a", None, 0), ("a", None, 1), ("a", None, 2)], {"gpus_per_node": 2}, "2 GPUs per"),
+        ([("a", None, 0), ("b", None, 0), ("c", None, 0)], {"nodes": 2}, "has 2 nodes"),
+        ([("a", "R", 0), ("a", "S", 1)], {}, "in two racks"),
+    ],
+)
+def test_placement_that_does_not_fit(ranks, spec_kw, words):
+    kw = {"nodes": 4, "gpus_per_node": 1, "nodes_per_leaf": 2} | spec_kw
+    with pytest.raises(SpecError, match=words):
+        fit.placement(_meta(ranks), make_spec(**kw))
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+def test_binomial_broadcast_is_glooss_tree():
+    steps = fit.binomial_broadcast(8, 100.0)
+    pairs = [sorted(zip(s.src.tolist(), s.dst.tolist(), strict=True)) for s in steps]
+    assert pairs == [[(0, 1), (0, 2), (0, 4)], [(1, 3), (1, 5), (2, 6)], [(3, 7)]]
+    # the root's three sends share its link: 3 S/B, then 2 S/B, then S/B, plus 3 alphas
+    # and the overheads of extra peers (alpha_with_fanin: (k-1) alpha/2 per step)
+    cluster = build_cluster(make_spec(nodes=8, gpus_per_node=1, nodes_per_leaf=8))
+    lat = 2e-6 + 400e-9  # NIC, then cable + switch + cable
+    s, bw = 1e6, 100e9 / 8
+    expect = (3 + 2 + 1) * s / bw + 3 * lat + (2 + 1 + 0) * 1e-6
+    assert evaluate(fit.binomial_broadcast(8, s), cluster, np.arange(8)) == pytest.approx(expect)
+    assert fit.binomial_broadcast(2, 1.0)[0].src.tolist() == [0]
+
+
+def test_shift_is_one_step_of_neighbours():
+    (step,) = fit.shift(3, 64.0)
+    assert step.src.tolist() == [0, 1, 2] and step.dst.tolist() == [1, 2, 0]
+
+
+# --------------------------------------------------------------------------- DDP, compute
+
+
+def _model_record() -> ModelRecord:
+    layers = [
+        LayerRecord(
+            name=f"{i}.Linear",
+            tensors=[512 * 512, 512],
+            forward_flops=2 * 512 * 512,
+            forward_s=1e-3,
+            backward_s=2e-3,
+        )
+        for i in range(8)
+    ]
+    return ModelRecord(kind="model", run="syn", name="mlp", batch=16, layers=layers)
+
+
+def test_ddp_prediction_and_compute_rate():
+    spec = make_spec(nodes=1, gpus_per_node=2)
+    model = _model_record()
+    workload = harness_workload(model)
+    assert workload.params == 8 * (512 * 512 + 512)
+    assert workload.tensor_params.tolist()[:2] == [512 * 512, 512]
+    ddp = DDPRecord(
+        kind="ddp",
+        run="syn",
+        bucket_mb=1.0,
+        first_bucket_mb=1.0,
+        compute_s=0.03,
+        optimizer_s=0.006,
+        step_s=0.04,
+        exposed_comm_s=0.01,
+        repeats=5,
+    )
+    group = fit.GroupModel(build_cluster(spec), [0, 1])
+    rep = predict_ddp(group, model, ddp, "ring")
+    # compute scaled to the measured 24 ms of forward + backward, then the optimizer
+    assert rep.compute_s == pytest.approx(0.03)
+    assert len(rep.buckets) == 8  # one 1 MiB tensor crosses each bucket cap
+    assert rep.step_time_s >= rep.compute_s
+    res = _results(spec, {"intra-node": (40e-6, 2e9)}, [[0, 1]], [8.0, 1 << 20])
+    res.runs["syn"].model, res.runs["syn"].ddp = model, [ddp]
+    compute = fit.fit_compute(res, spec)
+    flops = 3 * 8 * 2 * 512 * 512 * 16
+    assert compute.flops_per_s == pytest.approx(flops / 0.024)
+    assert compute.efficiency == pytest.approx(flops / 0.024 / 312e12)

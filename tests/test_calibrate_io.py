@@ -1,0 +1,410 @@
+"""Calibration files: the results JSONL, nccl-tests logs, profiles, and the CLI's handling
+of bad input (one line naming the file and line, exit 2, nothing overwritten)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from commsim.calibrate.commands import calibrate_app
+from commsim.calibrate.ncclt import nccl_version, parse_log
+from commsim.calibrate.profile import (
+    Profile,
+    append_records,
+    load_profile,
+    profile_yaml,
+    read_results,
+    record_line,
+    write_atomic,
+)
+from commsim.specs import SpecError
+
+DATA = Path(__file__).parent / "data"
+ALL_REDUCE = DATA / "all_reduce_perf_2x8.log"
+ALL_GATHER = DATA / "all_gather_perf_dgx.log"
+TWO_TESTS = DATA / "broadcast_sendrecv_4x1.log"
+
+
+def _meta(run: str = "r1", world: int = 2) -> dict:
+    ranks = [{"rank": r, "host": "h0", "local_rank": r} for r in range(world)]
+    return {
+        "kind": "meta",
+        "run": run,
+        "source": "harness",
+        "backend": "gloo",
+        "world_size": world,
+        "ranks": ranks,
+    }
+
+
+def _coll(run: str = "r1", size: float = 1024.0, t: float = 1e-4) -> dict:
+    return {"kind": "collective", "run": run, "op": "all-reduce", "group": [0, 1]} | {
+        "bytes": size,
+        "time_s": t,
+    }
+
+
+def _write(path: Path, records: list[dict], tail: str = "") -> Path:
+    path.write_text("".join(record_line(r) for r in records) + tail)
+    return path
+
+
+# --------------------------------------------------------------------------- JSONL
+
+
+def test_results_roundtrip(tmp_path):
+    path = _write(tmp_path / "r.jsonl", [_meta(), _coll(size=8), _coll(size=16)])
+    res = read_results(path)
+    (run,) = res.runs.values()
+    assert run.meta.world_size == 2 and run.meta.hosts == ["h0"]
+    assert [c.bytes for _, c in run.collectives] == [8, 16]
+    assert [line for line, _ in run.collectives] == [2, 3]
+    assert res.backends == {"gloo"}
+
+
+@pytest.mark.parametrize(
+    ("tail", "line", "words"),
+    [
+        ('{"kind": "collective", "run": "r1", "op": "all-re', 3, "invalid JSON (truncated line?)"),
+        ('{"kind": "collective", "run": "r1", "op": "all-reduce", "group": [0]}\n', 3, "time_s"),
+        ('{"kind": "collective", "run": "r1", "op": "all-reduce"}\n', 3, "group: Field required"),
+        ('{"kind": "collective", "run": "r1", "op": "gather", "group": [0]}\n', 3, "op"),
+        ('{"kind": "banana", "run": "r1"}\n', 3, "unknown record kind"),
+        ("[1, 2]\n", 3, "expected a JSON object"),
+        (record_line(_coll(run="r9")), 3, "before its meta"),
+        (record_line(_meta()), 3, "starts twice"),
+        (record_line(_coll() | {"group": [0, 5]}), 3, "outside world size"),
+    ],
+)
+def test_bad_results_lines_name_the_line(tmp_path, tail, line, words):
+    path = _write(tmp_path / "bad.jsonl", [_meta(), _coll()], tail)
+    with pytest.raises(SpecError) as err:
+        read_results(path)
+    assert f"bad.jsonl: line {line}:" in str(err.value)
+    assert words in str(err.value)
+
+
+def test_meta_needs_every_rank_once(tmp_path):
+    bad = _meta() | {"ranks": [{"rank": 0, "host": "a"}, {"rank": 0, "host": "b"}]}
+    with pytest.raises(SpecError, match="line 1.*each of 0..1 once"):
+        read_results(_write(tmp_path / "m.jsonl", [bad]))
+
+
+def test_append_never_truncates_and_heals_a_cut_line(tmp_path):
+    path = _write(tmp_path / "r.jsonl", [_meta(), _coll()], '{"kind": "coll')
+    before = path.read_text()
+    append_records(path, [_coll(size=2048)])
+    text = path.read_text()
+    assert text.startswith(before)  # nothing lost
+    assert text.endswith(record_line(_coll(size=2048)))  # the new record is whole
+    with pytest.raises(SpecError, match="line 3: invalid JSON"):
+        read_results(path)  # the cut line is still reported, by its own number
+
+
+def test_write_atomic_replaces_whole(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("old")
+    write_atomic(path, "new")
+    assert path.read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["p.yaml"]  # no temporary left
+
+
+# --------------------------------------------------------------------------- nccl-tests
+
+
+def test_parse_all_reduce_log():
+    records = parse_log(ALL_REDUCE)
+    meta, rows = records[0], records[1:]
+    assert meta["kind"] == "meta" and meta["backend"] == "nccl"
+    assert meta["world_size"] == 16
+    assert meta["versions"] == {"nccl-tests": "2.18.3", "nccl": "2.29.7"}
+    assert {r["host"] for r in meta["ranks"]} == {"node-a01", "node-a02"}
+    assert [r["local_rank"] for r in meta["ranks"]][:9] == [0, 1, 2, 3, 4, 5, 6, 7, 0]
+    assert all(r["op"] == "all-reduce" and r["group"] == list(range(16)) for r in rows)
+    first, last = rows[0], rows[-1]
+    assert first["bytes"] == 8 and first["time_s"] == pytest.approx(116.58e-6)
+    assert last["bytes"] == 134217728 and last["time_s"] == pytest.approx(849.13e-6)
+    assert last["algbw_Bps"] == pytest.approx(158.06e9)
+    assert last["busbw_Bps"] == pytest.approx(296.37e9)
+    assert last["repeats"] == 20
+    assert len(rows) == 25  # 8 B .. 128 MiB
+    res_meta_ok = read_results_from(records)
+    assert res_meta_ok == 16
+
+
+def read_results_from(records: list[dict]) -> int:
+    """The records validate as a results file would (returns the world size)."""
+    from commsim.calibrate.profile import MetaRecord, parse_record
+
+    recs = [parse_record(r, "mem", i) for i, r in enumerate(records, 1)]
+    return next(r for r in recs if isinstance(r, MetaRecord)).world_size
+
+
+def test_parse_older_log_takes_op_from_file_name():
+    records = parse_log(ALL_GATHER)
+    meta = records[0]
+    assert meta["world_size"] == 8 and meta["versions"]["nccl-tests"] == "unknown"
+    assert {r["op"] for r in records[1:]} == {"all-gather"}
+    assert records[1]["bytes"] == 32  # nccl-tests skips sizes under one element a rank
+
+
+def test_parse_two_tests_in_one_log():
+    records = parse_log(TWO_TESTS)
+    metas = [r for r in records if r["kind"] == "meta"]
+    assert len(metas) == 2 and metas[0]["run"] != metas[1]["run"]
+    ops = [
+        [r["op"] for r in records if r.get("run") == m["run"] and r["kind"] != "meta"]
+        for m in metas
+    ]
+    assert set(ops[0]) == {"broadcast"} and set(ops[1]) == {"send-recv"}
+    assert len(ops[0]) == len(ops[1]) == 15  # 1 KiB .. 16 MiB
+    assert metas[0]["versions"]["nccl"] == "2.23.4"
+
+
+def test_nccl_version_codes():
+    assert nccl_version(23003) == "2.30.3"
+    assert nccl_version(21903) == "2.19.3"
+    assert nccl_version(2804) == "2.8.4"
+
+
+def _edit(src: Path, dst: Path, old: str, new: str, count: int = 1) -> Path:
+    text = src.read_text()
+    assert old in text
+    dst.write_text(text.replace(old, new, count))
+    return dst
+
+
+def _row_line(log: Path, size: int) -> tuple[int, str]:
+    """(line number, text) of a log's data row for `size` bytes."""
+    for n, line in enumerate(log.read_text().splitlines(), start=1):
+        if line.split()[:1] == [str(size)]:
+            return n, line
+    raise AssertionError(f"no {size} B row")
+
+
+def test_wrong_elements_are_refused(tmp_path):
+    n, row = _row_line(ALL_REDUCE, 33554432)
+    bad = _edit(ALL_REDUCE, tmp_path / "all_reduce_perf.log", row, row[:-1] + "7")
+    with pytest.raises(SpecError, match=rf"line {n}: 7 wrong elements at 33554432 B"):
+        parse_log(bad)
+
+
+def test_truncated_row_and_truncated_file(tmp_path):
+    lines = ALL_REDUCE.read_text().splitlines()
+    cut = tmp_path / "all_reduce_perf.log"
+    cut.write_text("\n".join(lines[:40] + [lines[40][:60]]) + "\n")
+    with pytest.raises(SpecError, match=r"line 41: truncated row: 6 of 13 columns"):
+        parse_log(cut)
+    cut.write_text("\n".join(lines[:45]) + "\n")
+    with pytest.raises(SpecError, match=r"line 45: the log ends inside a results table"):
+        parse_log(cut)
+
+
+def test_malformed_row(tmp_path):
+    n, row = _row_line(ALL_REDUCE, 65536)
+    time_us = row.split()[5]
+    bad = _edit(ALL_REDUCE, tmp_path / "x_all_reduce_perf.log", row, row.replace(time_us, "9x.1"))
+    with pytest.raises(SpecError, match=rf"line {n}: malformed row"):
+        parse_log(bad)
+
+
+def test_unknown_versions_and_formats(tmp_path):
+    v3 = _edit(ALL_REDUCE, tmp_path / "a.log", "version 2.18.3", "version 3.0.0")
+    with pytest.raises(SpecError, match=r"line 2: nccl-tests version 3.0.0: this reader knows 2.x"):
+        parse_log(v3)
+    # nccl-tests before 2.10 printed no root column and an `error` column
+    old = "    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"
+    older = _edit(
+        ALL_GATHER,
+        tmp_path / "all_gather_perf.log",
+        old,
+        "     time   algbw   busbw  error     time   algbw   busbw  error",
+    )
+    with pytest.raises(SpecError, match=r"line 14: unsupported nccl-tests table"):
+        parse_log(older)
+
+
+def test_log_without_a_test_name_needs_op(tmp_path):
+    anon = tmp_path / "run7.log"
+    anon.write_text(ALL_GATHER.read_text())
+    with pytest.raises(SpecError, match="cannot tell which test"):
+        parse_log(anon)
+    assert {r["op"] for r in parse_log(anon, op="all-gather")[1:]} == {"all-gather"}
+
+
+def test_not_an_nccl_tests_log(tmp_path):
+    junk = tmp_path / "notes.txt"
+    junk.write_text("hello\n# just a comment\n")
+    with pytest.raises(SpecError, match="no nccl-tests results table"):
+        parse_log(junk)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+runner = CliRunner()
+
+
+def test_cli_import_appends_and_refuses_twice(tmp_path):
+    out = tmp_path / "results.jsonl"
+    ok = runner.invoke(
+        calibrate_app, ["import-nccl-tests", str(ALL_REDUCE), str(TWO_TESTS), "--out", str(out)]
+    )
+    assert ok.exit_code == 0, ok.output
+    before = out.read_text()
+    assert len(read_results(out).runs) == 3
+    again = runner.invoke(calibrate_app, ["import-nccl-tests", str(ALL_REDUCE), "--out", str(out)])
+    assert again.exit_code == 2
+    assert "already imported" in again.output
+    assert out.read_text() == before
+
+
+def test_cli_import_bad_log_writes_nothing(tmp_path):
+    out = tmp_path / "results.jsonl"
+    out.write_text(record_line(_meta()))
+    before = out.read_text()
+    bad = _edit(ALL_REDUCE, tmp_path / "all_reduce_perf.log", "version 2.18.3", "version 9.1")
+    result = runner.invoke(
+        calibrate_app, ["import-nccl-tests", str(ALL_GATHER), str(bad), "--out", str(out)]
+    )
+    assert result.exit_code == 2
+    assert "all_reduce_perf.log: line 2:" in result.output
+    assert "Traceback" not in result.output
+    assert out.read_text() == before
+
+
+def test_cli_fit_bad_results_line_exit_2(tmp_path):
+    results = _write(tmp_path / "r.jsonl", [_meta(), _coll()], "{oops\n")
+    profile = tmp_path / "p.yaml"
+    profile.write_text("keep me")
+    result = runner.invoke(
+        calibrate_app, ["fit", str(results), "--cluster", "dgx-h100-ib", "-o", str(profile)]
+    )
+    assert result.exit_code == 2
+    assert "r.jsonl: line 3: invalid JSON" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert profile.read_text() == "keep me"
+
+
+def _nccl_cluster(tmp_path: Path) -> Path:
+    """Two 8-GPU nodes on one leaf: what the all_reduce log ran on."""
+    path = tmp_path / "two-nodes.yaml"
+    path.write_text(
+        """
+name: two-h100-nodes
+nodes: 2
+node:
+  gpu: h100
+  gpus_per_node: 8
+  interconnect: nvswitch
+  intra_latency: 2us
+  pcie_bandwidth: 64GB/s
+  nics: {count: 8, bandwidth: 400Gbps, latency: 3us}
+fabric:
+  kind: infiniband
+  nodes_per_leaf: 2
+  link_latency: 100ns
+  switch_latency: 200ns
+"""
+    )
+    return path
+
+
+def test_cli_fit_and_validate_nccl_tests(tmp_path):
+    out = tmp_path / "results.jsonl"
+    assert (
+        runner.invoke(
+            calibrate_app, ["import-nccl-tests", str(ALL_REDUCE), "--out", str(out)]
+        ).exit_code
+        == 0
+    )
+    cluster = _nccl_cluster(tmp_path)
+    prof = tmp_path / "profile.yaml"
+    fit = runner.invoke(
+        calibrate_app, ["fit", str(out), "--cluster", str(cluster), "-o", str(prof), "--json"]
+    )
+    assert fit.exit_code == 0, fit.output
+    doc = json.loads(fit.stdout)
+    tier = doc["tiers"]["inter-node"]
+    assert set(tier) >= {"alpha_s", "alpha_ci_s", "bandwidth_Bps", "bandwidth_ci_Bps"}
+    # the log was written from commsim's model with alpha 5 us, 46 GB/s NICs, 2% noise
+    assert tier["alpha_ci_s"][0] <= 5e-6 <= tier["alpha_ci_s"][1]
+    assert tier["bandwidth_ci_Bps"][0] <= 46e9 <= tier["bandwidth_ci_Bps"][1]
+    assert load_profile(prof).cluster == "two-h100-nodes"
+    plot = tmp_path / "v.png"
+    val = runner.invoke(
+        calibrate_app,
+        [
+            "validate",
+            str(out),
+            "--profile",
+            str(prof),
+            "--cluster",
+            str(cluster),
+            "--json",
+            "--plot",
+            str(plot),
+        ],
+    )
+    assert val.exit_code == 0, val.output
+    doc = json.loads(val.stdout)
+    assert len(doc["rows"]) == 25
+    assert {"predicted_s", "measured_s", "error"} <= set(doc["rows"][0])
+    # the log follows the model with 2% noise: the fit must find it
+    assert doc["median_abs_pct_error"] < 2.5 and doc["max_abs_pct_error"] < 6
+    assert plot.stat().st_size > 1000
+
+
+def test_cli_validate_profile_for_another_cluster(tmp_path):
+    out = tmp_path / "results.jsonl"
+    runner.invoke(calibrate_app, ["import-nccl-tests", str(ALL_REDUCE), "--out", str(out)])
+    cluster = _nccl_cluster(tmp_path)
+    prof = tmp_path / "p.yaml"
+    runner.invoke(calibrate_app, ["fit", str(out), "--cluster", str(cluster), "-o", str(prof)])
+    other = tmp_path / "other.yaml"
+    other.write_text(cluster.read_text().replace("name: two-h100-nodes", "name: elsewhere"))
+    result = runner.invoke(
+        calibrate_app, ["validate", str(out), "--profile", str(prof), "--cluster", str(other)]
+    )
+    assert result.exit_code == 2
+    assert "p.yaml: cluster: fitted on cluster 'two-h100-nodes', not 'elsewhere'" in result.output
+
+
+def test_profile_yaml_roundtrip_keeps_infinite_bounds(tmp_path):
+    prof = Profile.model_validate(
+        {
+            "cluster": "c",
+            "backend": "gloo",
+            "tiers": {
+                "intra-node": {
+                    "alpha_s": 1e-5,
+                    "alpha_ci_s": [9e-6, 1.1e-5],
+                    "bandwidth_Bps": 1e9,
+                    "bandwidth_ci_Bps": [5e8, float("inf")],
+                    "points": 10,
+                    "fitted": ["alpha", "bandwidth"],
+                }
+            },
+            "algorithms": {"all-reduce": "ring"},
+            "provenance": {
+                "files": ["f"],
+                "runs": ["r"],
+                "date": "d",
+                "points": 10,
+                "commsim": "0",
+            },
+        }
+    )
+    path = tmp_path / "p.yaml"
+    write_atomic(path, profile_yaml(prof))
+    assert load_profile(path) == prof
+
+
+def test_profile_with_bad_field_names_file_and_field(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("cluster: c\nbackend: gloo\ntiers: {intra-node: {alpha_s: -1}}\n")
+    with pytest.raises(SpecError, match=r"p.yaml: tiers.intra-node.alpha_s"):
+        load_profile(path)

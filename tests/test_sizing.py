@@ -1,0 +1,66 @@
+"""Cluster sizing: a sweep over fabrics and sizes, its Pareto front and deadline pick."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from commsim.cli import app
+from commsim.planner import SizingRow, pareto_front, pick_size
+
+
+class _Best:
+    """A stand-in for a Prediction carrying only what sizing reads."""
+
+    def __init__(self, days: float, cost: float):
+        self.training = {"time_to_train_s": days * 86400, "gpu_hours": cost, "cost": cost}
+        self.step_time_s = days
+
+
+def _row(gpus, days, cost, fabric="f"):
+    return SizingRow(fabric, gpus, _Best(days, cost))
+
+
+def test_pareto_front_and_pick():
+    rows = [_row(256, 40, 100), _row(512, 21, 105), _row(1024, 12, 130),
+            _row(1024, 15, 140, "slow"), _row(2048, 7, 180)]
+    front = pareto_front(rows)
+    assert [(r.fabric, r.gpus) for r in front] == [("f", 2048), ("f", 1024), ("f", 512),
+                                                   ("f", 256)]
+    assert pick_size(rows, deadline_s=30 * 86400, budget=None).gpus == 512  # smallest in time
+    assert pick_size(rows, deadline_s=None, budget=135).gpus == 1024  # fastest within budget
+    assert pick_size(rows, deadline_s=5 * 86400, budget=None) is None
+
+
+def test_sizing_cli_json(tmp_path):
+    png = tmp_path / "sizing.png"
+    result = CliRunner().invoke(app, [
+        "plan", "--model", "gpt2-xl", "--tokens", "30e9", "--gpus", "64:128", "--fabric",
+        "dgx-h100-ib", "--global-batch", "512", "--price-per-gpu-hour", "2", "--deadline",
+        "30d", "--plot", str(png), "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [r["gpus"] for r in doc["sizing"]] == [64, 128]
+    for r in doc["sizing"]:
+        # time to train = tokens / (global batch x sequence) x step time; cost = GPU-hours x 2
+        steps = 30e9 / (512 * 1024)
+        assert r["time_to_train_s"] == pytest.approx(steps * r["step_time_s"])
+        assert r["cost"] == pytest.approx(2 * r["gpus"] * r["time_to_train_s"] / 3600)
+    assert doc["pick"]["gpus"] == 64 and png.exists()
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (("--gpus", "64:128"), "tokens"),
+        (("--gpus", "128:64", "--tokens", "1e9"), "HIGH must not be below LOW"),
+        (("--fabric", "nowhere", "--tokens", "1e9"), "unknown topology 'nowhere'"),
+        (("--fabric", "aws-p4d", "--gpu", "z9000", "--tokens", "1e9"), "unknown GPU"),
+    ],
+)
+def test_sizing_bad_input(args, expect):
+    result = CliRunner().invoke(app, ["plan", *args])
+    assert result.exit_code == 2 and expect in result.output, result.output
