@@ -106,6 +106,9 @@ InterleaveOpt = Annotated[
     int | None, typer.Option(help="Virtual pipeline stages per rank (interleaved 1F1B).")
 ]
 TokensOpt = Annotated[float | None, typer.Option(help="Training tokens, for time to train.")]
+ProfileOpt = Annotated[
+    str | None, typer.Option(help="Calibration profile (commsim calibrate fit) for the cluster.")
+]
 PriceOpt = Annotated[float | None, typer.Option(help="Price of one GPU-hour, for cost.")]
 
 
@@ -139,6 +142,7 @@ def predict_cmd(
     interleave: InterleaveOpt = None,
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
+    profile: ProfileOpt = None,
     plot: Annotated[
         str | None, typer.Option(help="Write the step's Gantt chart to this PNG.")
     ] = None,
@@ -169,6 +173,7 @@ def predict_cmd(
             interleave=interleave,
             tokens=tokens,
             price_per_gpu_hour=price_per_gpu_hour,
+            profile=profile,
         )
         pred = predict(setup)
         doc = {"scenario": setup.scenario.name, "gpus": setup.n_gpus} | pred.to_dict()
@@ -238,6 +243,7 @@ def plan_cmd(
         str | None, typer.Option(help="Search only this gradient compression instead of several.")
     ] = None,
     error_feedback: ErrorFeedbackOpt = None,
+    profile: ProfileOpt = None,
     tp: Annotated[
         int | None, typer.Option("--tp", help="Search only this tensor-parallel degree.")
     ] = None,
@@ -309,6 +315,7 @@ def plan_cmd(
             seq_len=seq_len,
             tokens=tokens,
             price_per_gpu_hour=price_per_gpu_hour,
+            profile=profile,
             **flags,
         )
         base = setup.scenario.strategy  # flags validated as scenario fields; now pin them
@@ -388,6 +395,7 @@ def collective_cmd(
         str, typer.Option(help="blocked, interleaved or topology-aware.")
     ] = "blocked",
     ps_shards: Annotated[int, typer.Option(help="Parameter-server shards.")] = 1,
+    profile: ProfileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Time one collective over a size sweep, nccl-tests style (time, algbw, busbw)."""
@@ -395,6 +403,10 @@ def collective_cmd(
         if op not in ALGORITHMS:
             raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
         spec = load_spec(ClusterSpec, catalog.topology_path(cluster, cluster))
+        if profile:
+            from commsim.calibrate.profile import apply_profile, load_profile
+
+            spec = apply_profile(spec, load_profile(profile), profile)
         built = build_cluster(spec, gpus, cluster)
         cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
         lo, hi = parse_size_range(sizes)

@@ -171,10 +171,25 @@ def _cluster_spec(scenario: Scenario, source: str) -> ClusterSpec:
     return load_spec(ClusterSpec, catalog.topology_path(scenario.cluster, source))
 
 
+def _with_profile(spec: ClusterSpec, scenario: Scenario) -> tuple[ClusterSpec, Scenario]:
+    """The cluster with a calibration profile's fitted links, and the scenario with its
+    measured compute efficiency unless the scenario sets one itself."""
+    from commsim.calibrate.profile import apply_profile, load_profile
+
+    profile = load_profile(scenario.profile)
+    spec = apply_profile(spec, profile, scenario.profile)
+    if profile.compute and "compute_efficiency" not in scenario.model_fields_set:
+        efficiency = min(1.0, profile.compute.efficiency)
+        scenario = scenario.model_copy(update={"compute_efficiency": efficiency})
+    return spec, scenario
+
+
 def resolve(scenario: Scenario, source: str = "scenario", check: bool = True) -> Setup:
     """Resolve the model and cluster names, build the graph, and (unless a planner will
     search the layout itself) check the scenario's layout against GPUs, batch and model."""
     spec = _cluster_spec(scenario, source)
+    if scenario.profile:
+        spec, scenario = _with_profile(spec, scenario)
     gpu = catalog.gpu(spec.node.gpu, spec.name, "node.gpu")
     cluster = build_cluster(spec, scenario.gpus, source)
     workload = build_workload(scenario.model, scenario.seq_len, source)

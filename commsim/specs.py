@@ -191,6 +191,7 @@ class Scenario(Spec):
     micro_batch: int = Field(default=1, ge=1)  # samples per GPU per forward/backward
     seq_len: int | None = Field(default=None, ge=1)  # default: the model's
     compute_efficiency: float = Field(default=0.5, gt=0, le=1)  # achieved / peak FLOP/s
+    profile: str | None = None  # a calibration profile (commsim calibrate fit) for the cluster
     tokens: float | None = Field(default=None, gt=0)  # training tokens, for time-to-train
     price_per_gpu_hour: float | None = Field(default=None, gt=0)  # for cost
     strategy: Strategy = Strategy()

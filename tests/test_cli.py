@@ -99,8 +99,9 @@ def test_predict_flags_override_the_scenario():
 
 def test_plan_ranks_best_first():
     ddp = ("--tp", "1", "--pp", "1", "--zero", "0", "--recompute", "none")
-    doc = run_json("plan", "--placement", "blocked", "--algorithm", "ring", "--compression",
-                   "none", *ddp)
+    doc = run_json(
+        "plan", "--placement", "blocked", "--algorithm", "ring", "--compression", "none", *ddp
+    )
     times = [c["step_time_s"] for c in doc["candidates"]]
     assert times == sorted(times)
     assert len(times) == 8 * 2  # bucket sizes x overlap on/off (DDP, micro-batch pinned below)
@@ -253,3 +254,32 @@ def test_predict_with_compression_and_plan_plot(tmp_path):
 def test_bad_compression_input_exits_2(args, expect):
     result = run(*args)
     assert result.exit_code == 2 and expect in result.output and "Traceback" not in result.output
+
+
+def test_profile_flag_reprices_the_cluster(tmp_path):
+    from test_calibrate_io import ALL_REDUCE, _nccl_cluster
+
+    out, prof = tmp_path / "r.jsonl", tmp_path / "p.yaml"
+    cluster = _nccl_cluster(tmp_path)
+    assert run("calibrate", "import-nccl-tests", str(ALL_REDUCE), "--out", str(out)).exit_code == 0
+    assert (
+        run("calibrate", "fit", str(out), "--cluster", str(cluster), "-o", str(prof)).exit_code == 0
+    )
+    args = (
+        "collective",
+        "all-reduce",
+        "--cluster",
+        str(cluster),
+        "--gpus",
+        "16",
+        "--sizes",
+        "1GiB",
+        "--algorithm",
+        "ring",
+    )
+    plain = run_json(*args)["rows"][0]["time_s"]
+    fitted = run_json(*args, "--profile", str(prof))["rows"][0]["time_s"]
+    # the log came from 46 GB/s NICs; the cluster file says 400 Gb/s = 50 GB/s
+    assert fitted == pytest.approx(plain * 50 / 46, rel=0.05)
+    elsewhere = run("predict", "--profile", str(prof))  # default scenario: aws-p4d
+    assert elsewhere.exit_code == 2 and "fitted on cluster 'two-h100-nodes'" in elsewhere.output
