@@ -24,6 +24,7 @@ lint: install
 bench: install
 	$(BIN)/python benchmarks/bench_closed_form.py
 	$(BIN)/python benchmarks/bench_graph.py
+	$(BIN)/python benchmarks/bench_planner.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
