@@ -97,6 +97,9 @@ ErrorFeedbackOpt = Annotated[
 
 TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree.")]
 PpOpt = Annotated[int | None, typer.Option("--pp", help="Pipeline-parallel stages.")]
+EpOpt = Annotated[
+    int | None, typer.Option("--ep", help="Expert-parallel degree (MoE; out of data parallel).")
+]
 ZeroOpt = Annotated[int | None, typer.Option("--zero", help="ZeRO stage 0, 1, 2 or 3.")]
 FsdpOpt = Annotated[bool, typer.Option("--fsdp", help="FSDP full shard (the same as --zero 3).")]
 RecomputeOpt = Annotated[
@@ -136,6 +139,7 @@ def predict_cmd(
     error_feedback: ErrorFeedbackOpt = None,
     tp: TpOpt = None,
     pp: PpOpt = None,
+    ep: EpOpt = None,
     zero: ZeroOpt = None,
     fsdp: FsdpOpt = False,
     recompute: RecomputeOpt = None,
@@ -167,6 +171,7 @@ def predict_cmd(
             error_feedback=error_feedback,
             tp=tp,
             pp=pp,
+            ep=ep,
             zero=zero,
             fsdp=fsdp,
             recompute=recompute,
@@ -248,6 +253,9 @@ def plan_cmd(
         int | None, typer.Option("--tp", help="Search only this tensor-parallel degree.")
     ] = None,
     pp: Annotated[int | None, typer.Option("--pp", help="Search only this pipeline depth.")] = None,
+    ep: Annotated[
+        int | None, typer.Option("--ep", help="Search only this expert-parallel degree (MoE).")
+    ] = None,
     zero: Annotated[int | None, typer.Option("--zero", help="Search only this ZeRO stage.")] = None,
     fsdp: FsdpOpt = False,
     recompute: Annotated[
@@ -299,6 +307,7 @@ def plan_cmd(
             error_feedback=error_feedback,
             tp=tp,
             pp=pp,
+            ep=ep,
             zero=zero,
             recompute=recompute,
             interleave=interleave,

@@ -5,7 +5,9 @@ Model states follow ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 3 and 
 precision Adam keeps 2 bytes of fp16/bf16 weights, the gradients, and K = 12 bytes of fp32
 master weights, momentum and variance per parameter; stage 1 shards the optimizer states over
 the data-parallel group, stage 2 also the gradients, stage 3 also the weights (FSDP full shard).
-Transformer activations follow Korthikanti et al. 2022 (arXiv:2205.05198, Table 2).
+Transformer activations follow Korthikanti et al. 2022 (arXiv:2205.05198, Table 2). Expert
+(MoE) parameters are split over the expert-parallel degree ep and their ZeRO shards over the
+dp / ep replicas of each expert (DeepSpeed-MoE, Rajbhandari et al. 2022, arXiv:2201.05596).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class ParallelLayout:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    ep: int = 1  # expert-parallel degree (ranks out of the dp group)
     micro_batch: int = 1
     seq_len: int | None = None  # None: the workload's
     zero: Literal[0, 1, 2, 3] = 0  # 3 is also FSDP full shard
@@ -99,9 +102,10 @@ def usable_bytes(gpu: GPUSpec, reserve_fraction: float = RESERVE_FRACTION) -> fl
     return gpu.hbm_bytes * (1.0 - reserve_fraction)
 
 
-def activation_bytes_per_layer(s, b, h, a, t, sequence_parallel, recompute):
+def activation_bytes_per_layer(s, b, h, a, t, sequence_parallel, recompute, routed=1.0):
     """Activation bytes one transformer layer keeps for one micro-batch (Korthikanti Table 2);
-    `recompute` is a code of RECOMPUTE, arrays broadcast."""
+    `recompute` is a code of RECOMPUTE, arrays broadcast; `routed` = top_k x capacity factor
+    copies of each token an MoE MLP processes (1 for a dense layer)."""
     # tensor parallel: sbh(10 + 24/t + 5as/(ht)), t = 1: sbh(34 + 5as/h); sequence parallel also
     # splits the 10 (norms, dropout masks, replicated inputs): sbh/t(34 + 5as/h); selective
     # recompute drops the 5as/h attention-score term; full recompute keeps the 2sbh layer input,
@@ -111,7 +115,9 @@ def activation_bytes_per_layer(s, b, h, a, t, sequence_parallel, recompute):
     sbh = np.asarray(s, float) * b * h
     scores = np.where(np.asarray(recompute) == 0, 5.0 * a * s / h, 0.0)
     replicated = np.where(sequence_parallel, 10.0 / t, 10.0)
-    kept = sbh * (replicated + (24.0 + scores) / t)
+    # MoE: the MLP's 18sbh/t (its 2sbh input and 16sbh inside, Korthikanti Sec. 4.1) is kept
+    # for each routed copy of a token, so (routed - 1) x 18sbh/t more than a dense MLP
+    kept = sbh * (replicated + (24.0 + scores + 18.0 * (routed - 1.0)) / t)
     return np.where(np.asarray(recompute) == 2, 2.0 * sbh / np.where(sequence_parallel, t, 1), kept)
 
 
@@ -145,6 +151,8 @@ class _Shape:
     heads: int
     vocab: int
     block: tuple[int, int]  # parameters of one block (split over tp, replicated)
+    expert: int  # of block[0]: the experts' MLPs (split over tp and ep)
+    routed: float  # top_k x capacity factor (1 for a dense model)
     first: tuple[int, int]  # layers before the blocks: the embedding
     last: tuple[int, int]  # layers after the blocks: final norm, heads
     tied: int  # token-embedding size when the head reuses it (a copy on the last stage), else 0
@@ -178,6 +186,8 @@ def _transformer_shape(workload: Workload) -> _Shape | None:
         heads=workload.heads,
         vocab=vocab,
         block=split([body], lambda n: n != h),
+        expert=workload.expert_params,
+        routed=workload.top_k * workload.capacity_factor if workload.moe else 1.0,
         first=split(workload.layers[:1], lambda n: n == vocab * h),
         last=split(tail, lambda n: n in (vocab, vocab * h)),
         tied=0 if untied else vocab * h,
@@ -208,9 +218,10 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     shape = _transformer_shape(workload)
     if shape is None:
         return _other_components(workload, c, schedule)
-    dp, t, pp, v, zero = c["dp"], c["tp"], c["pp"], c["interleave"], c["zero"]
+    dp, t, pp, v, zero, ep = c["dp"], c["tp"], c["pp"], c["interleave"], c["zero"], c["ep"]
     per_chunk = np.ceil(shape.blocks / (pp * v))  # layers per virtual stage, worst rank
-    block = shape.block[0] / t + shape.block[1]
+    experts = shape.expert / (t * ep)  # one block's expert parameters on this GPU
+    block = (shape.block[0] - shape.expert) / t + shape.block[1] + experts
     first = shape.first[0] / t + shape.first[1]
     last = shape.last[0] / t + shape.last[1] + np.where(pp > 1, shape.tied / t, 0.0)
     per_layer = activation_bytes_per_layer(
@@ -221,6 +232,7 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         t,
         c["sp"],
         c["recompute"],
+        shape.routed,
     )
     # Output layer: norm output, logits and fp32 cross-entropy, 4sbh/t(1 + v/h) (Korthikanti
     # Sec. 4.3), per micro-batch its chunk holds: one under 1F1B, interleaved or not
@@ -231,11 +243,14 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     for rank, extra, on_last in ((0, first, pp == 1), (pp - 1, last, True)):
         ends = np.where(pp == 1, first + last, extra)
         params = per_chunk * v * block + ends
+        expert = per_chunk * v * experts  # ZeRO shards these over the dp / ep expert replicas
+        dense = _states(params - expert, dp, zero, c["grad_bytes"])
+        sparse = _states(expert, dp / ep, zero, c["grad_bytes"])
         acts = in_flight(rank, pp, v, c["micro_batches"], schedule) * per_chunk * v * per_layer
         acts = acts + np.where(on_last, output, 0.0)
         largest = np.maximum(block, np.where(pp == 1, np.maximum(first, last), extra))
         stages.append(
-            (*_states(params, dp, zero, c["grad_bytes"]), acts)
+            (*(d + x for d, x in zip(dense, sparse, strict=True)), acts)
             + (_buffers(zero, c["bucket_mb"], c["grad_bytes"], largest),)
         )
     first_worse = sum(stages[0]) >= sum(stages[1])
@@ -264,9 +279,11 @@ def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: st
 
 
 def _check(c: dict[str, np.ndarray]) -> None:
-    for key in ("dp", "tp", "pp", "micro_batch", "interleave", "seq_len", "micro_batches"):
+    for key in ("dp", "tp", "pp", "ep", "micro_batch", "interleave", "seq_len", "micro_batches"):
         if np.any(c[key] < 1):
             raise ValueError(f"{key} must be at least 1")
+    if np.any(c["dp"] % c["ep"]):
+        raise ValueError("ep must divide dp")
     if np.any((c["zero"] < 0) | (c["zero"] > 3)):
         raise ValueError("zero must be 0, 1, 2 or 3")
     if np.any((c["recompute"] < 0) | (c["recompute"] > 2)):
@@ -301,6 +318,7 @@ def memory_per_gpu_batch(
     micro_batches=None,
     grad_bytes=2,
     bucket_mb=25.0,
+    ep=1,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -310,6 +328,7 @@ def memory_per_gpu_batch(
         dp=dp,
         tp=tp,
         pp=pp,
+        ep=ep,
         micro_batch=micro_batch,
         zero=zero,
         recompute=recompute,
@@ -336,6 +355,7 @@ def memory_per_gpu(
         dp=layout.dp,
         tp=layout.tp,
         pp=layout.pp,
+        ep=layout.ep,
         micro_batch=layout.micro_batch,
         zero=layout.zero,
         recompute=RECOMPUTE.index(layout.recompute),

@@ -10,7 +10,10 @@ over as intercept + slope x bytes (GroupCost.affine).
 
 Ranks follow Megatron's order: tensor-parallel rank fastest, then data-parallel, then
 pipeline stage, so a tensor-parallel group is consecutive GPUs (inside a node when tp is at
-most the node's GPUs) and a data-parallel group is strided by tp.
+most the node's GPUs) and a data-parallel group is strided by tp. Expert parallelism (MoE)
+carves its groups out of the data-parallel group: ep consecutive data-parallel ranks (stride tp)
+hold different experts; the dp / ep ranks holding the same experts (stride tp x ep) reduce
+their gradients (Megatron-LM / DeepSpeed-MoE, Rajbhandari et al. 2022, arXiv:2201.05596).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from commsim.workload import Workload
 ACT_BYTES = 2  # bf16 activations on the wire (tensor-parallel collectives, pipeline sends)
 PARAM_WIRE_BYTES = 2  # bf16 parameters gathered by ZeRO-3 / FSDP
 TP_ALLREDUCES_FORWARD = 2  # per layer: after attention, after the MLP (Shoeybi et al. 2019)
+ALL_TO_ALLS_FORWARD = 2  # per MoE layer: dispatch tokens to experts, combine them back (GShard)
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class Layouts:
     dp: np.ndarray
     tp: np.ndarray
     pp: np.ndarray
+    ep: np.ndarray  # expert-parallel degree (divides dp)
     micro_batch: np.ndarray
     micro_batches: np.ndarray  # per step and data-parallel rank: global / (dp x micro_batch)
     zero: np.ndarray
@@ -87,6 +92,8 @@ class Shape:
     post_flops: float
     total_params: float
     model_flops: float  # forward FLOPs per sample of the whole model
+    expert_params: float  # of block_params: all experts' MLPs (0 for a dense model)
+    routed: float  # top_k x capacity factor: token copies an MoE layer dispatches (0: dense)
 
     @classmethod
     def of(cls, w: Workload) -> Shape:
@@ -112,6 +119,8 @@ class Shape:
             post_flops=sum(x.forward_flops for x in post),
             total_params=float(w.params),
             model_flops=w.forward_flops,
+            expert_params=float(w.expert_params),
+            routed=w.top_k * w.capacity_factor if w.moe else 0.0,
         )
 
 
@@ -119,10 +128,11 @@ class Shape:
 class StepBreakdown:
     """Per-layout arrays of where a step's time goes (seconds) and its figures of merit."""
 
-    step: np.ndarray  # = compute + tp_comm + pp_comm + bubble + dp_exposed + optimizer
+    step: np.ndarray  # = compute + tp_comm + ep_comm + pp_comm + bubble + dp_exposed + optimizer
     compute: np.ndarray  # forward + backward (+ recomputation) on the slowest stage, all mb
     bubble: np.ndarray  # pipeline fill and drain: (p - 1) / v ticks, comm included
     tp_comm: np.ndarray  # tensor-parallel collectives, on the critical path
+    ep_comm: np.ndarray  # expert-parallel all-to-alls (MoE), on the critical path
     pp_comm: np.ndarray  # pipeline sends between stages, on the critical path
     dp_comm: np.ndarray  # data-parallel / ZeRO collectives in all
     dp_exposed: np.ndarray  # the part of dp_comm not hidden under compute
@@ -161,16 +171,26 @@ class HybridModel:
         """GPU of each rank as [stage, data-parallel index, tensor-parallel index]."""
         return self._orders[PLACEMENT_KINDS[placement]].reshape(pp, dp, tp)
 
-    def _collective(self, op, algorithm, placement, kind, tp, dp, pp) -> tuple[float, float]:
-        """(intercept, slope) of a collective run by every tensor-parallel group (kind "tp")
-        or every data-parallel group ("dp") of the layout at once: concurrent groups share
-        NICs and uplinks, and the graph prices that."""
-        key = (op, algorithm, placement, kind, tp, dp, pp)
+    def _groups(self, placement, kind, tp, dp, pp, ep) -> np.ndarray:
+        """GPUs of every group of one kind, a row each: tensor-parallel ("tp"), data-parallel
+        ("dp"), expert-parallel ("ep": ep consecutive dp ranks) or expert-data-parallel
+        ("edp": the dp / ep ranks holding the same experts)."""
+        ranks = self._ranks(placement, tp, dp, pp).reshape(pp, dp // ep, ep, tp)
+        if kind == "tp":
+            return ranks.reshape(-1, tp)
+        if kind == "dp":
+            return ranks.transpose(0, 3, 1, 2).reshape(-1, dp)
+        if kind == "ep":
+            return ranks.transpose(0, 1, 3, 2).reshape(-1, ep)
+        return ranks.transpose(0, 2, 3, 1).reshape(-1, dp // ep)
+
+    def _collective(self, op, algorithm, placement, kind, tp, dp, pp, ep=1) -> tuple[float, float]:
+        """(intercept, slope) of a collective run by every group of `kind` (see _groups) of
+        the layout at once: concurrent groups share NICs and uplinks, and the graph prices
+        that."""
+        key = (op, algorithm, placement, kind, tp, dp, pp, ep)
         if key not in self._affine:
-            ranks = self._ranks(placement, tp, dp, pp)
-            groups = (
-                ranks.reshape(-1, tp) if kind == "tp" else ranks.transpose(0, 2, 1).reshape(-1, dp)
-            )
+            groups = self._groups(placement, kind, tp, dp, pp, ep)
             nodes = self.cluster.node_of(groups)
             if (nodes == nodes[:, :1]).all():
                 groups = groups[:1]  # each group inside its own node: they share no link
@@ -247,32 +267,52 @@ class HybridModel:
         n_fwd = TP_ALLREDUCES_FORWARD * per_stage
         tp_f = n_fwd * ar
         tp_b = n_fwd * ar * np.where(L.recompute == 2, 2.0, 1.0)
+        # Expert parallel (MoE): per MoE layer and micro-batch an all-to-all dispatches tokens
+        # to their experts and one combines them back, forward and again backward (again with
+        # a full recompute's replayed forward). Each GPU sends b (s / tp) h x 2 bytes x top_k x
+        # capacity factor in each: every expert's buffer holds capacity factor x its even share
+        # of the top_k-routed tokens (GShard, Lepikhin et al. 2020, arXiv:2006.16668; DeepSpeed-
+        # MoE); sequence parallelism splits the tokens over tp. ep = 1: all experts are local.
+        a2a = self._price(
+            lambda pl, t, d, p, e: self._collective("all-to-all", "direct", pl, "ep", t, d, p, e),
+            L,
+            act * sh.routed / tp,
+            "placement",
+            "tp",
+            "dp",
+            "pp",
+            "ep",
+        )
+        ep_f = ALL_TO_ALLS_FORWARD * per_stage * a2a
+        ep_b = ep_f * np.where(L.recompute == 2, 2.0, 1.0)
         # Pipeline: each micro-batch crosses a stage boundary forward and back, v times with
         # interleaving; the tp ranks split the activation (scatter-gather optimisation).
         send = self._price(self._send, L, act / tp, "placement", "tp", "dp", "pp")
         p2p = np.where(only, 0.0, send * v)
-        tick = t_fwd + t_bwd + tp_f + tp_b + 2.0 * p2p
+        tick = t_fwd + t_bwd + tp_f + tp_b + ep_f + ep_b + 2.0 * p2p
         # 1F1B: (m + p - 1) ticks; interleaved with v chunks: (m + (p - 1) / v) ticks
         # (Narayanan et al. 2021, Sec. 2.2); the bubble is the (p - 1) / v extra ticks.
         ticks = m + (pp - 1) / v
         pipeline = ticks * tick
 
-        # Data parallel: gradients of the stage's parameters (split over tp)
+        # Data parallel: gradients of the stage's parameters (split over tp); expert ones are
+        # split over ep too and reduced over the dp / ep ranks holding the same experts
         stage_params = per_stage * sh.block_params + np.where(
             only, sh.pre_params + sh.post_params, np.maximum(sh.pre_params, sh.post_params)
         )
-        local = stage_params / tp
-        grads = local * self.grad_bytes
-        params_wire = local * PARAM_WIRE_BYTES
+        sparse = per_stage * sh.expert_params / (tp * L.ep)
+        dense = (stage_params - per_stage * sh.expert_params) / tp
         bucket = L.bucket_mb * 2.0**20
-        n_buckets = np.maximum(1.0, np.ceil(grads / bucket))
+        nb_dense = np.maximum(1.0, np.ceil(dense * self.grad_bytes / bucket))
+        nb_sparse = np.maximum(1.0, np.ceil(sparse * self.grad_bytes / bucket))
+        n_buckets = nb_dense + (nb_sparse if sh.expert_params else 0.0)
 
-        def on_dp(op, nbytes):
+        def on_dp(op, nbytes, kind):
             # data-parallel gradients go by the layout's algorithm; ZeRO's reduce-scatter
             # and all-gather by ring
             return self._price(
-                lambda alg, pl, t, d, p: self._collective(
-                    op, ALGORITHMS[alg] if op == "all-reduce" else "ring", pl, "dp", t, d, p
+                lambda alg, pl, t, d, p, e: self._collective(
+                    op, ALGORITHMS[alg] if op == "all-reduce" else "ring", pl, kind, t, d, p, e
                 ),
                 L,
                 nbytes,
@@ -281,15 +321,24 @@ class HybridModel:
                 "tp",
                 "dp",
                 "pp",
+                "ep",
             )
+
+        def both(op, per_param):
+            """Bucketed `op` of `per_param` bytes a parameter: dense over dp, experts over
+            the expert-data-parallel group."""
+            out = nb_dense * on_dp(op, dense * per_param / nb_dense, "dp")
+            if sh.expert_params:
+                out = out + nb_sparse * on_dp(op, sparse * per_param / nb_sparse, "edp")
+            return out
 
         # ZeRO-0: all-reduce the gradient buckets. ZeRO-1/2: reduce-scatter gradients, all-gather
         # updated parameters (ZeRO Sec. 7: the same volume as an all-reduce). ZeRO-3/FSDP: per
         # micro-batch, all-gather parameters for forward and again for backward, reduce-scatter
         # gradients: 1.5x the all-reduce volume at m = 1 (ZeRO Sec. 7.2.2).
-        allreduce = n_buckets * on_dp("all-reduce", grads / n_buckets)
-        rs = n_buckets * on_dp("reduce-scatter", grads / n_buckets)
-        ag = n_buckets * on_dp("all-gather", params_wire / n_buckets)
+        allreduce = both("all-reduce", self.grad_bytes)
+        rs = both("reduce-scatter", self.grad_bytes)
+        ag = both("all-gather", PARAM_WIRE_BYTES)
         z3_mb = 2.0 * ag + rs
         dp_comm = np.select([L.zero == 0, L.zero < 3], [allreduce, rs + ag], m * z3_mb)
         # Overlap: ZeRO 0-2 sync hides under the last micro-batch's backward but for its last
@@ -301,8 +350,10 @@ class HybridModel:
         z3_exposed = m * (np.maximum(z3_mb - (t_fwd + t_bwd), 0.0) + z3_mb / (per_stage + 1))
         dp_exposed = np.where(L.zero == 3, np.where(L.overlap, z3_exposed, dp_comm), sync_exposed)
 
-        sharded = np.where(L.zero >= 1, dp, 1)
-        optimizer = adam_step_time(local / sharded, self.gpu, self.grad_bytes)
+        # ZeRO shards optimizer states over dp, expert ones over the dp / ep expert replicas
+        zeroed = L.zero >= 1
+        local = dense / np.where(zeroed, dp, 1) + sparse / np.where(zeroed, dp // L.ep, 1)
+        optimizer = adam_step_time(local, self.gpu, self.grad_bytes)
         step = pipeline + dp_exposed + optimizer
 
         memory = memory_per_gpu_batch(
@@ -319,6 +370,7 @@ class HybridModel:
             micro_batches=m,
             grad_bytes=self.grad_bytes,
             bucket_mb=L.bucket_mb,
+            ep=L.ep,
         )
         peak = self.n * self.gpu.peak_flops
         model = 3.0 * sh.model_flops * self.global_batch
@@ -335,6 +387,7 @@ class HybridModel:
             compute=m * (t_fwd + t_bwd),
             bubble=(pp - 1) / v * tick,
             tp_comm=m * (tp_f + tp_b),
+            ep_comm=m * (ep_f + ep_b),
             pp_comm=m * 2.0 * p2p,
             dp_comm=dp_comm,
             dp_exposed=dp_exposed,

@@ -50,7 +50,9 @@ def chunk_times(layout: dict, parts: dict) -> ChunkTimes:
     none, its attention replay being a few percent), tp all-reduces 1:1 (1:2 with full)."""
     m, v, zero = layout["micro_batches"], layout["interleave"], layout["zero"]
     full = layout["recompute"] == "full"
-    compute, tp = parts["compute"] / (m * v), parts["tp_comm"] / (m * v)
+    # expert-parallel all-to-alls sit on the critical path like tp's, split the same way
+    tp = (parts["tp_comm"] + parts.get("ep_comm", 0.0)) / (m * v)
+    compute = parts["compute"] / (m * v)
     forward = compute / (4.0 if full else 3.0)
     tp_forward = tp / (3.0 if full else 2.0)
     prefetched = zero == 3 and layout["overlap"]

@@ -211,6 +211,7 @@ def plan_hybrid(
                 for k in (
                     "tp",
                     "pp",
+                    "ep",
                     "zero",
                     "recompute",
                     "interleave",
@@ -258,7 +259,7 @@ def plan_all(
         return [getattr(base, name)] if name in pinned else list(choices)
 
     layout_default = Strategy()
-    layout_keys = ("tp", "pp", "zero", "recompute", "interleave")
+    layout_keys = ("tp", "pp", "ep", "zero", "recompute", "interleave")
     dp_allowed = all(
         getattr(base, k) == getattr(layout_default, k) for k in layout_keys if k in pinned
     )

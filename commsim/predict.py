@@ -73,7 +73,7 @@ class Prediction:
     """A predicted step: where its time goes, its throughput figures, its memory.
 
     `parts` holds seconds by name (compute_s, forward_s, backward_s, optimizer_s, comm_s,
-    codec_s, exposed_comm_s, and for hybrid layouts bubble_s, tp_comm_s, pp_comm_s,
+    codec_s, exposed_comm_s, and for hybrid layouts bubble_s, tp_comm_s, ep_comm_s, pp_comm_s,
     dp_comm_s, dp_exposed_s); `buckets` and `events` come from the DDP timeline."""
 
     strategy: Strategy
@@ -244,6 +244,24 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
         )
     if strategy.interleave > 1 and strategy.pp == 1:
         raise SpecError(src, "strategy.interleave", "interleaving needs pp > 1")
+    if strategy.ep > 1:
+        if not w.moe:
+            raise SpecError(
+                src, "strategy.ep", f"expert parallelism needs experts; {w.name} has none"
+            )
+        if w.experts % strategy.ep:
+            raise SpecError(
+                src,
+                "strategy.ep",
+                f"{strategy.ep} does not divide the model's {w.experts} experts",
+            )
+        if setup.dp(strategy) % strategy.ep:
+            raise SpecError(
+                src,
+                "strategy.ep",
+                f"{strategy.ep} does not divide the data-parallel degree {setup.dp(strategy)} "
+                "(expert-parallel ranks are taken from the data-parallel group)",
+            )
     if strategy.placement not in PLACEMENT_KINDS:
         raise SpecError(
             src, "strategy.placement", f"hybrid layouts take {' or '.join(PLACEMENT_KINDS)}"
@@ -469,6 +487,7 @@ def strategy_layouts(setup: Setup, strategies: list[Strategy]) -> Layouts:
         dp=col(setup.dp),
         tp=col(lambda x: x.tp),
         pp=col(lambda x: x.pp),
+        ep=col(lambda x: x.ep),
         micro_batch=col(lambda x: setup.scenario.micro_batch),
         micro_batches=col(setup.micro_batches),
         zero=col(lambda x: x.zero),
@@ -514,8 +533,8 @@ def hybrid_prediction(
 ) -> Prediction:
     """A Prediction from one row of the hybrid model's StepBreakdown (with the pipeline's
     events when the caller will draw them)."""
-    comm = b["tp_comm"] + b["pp_comm"] + b["dp_comm"]
-    exposed = b["tp_comm"] + b["pp_comm"] + b["dp_exposed"]
+    comm = b["tp_comm"] + b["ep_comm"] + b["pp_comm"] + b["dp_comm"]
+    exposed = b["tp_comm"] + b["ep_comm"] + b["pp_comm"] + b["dp_exposed"]
     compute = b["compute"] + b["optimizer"]
     parts = {
         "compute_s": compute,
@@ -527,6 +546,7 @@ def hybrid_prediction(
         "exposed_comm_s": exposed,
         "bubble_s": b["bubble"],
         "tp_comm_s": b["tp_comm"],
+        "ep_comm_s": b["ep_comm"],
         "pp_comm_s": b["pp_comm"],
         "dp_comm_s": b["dp_comm"],
         "dp_exposed_s": b["dp_exposed"],
@@ -539,6 +559,7 @@ def hybrid_prediction(
         dp=setup.dp(strategy),
         tp=strategy.tp,
         pp=strategy.pp,
+        ep=strategy.ep,
         micro_batch=s.micro_batch,
         seq_len=w.seq_len,
         zero=strategy.zero,

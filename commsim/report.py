@@ -98,6 +98,7 @@ def step_table(title: str, pred: dict[str, Any]) -> Table:
             for key, label, what in (
                 ("bubble_s", "pipeline bubble", "(p - 1) / v idle ticks"),
                 ("tp_comm_s", "tensor-parallel comm", "on the critical path"),
+                ("ep_comm_s", "expert-parallel all-to-all", "on the critical path"),
                 ("pp_comm_s", "pipeline sends", "on the critical path"),
                 ("dp_comm_s", "data-parallel comm", "gradient sync / ZeRO collectives"),
                 ("dp_exposed_s", "  of it exposed", "not hidden under backward"),
@@ -191,10 +192,12 @@ def describe_strategy(strategy: dict[str, Any]) -> str:
     """One line: layout (when hybrid), algorithm, bucket, overlap, placement, compression."""
     s = strategy
     overlap = "overlap" if s["overlap"] else "no overlap"
+    ep = s.get("ep", 1)
     layout = (
-        f"tp {s['tp']}, pp {s['pp']}, zero {s['zero']}, recompute {s['recompute']}, "
-        f"interleave {s['interleave']}, "
-        if (s["tp"], s["pp"], s["zero"], s["recompute"], s["interleave"]) != (1, 1, 0, "none", 1)
+        f"tp {s['tp']}, pp {s['pp']}, {f'ep {ep}, ' if ep > 1 else ''}zero {s['zero']}, "
+        f"recompute {s['recompute']}, interleave {s['interleave']}, "
+        if (s["tp"], s["pp"], ep, s["zero"], s["recompute"], s["interleave"])
+        != (1, 1, 1, 0, "none", 1)
         else ""
     )
     return (
@@ -209,6 +212,7 @@ def layout_label(c: dict[str, Any]) -> str:
     parts = [f"dp{lay['dp']}"]
     parts += [f"tp{s['tp']}"] if s["tp"] > 1 else []
     parts += [f"pp{s['pp']}"] if s["pp"] > 1 else []
+    parts += [f"ep{s['ep']}"] if s.get("ep", 1) > 1 else []
     parts += [f"v{s['interleave']}"] if s["interleave"] > 1 else []
     parts += [f"z{s['zero']}"] if s["zero"] else []
     parts += [s["recompute"][:3]] if s["recompute"] != "none" else []
@@ -289,6 +293,7 @@ def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
                 ("compute_s", "compute"),
                 ("bubble_s", "pipeline bubble"),
                 ("tp_comm_s", "tensor-parallel comm"),
+                ("ep_comm_s", "expert-parallel all-to-all"),
                 ("pp_comm_s", "pipeline sends"),
                 ("dp_exposed_s", "exposed data-parallel comm"),
                 ("exposed_comm_s", "exposed comm"),

@@ -1,9 +1,10 @@
 """Enumerate data x tensor x pipeline layouts of a transformer and price them all at once.
 
 Every combination of tensor-parallel degree (inside a node unless pinned higher), pipeline
-stages, micro-batch size, ZeRO stage, recomputation, interleaving, gradient bucket,
-algorithm, placement and overlap that the model and batch allow becomes one entry of
-numpy arrays; commsim.parallel prices them in one pass, memory drops what does not fit.
+stages, expert-parallel degree (MoE models only), micro-batch size, ZeRO stage,
+recomputation, interleaving, gradient bucket, algorithm, placement and overlap that the
+model and batch allow becomes one entry of numpy arrays; commsim.parallel prices them in
+one pass, memory drops what does not fit.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from commsim.parallel import ALGORITHMS, PLACEMENT_KINDS, HybridModel, Layouts, 
 from commsim.predict import Setup
 
 MICRO_BATCHES = (1, 2, 4, 8)
+EXPERT_PARALLEL = (1, 2, 4, 8)  # searched where they divide the experts and dp
 ZERO_STAGES = (0, 1, 2, 3)
 INTERLEAVES = (1, 2, 4)
 BUCKETS_MB = (25.0, 200.0)
@@ -46,7 +48,7 @@ def _divisors(n: int) -> list[int]:
 
 def enumerate_layouts(setup: Setup, pins: dict[str, Any] | None = None) -> Layouts:
     """Every valid layout of the setup's model on its GPUs; `pins` fixes dimensions
-    (tp, pp, zero, recompute, interleave, micro_batch, bucket_mb, algorithm, placement,
+    (tp, pp, ep, zero, recompute, interleave, micro_batch, bucket_mb, algorithm, placement,
     overlap) to one value each."""
     pins = {k: v for k, v in (pins or {}).items() if v is not None}
     s, w, n = setup.scenario, setup.workload, setup.n_gpus
@@ -62,14 +64,18 @@ def enumerate_layouts(setup: Setup, pins: dict[str, Any] | None = None) -> Layou
             if (n // tp) % pp or blocks % pp:
                 continue
             dp = n // (tp * pp)
-            for b in [pins["micro_batch"]] if "micro_batch" in pins else MICRO_BATCHES:
+            eps = [pins["ep"]] if "ep" in pins else EXPERT_PARALLEL if w.moe else (1,)
+            for ep, b in itertools.product(
+                [e for e in eps if e == 1 or (w.moe and w.experts % e == 0 and dp % e == 0)],
+                [pins["micro_batch"]] if "micro_batch" in pins else MICRO_BATCHES,
+            ):
                 if s.global_batch % (dp * b):
                     continue
                 vs = [pins["interleave"]] if "interleave" in pins else INTERLEAVES
                 for v in vs:
                     if (v > 1 and pp == 1) or blocks % (pp * v):
                         continue
-                    combos.append((dp, tp, pp, b, s.global_batch // (dp * b), v))
+                    combos.append((dp, tp, pp, ep, b, s.global_batch // (dp * b), v))
     grid = {
         "zero": [pins["zero"]] if "zero" in pins else ZERO_STAGES,
         "recompute": [RECOMPUTE.index(pins["recompute"])]
@@ -85,8 +91,8 @@ def enumerate_layouts(setup: Setup, pins: dict[str, Any] | None = None) -> Layou
         "overlap": [pins["overlap"]] if "overlap" in pins else (True, False),
     }
     rows = [c + g for c in combos for g in itertools.product(*grid.values())]
-    cols = np.array(rows, dtype=float).T if rows else np.zeros((12, 0))
-    names = ("dp", "tp", "pp", "micro_batch", "micro_batches", "interleave", *grid)
+    cols = np.array(rows, dtype=float).T if rows else np.zeros((13, 0))
+    names = ("dp", "tp", "pp", "ep", "micro_batch", "micro_batches", "interleave", *grid)
     arrays = dict(zip(names, cols, strict=True))
     return Layouts(
         **{

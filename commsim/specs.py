@@ -131,6 +131,10 @@ class ModelSpec(Spec):
     gated_mlp: bool = False
     vocab: int | None = Field(default=None, ge=1)
     seq_len: int | None = Field(default=None, ge=1)
+    # mixture of experts: every block's MLP becomes `experts` MLPs behind a router (experts > 1)
+    experts: int | None = Field(default=None, ge=1)
+    top_k: int = Field(default=2, ge=1)  # experts each token is routed to
+    capacity_factor: float = Field(default=1.25, gt=0)  # expert buffer / even share of tokens
     custom_layers: list[LayerSpec] = []
 
 
@@ -149,14 +153,15 @@ Placement = Literal["blocked", "interleaved", "topology-aware"]
 class Strategy(Spec):
     """How the step is parallelised and synchronised.
 
-    Data parallel by default; tp, pp, zero, recompute and interleave make it a Megatron-style
-    hybrid layout (data x tensor x pipeline), priced by commsim.parallel."""
+    Data parallel by default; tp, pp, ep, zero, recompute and interleave make it a Megatron-style
+    hybrid layout (data x tensor x pipeline, experts over ep), priced by commsim.parallel."""
 
     tp: int = Field(default=1, ge=1)  # tensor-parallel degree
     pp: int = Field(default=1, ge=1)  # pipeline stages
     zero: Literal[0, 1, 2, 3] = 0  # ZeRO stage; 3 is FSDP full-shard
     recompute: Literal["none", "selective", "full"] = "none"
     interleave: int = Field(default=1, ge=1)  # virtual pipeline stages per rank
+    ep: int = Field(default=1, ge=1)  # expert-parallel degree, out of the data-parallel group
     algorithm: Algorithm = "auto"
     placement: Placement = "blocked"
     bucket_mb: float = Field(default=25.0, gt=0)  # DDP bucket_cap_mb (MiB)
@@ -170,7 +175,8 @@ class Strategy(Spec):
     @property
     def data_parallel_only(self) -> bool:
         """Plain DDP: what the per-bucket timeline models in full detail."""
-        return (self.tp, self.pp, self.zero, self.recompute, self.interleave) == (
+        return (self.tp, self.pp, self.ep, self.zero, self.recompute, self.interleave) == (
+            1,
             1,
             1,
             0,

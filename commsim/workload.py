@@ -46,6 +46,10 @@ class Workload:
     seq_len: int | None  # tokens per sample; None for models without a sequence (CNNs)
     heads: int | None = None  # attention heads of a transformer (activation memory needs them)
     hidden: int | None = None  # a transformer's hidden size (activation sizes need it)
+    experts: int = 1  # experts per MoE block (1: a dense model)
+    top_k: int = 1  # experts each token is routed to
+    capacity_factor: float = 1.0  # expert buffer / even share of the routed tokens
+    expert_params: int = 0  # parameters of all experts' MLPs in one block (0: dense)
 
     @property
     def layer_params(self) -> np.ndarray:
@@ -75,6 +79,17 @@ class Workload:
     def forward_flops(self) -> float:
         """Forward FLOPs per sample."""
         return sum(layer.forward_flops for layer in self.layers)
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 1
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through: all but the unrouted experts' MLPs."""
+        blocks = sum(layer.name.startswith("block.") for layer in self.layers)
+        idle = self.expert_params * (self.experts - self.top_k) // self.experts
+        return self.params - blocks * idle
 
     @property
     def train_flops(self) -> float:
@@ -126,13 +141,18 @@ class _Transformer:
     vocab: int
     context: int  # the model's context length (size of a learned position table)
     style: _Style
+    experts: int = 1  # > 1: every block's MLP is that many experts behind a router
+    top_k: int = 1
+    capacity_factor: float = 1.0
+    seq_len: int | None = None  # the default run length when shorter than the context
 
 
 def _transformer(c: _Transformer, name: str, seq_len: int) -> Workload:
     """Layer list of a transformer run on sequences of `seq_len` tokens, tensors as HF registers.
 
     Block forward FLOPs = 2*s*(matmul params) + 4*s^2*h: the QK^T and AV products over the
-    full s x s score matrix (causal masking ignored, as in Megatron's accounting).
+    full s x s score matrix (causal masking ignored, as in Megatron's accounting). A MoE block
+    (Mixtral's layout) has a router h x E and E expert MLPs, of which a token runs top_k.
     """
     h, s, st, f = c.hidden, seq_len, c.style, c.ffn_hidden
     kv = c.kv_heads * (h // c.heads)  # width of K and V (grouped-query attention)
@@ -147,6 +167,10 @@ def _transformer(c: _Transformer, name: str, seq_len: int) -> Workload:
         mlp = (*linear(h, f), *linear(h, f), *linear(f, h))
     else:  # up (GPT-2 c_fc, BERT intermediate), down (c_proj, output)
         mlp = (*linear(h, f), *linear(f, h))
+    expert_params = 0
+    if c.experts > 1:  # router (no bias), then each expert's MLP
+        expert_params = c.experts * sum(mlp)
+        mlp = (h * c.experts, *mlp * c.experts)
     if st.layout == "gpt":  # ln_1, attn.c_attn (Q, K, V fused), attn.c_proj, ln_2, mlp
         block = (*norm, *linear(h, h + 2 * kv), *o, *norm, *mlp)
     elif st.layout == "llama":  # self_attn q, k, v, o, mlp, input_ and post_attention_layernorm
@@ -155,6 +179,8 @@ def _transformer(c: _Transformer, name: str, seq_len: int) -> Workload:
         block = (*q, *k, *v, *o, *norm, *mlp, *norm)
     attn_matmul = 2 * h * h + 2 * h * kv  # Q and output projections h x h, K and V h x kv
     mlp_matmul = (3 if c.gated_mlp else 2) * h * f
+    if c.experts > 1:  # the router, and the top_k experts each token goes to
+        mlp_matmul = h * c.experts + c.top_k * mlp_matmul
     block_flops = 2.0 * s * (attn_matmul + mlp_matmul) + 4.0 * s * s * h
 
     embed = (c.vocab * h, *((c.context * h,) if st.learned_positions else ()))
@@ -174,7 +200,17 @@ def _transformer(c: _Transformer, name: str, seq_len: int) -> Workload:
     else:
         layers.append(Layer("final_norm", norm, 0.0))
     layers.append(Layer("lm_head", head, head_flops))
-    return Workload(name, tuple(layers), seq_len, c.heads, c.hidden)
+    return Workload(
+        name,
+        tuple(layers),
+        seq_len,
+        c.heads,
+        c.hidden,
+        c.experts,
+        c.top_k if c.experts > 1 else 1,
+        c.capacity_factor if c.experts > 1 else 1.0,
+        expert_params,
+    )
 
 
 # --- ResNet-50 ------------------------------------------------------------------------------
@@ -266,6 +302,26 @@ _TRANSFORMERS: dict[str, _Transformer] = {
         context=4096,
         style=_LLAMA,
     ),
+    # Jiang et al. 2024 (arXiv:2401.04088); HF mistralai/Mixtral-8x7B-v0.1 config.json: hidden
+    # 4096, intermediate 14336 (SwiGLU), 32 layers, 32 heads, 8 kv heads, vocab 32000, 8 local
+    # experts, 2 per token, context 32768 (run at 4096 by default), untied head, RMSNorm.
+    # 46,702,792,704 parameters, 12,879,925,248 active. Mixtral trains dropless; the capacity
+    # factor is GShard's / Switch's customary 1.25.
+    "mixtral-8x7b": _Transformer(
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        ffn_hidden=14336,
+        gated_mlp=True,
+        vocab=32000,
+        context=32768,
+        style=_LLAMA,
+        seq_len=4096,
+        experts=8,
+        top_k=2,
+        capacity_factor=1.25,
+    ),
     # Devlin et al. 2019 (arXiv:1810.04805): L=24, H=1024, A=16; HF bert-large-uncased
     # config.json: vocab 30522, max_position_embeddings 512, type_vocab_size 2. As
     # BertForPreTraining: 335,141,888 in BertModel + 1,084,220 in the pretraining heads.
@@ -325,7 +381,7 @@ def _preset(name: str, seq_len: int | None, source: str) -> Workload:
 
 def _run_length(config: _Transformer, seq_len: int | None, source: str) -> int:
     """The run's sequence length: the override or the model's context, within learned positions."""
-    s = seq_len or config.context
+    s = seq_len or config.seq_len or config.context
     if config.style.learned_positions and s > config.context:
         raise SpecError(
             source, "seq_len", f"{s} exceeds the model's {config.context} learned positions"
@@ -350,6 +406,20 @@ def _from_spec(m: ModelSpec, seq_len: int | None, source: str) -> _Transformer:
         raise SpecError(source, "model.ffn_hidden", "required with gated_mlp (no standard width)")
     ffn = m.ffn_hidden or 4 * m.hidden
     style = _LLAMA if m.gated_mlp else _GPT
+    experts = m.experts or 1
+    if experts > 1 and m.top_k > experts:
+        raise SpecError(source, "model.top_k", f"{m.top_k} exceeds the {experts} experts")
     return _Transformer(
-        m.layers, m.hidden, m.heads, kv_heads, ffn, m.gated_mlp, m.vocab, context, style
+        m.layers,
+        m.hidden,
+        m.heads,
+        kv_heads,
+        ffn,
+        m.gated_mlp,
+        m.vocab,
+        context,
+        style,
+        experts=experts,
+        top_k=m.top_k,
+        capacity_factor=m.capacity_factor,
     )

@@ -203,7 +203,9 @@ def test_bad_layout():
         memory_per_gpu(w, ParallelLayout(tp=0))
 
 
-@pytest.mark.parametrize("name", ["gpt3-175b", "llama2-70b", "bert-large", "resnet50"])
+@pytest.mark.parametrize(
+    "name", ["gpt3-175b", "llama2-70b", "bert-large", "resnet50", "mixtral-8x7b"]
+)
 def test_batch_equals_scalar(name):
     w = build_workload(name)
     rng = np.random.default_rng(0)
@@ -218,6 +220,7 @@ def test_batch_equals_scalar(name):
         sequence_parallel=rng.integers(0, 2, n).astype(bool),
         interleave=rng.choice([1, 2], n),
     )
+    cols["ep"] = np.minimum(rng.choice([1, 2, 4, 8], n), cols["dp"])  # divides dp
     m = rng.choice([4, 16, 64], n)
     batch = memory_per_gpu_batch(w, **cols, micro_batches=m, grad_bytes=4)
     for i in range(n):
@@ -230,6 +233,7 @@ def test_batch_equals_scalar(name):
             recompute=RECOMPUTE[cols["recompute"][i]],
             sequence_parallel=bool(cols["sequence_parallel"][i]),
             interleave=int(cols["interleave"][i]),
+            ep=int(cols["ep"][i]),
             micro_batches=int(m[i]),
             grad_bytes=4,
         )
@@ -239,3 +243,20 @@ def test_batch_equals_scalar(name):
 def test_usable_bytes():
     assert usable_bytes(gpu("h100")) == pytest.approx(72e9)
     assert usable_bytes(gpu("h100"), 0.0) == 80e9
+
+
+def test_expert_parameters_divide_over_ep():
+    w = build_workload("mixtral-8x7b")
+    one = memory_per_gpu(w, ParallelLayout(dp=8, tp=2))
+    eight = memory_per_gpu(w, ParallelLayout(dp=8, tp=2, ep=8))
+    # 32 blocks of 8 experts, split over tp = 2, then over ep = 8: 2-byte weights
+    experts = 32 * w.expert_params / 2
+    assert one.params - eight.params == pytest.approx(2 * experts * (1 - 1 / 8))
+    assert one.activations == eight.activations
+    # ZeRO-1 shards expert optimizer states over the dp / ep = 1 replicas: not at all
+    z1 = memory_per_gpu(w, ParallelLayout(dp=8, tp=2, ep=8, zero=1))
+    assert z1.optimizer == pytest.approx(
+        12 * ((one.params / 2 - experts) / 8 + experts / 8), rel=1e-12
+    )
+    with pytest.raises(ValueError, match="ep"):
+        memory_per_gpu(w, ParallelLayout(dp=4, ep=8))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from conftest import make_cluster
@@ -11,6 +13,8 @@ from commsim import catalog
 from commsim.cli import app
 from commsim.collectives.group import GroupCost
 from commsim.parallel import HybridModel, Layouts, Shape
+from commsim.predict import load_scenario, resolve
+from commsim.search import enumerate_layouts
 from commsim.specs import ModelSpec
 from commsim.workload import build_workload
 
@@ -37,6 +41,7 @@ def _layout(**kw):
         dp=32,
         tp=1,
         pp=1,
+        ep=1,
         micro_batch=1,
         micro_batches=2,
         zero=0,
@@ -140,3 +145,104 @@ def test_bad_layouts_exit_2(args, expect):
     result = CliRunner().invoke(app, ["predict", *args])
     assert result.exit_code == 2, result.output
     assert expect in result.output and "Traceback" not in result.output
+
+
+# The toy GPT as a mixture of experts: 8 experts, top-2, capacity factor 1.25.
+MOE = MODEL.model_copy(update={"experts": 8, "top_k": 2, "capacity_factor": 1.25})
+
+
+def _moe(cluster=None, n=32):
+    c = cluster or make_cluster(
+        nodes=4, gpus_per_node=8, nics=8, nic_bw="200Gbps", link_latency="0s", switch_latency="0s"
+    )
+    return HybridModel(build_workload(MOE), c, GPU, n, 64, efficiency=0.5, grad_bytes=2)
+
+
+def test_four_all_to_alls_per_moe_layer_per_micro_batch():
+    hm = _moe()
+    b = hm.evaluate(_layout(dp=16, tp=2, ep=8, micro_batches=4)).row(0)
+    # per GPU: b x s / tp tokens x h x 2 bytes x top_k x capacity factor
+    #   = 1 x 256 / 2 x 512 x 2 x 2 x 1.25 = 327,680 bytes
+    nbytes = 1 * 256 / 2 * 512 * 2 * 2 * 1.25
+    assert nbytes == 327_680
+    # ep groups: 8 consecutive data-parallel ranks, stride tp = 2 in rank order, all at once
+    groups = np.arange(32).reshape(2, 8, 2).transpose(0, 2, 1).reshape(-1, 8)
+    assert groups[0].tolist() == [0, 2, 4, 6, 8, 10, 12, 14]
+    a, slope = GroupCost(hm.cluster, groups).affine("all-to-all", "direct")
+    # 4 micro-batches x 8 MoE layers x (dispatch + combine, forward and backward)
+    assert b["ep_comm"] == pytest.approx(4 * 8 * 4 * (a + slope * nbytes), rel=1e-9)
+    full = hm.evaluate(_layout(dp=16, tp=2, ep=8, micro_batches=4, recompute=2)).row(0)
+    assert full["ep_comm"] == pytest.approx(1.5 * b["ep_comm"])  # the replayed forward
+    parts = ("compute", "tp_comm", "ep_comm", "pp_comm", "bubble", "dp_exposed", "optimizer")
+    assert b["step"] == pytest.approx(sum(b[k] for k in parts))
+    assert hm.evaluate(_layout(dp=16, tp=2, ep=1, micro_batches=4)).row(0)["ep_comm"] == 0.0
+
+
+def test_expert_gradients_reduce_over_dp_over_ep():
+    hm = _moe()
+    b = hm.evaluate(_layout(ep=8)).row(0)  # dp 32, one bucket each
+    experts = 8 * hm.shape.expert_params  # 8 blocks
+    dense = (hm.shape.total_params - experts) * 2
+    sparse = experts / 8 * 2
+    a, s = GroupCost(hm.cluster, np.arange(32)).affine("all-reduce", "ring")
+    # the 4 GPUs holding the same experts: stride ep = 8, one per node
+    edp = np.arange(32).reshape(4, 8).T
+    a2, s2 = GroupCost(hm.cluster, edp).affine("all-reduce", "ring")
+    assert b["dp_comm"] == pytest.approx(a + s * dense + a2 + s2 * sparse, rel=1e-9)
+
+
+def test_oversubscribed_uplinks_slow_the_all_to_all():
+    # 8 nodes, one a leaf: an ep group of one GPU per node (tp = 8) crosses the uplinks
+    def ep_comm(oversubscription):
+        c = make_cluster(
+            nodes=8,
+            gpus_per_node=8,
+            nics=8,
+            nic_bw="200Gbps",
+            nodes_per_leaf=1,
+            oversubscription=oversubscription,
+        )
+        hm = _moe(c, n=64)
+        layout = _layout(dp=8, tp=8, ep=8, micro_batch=8, micro_batches=1)  # 655,360 B a GPU
+        return hm.evaluate(layout).row(0)["ep_comm"]
+
+    blocking, non_blocking = ep_comm((3.0,)), ep_comm((1.0,))
+    assert blocking > 2.0 * non_blocking
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (("--model", "mixtral-8x7b", "--ep", "3"), "3 does not divide the model's 8 experts"),
+        (("--ep", "2"), "expert parallelism needs experts"),
+        (("--model", "mixtral-8x7b", "--tp", "8", "--ep", "8"), "does not divide the data"),
+    ],
+)
+def test_bad_expert_parallelism_exits_2(args, expect):
+    base = ["--cluster", "dgx-h100-ib", "--gpus", "32", "--global-batch", "64"]
+    result = CliRunner().invoke(app, ["predict", *base, *args])
+    assert result.exit_code == 2, result.output
+    assert "strategy.ep" in result.output and expect in " ".join(result.output.split())
+
+
+def test_mixtral_expert_parallel_prediction_runs():
+    args = "--model mixtral-8x7b --cluster dgx-h100-ib --gpus 64 --global-batch 256 --seq-len 4096"
+    args += " --tp 2 --ep 8 --zero 1 --recompute selective --json"
+    result = CliRunner().invoke(app, ["predict", *args.split()])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["strategy"]["ep"] == 8 and doc["ep_comm_s"] > 0
+    assert doc["memory"]["fits"]
+
+
+def test_search_tries_expert_parallelism_for_moe_models_only():
+    def setup(model):
+        overrides = dict(model=model, cluster="dgx-h100-ib", gpus=16, global_batch=64)
+        return resolve(load_scenario(None, overrides)[0], check=False)
+
+    moe = setup("mixtral-8x7b")
+    layouts = enumerate_layouts(moe, {"tp": 8, "pp": 1})  # dp 2: ep 1 or 2
+    assert set(layouts.ep.tolist()) == {1, 2}
+    assert set(enumerate_layouts(moe, {"tp": 1, "pp": 1}).ep.tolist()) == {1, 2, 4, 8}
+    assert set(enumerate_layouts(moe, {"tp": 1, "pp": 1, "ep": 4}).ep.tolist()) == {4}
+    assert set(enumerate_layouts(setup("llama2-7b"), {"tp": 2}).ep.tolist()) == {1}

@@ -237,7 +237,7 @@ def test_against_the_hybrid_model():
     spec = ModelSpec(name="toy", layers=8, hidden=512, heads=8, vocab=1000, seq_len=256)
     cluster = make_cluster(nodes=4, gpus_per_node=8, nics=8, nic_bw="200Gbps")
     hm = HybridModel(build_workload(spec), cluster, catalog.GPUS["a100-80gb"], 32, 64, 0.5)
-    row = dict(dp=8, tp=1, pp=4, micro_batch=1, micro_batches=8, zero=1, recompute=0)
+    row = dict(dp=8, tp=1, pp=4, ep=1, micro_batch=1, micro_batches=8, zero=1, recompute=0)
     row |= dict(interleave=1, bucket_mb=25.0, overlap=True, algorithm=0, placement=0)
     layouts = Layouts(**{k: np.atleast_1d(np.array(v)) for k, v in row.items()})
     parts = hm.evaluate(layouts).row(0)

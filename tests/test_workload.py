@@ -223,3 +223,49 @@ def test_layer_times():
     assert forward[0] == 0.0  # the embedding lookup
     with pytest.raises(ValueError):
         layer_times(w, a100, efficiency=0.0, micro_batch=1)
+
+
+def test_mixtral_parameters_match_the_published_totals():
+    # per block: attention q, o 4096^2 and k, v 4096 x 1024 (8 kv heads); router 4096 x 8;
+    # 8 SwiGLU experts of 3 x 4096 x 14336; two RMSNorms. Plus embedding, untied head, norm.
+    h, f, kv, e, v = 4096, 14336, 1024, 8, 32000
+    attn, expert = 2 * h * h + 2 * h * kv, 3 * h * f
+    block = attn + h * e + e * expert + 2 * h
+    w = build_workload("mixtral-8x7b")
+    assert w.params == 32 * block + 2 * v * h + h == 46_702_792_704
+    active = 32 * (attn + h * e + 2 * expert + 2 * h) + 2 * v * h + h
+    assert w.active_params == active == 12_879_925_248
+    # Jiang et al. 2024: "46.7B total, 12.9B active", given to 0.1B: within 0.05B of each
+    assert abs(w.params - 46.7e9) < 0.05e9 and abs(w.active_params - 12.9e9) < 0.05e9
+    assert (w.experts, w.top_k, w.capacity_factor, w.seq_len) == (8, 2, 1.25, 4096)
+    assert w.expert_params == e * expert
+
+
+def test_moe_block_tensors_and_flops_count_top_k_experts():
+    w = build_workload("mixtral-8x7b")
+    block = w.layers[1]
+    h, f, kv, s = 4096, 14336, 1024, 4096
+    # q, k, v, o, router, 8 x (gate, up, down), two norms
+    assert block.tensors[:5] == (h * h, h * kv, h * kv, h * h, h * 8)
+    assert block.tensors[5:8] == (h * f, h * f, f * h) and len(block.tensors) == 4 + 1 + 24 + 2
+    matmul = 2 * h * h + 2 * h * kv + h * 8 + 2 * 3 * h * f  # top-2 experts only
+    assert block.forward_flops == 2 * s * matmul + 4 * s * s * h
+
+
+def test_explicit_moe_spec_matches_the_preset():
+    spec = ModelSpec(
+        name="m",
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        ffn_hidden=14336,
+        gated_mlp=True,
+        vocab=32000,
+        seq_len=4096,
+        experts=8,
+    )
+    built = build_workload(spec)
+    assert built.layers == build_workload("mixtral-8x7b").layers
+    with pytest.raises(SpecError, match="model.top_k"):
+        build_workload(spec.model_copy(update={"top_k": 9}))
