@@ -154,6 +154,8 @@ def load_scenario(path: str | None, overrides: dict[str, Any]) -> tuple[Scenario
     if not isinstance(data, dict):
         raise SpecError(source, "", "expected a mapping of scenario fields")
     strategy = dict(data.get("strategy") or {})
+    if any(overrides.get(k) is not None for k in ("model", "cluster", "gpus")):
+        data["name"] = f"{data.get('name', 'scenario')} (changed by flags)"
     for key, value in overrides.items():
         if value is None:
             continue

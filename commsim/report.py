@@ -107,7 +107,11 @@ def step_table(title: str, pred: dict[str, Any]) -> Table:
         ),
         ("communication", fmt_time(pred["comm_s"]), "sum of collectives"),
         ("encode/decode", fmt_time(pred["codec_s"]), "compression on the compute stream"),
-        ("exposed comm", fmt_time(pred["exposed_comm_s"]), "step - compute"),
+        (
+            "exposed comm",
+            fmt_time(pred["exposed_comm_s"]),
+            "communication not hidden under compute",
+        ),
         ("overlap ratio", _pct(pred["overlap_ratio"]), "1 - exposed / comm"),
         ("overlap efficiency", _pct(pred["overlap_efficiency"]), "T_comp / max(T_comp, T_comm)"),
         ("scaling efficiency", _pct(pred["scaling_efficiency"]), "thr(N) / (N thr(1))"),

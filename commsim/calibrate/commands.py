@@ -81,6 +81,9 @@ def run_cmd(
     width: Annotated[int, typer.Option(help="DDP model width.")] = 512,
     depth: Annotated[int, typer.Option(help="DDP model blocks.")] = 4,
     batch: Annotated[int, typer.Option(help="DDP samples per rank per step.")] = 32,
+    comm_hooks: Annotated[
+        str, typer.Option(help="DDP comm hooks to measure: none, fp16, bf16, powersgd:R.")
+    ] = "none",
 ) -> None:
     """Benchmark collectives and a DDP step with torch.distributed; append results to OUT.
 
@@ -106,6 +109,7 @@ def run_cmd(
             width=width,
             depth=depth,
             batch=batch,
+            comm_hooks=tuple(h.strip().lower() for h in comm_hooks.split(",") if h.strip()),
         )
         code = harness.launch_local(cfg, local) if local is not None else harness.run_rank(cfg)
     if code:

@@ -14,9 +14,10 @@ those are smaller groups, so a fit can tell the link tiers apart.
 
 The DDP phase trains a small MLP (pre-norm blocks: LayerNorm, Linear 4x, GELU, Linear) for
 several bucket caps: compute alone (no_sync: no communication) and the full step with
-DDP's all-reduces overlapping the backward. Its layers (parameter tensors, FLOPs, and
-forward/backward seconds measured by module hooks) are recorded so commsim can rebuild it
-as a Workload.
+DDP's all-reduces overlapping the backward, once per comm hook (`comm_hooks`: PyTorch's own
+fp16/bf16 compress and PowerSGD hooks; each `ddp` record names its hook). Its layers
+(parameter tensors, FLOPs, and forward/backward seconds measured by module hooks) are
+recorded so commsim can rebuild it as a Workload.
 
 A rank that dies makes the others' collectives fail; one that hangs makes them time out
 (init_process_group's timeout). Either way the run ends with one clear message, rank 0
@@ -59,6 +60,16 @@ INFO_BYTES = 4096  # room for one rank's JSON self-description in the all-gather
 MIB = 2**20
 
 
+POWERSGD_START_ITER = 2  # vanilla all-reduce steps before PowerSGD (torch's minimum: 2)
+
+
+def _valid_hook(name: str) -> bool:
+    kind, _, rank = name.partition(":")
+    if kind == "powersgd":
+        return rank.isdigit() and int(rank) >= 1
+    return name in ("none", "fp16", "bf16")
+
+
 @dataclass(frozen=True)
 class HarnessConfig:
     """What to measure and how (the `calibrate run` options)."""
@@ -77,6 +88,7 @@ class HarnessConfig:
     depth: int = 4  # blocks
     batch: int = 32  # samples per rank per step
     ddp_repeats: int = 10
+    comm_hooks: tuple[str, ...] = ("none",)  # DDP comm hooks, spelled as commsim spells them
 
     def __post_init__(self) -> None:
         lo, _ = parse_size_range(self.sizes)
@@ -96,10 +108,17 @@ class HarnessConfig:
             "--width": (self.width >= 1, "at least 1"),
             "--depth": (self.depth >= 1, "at least 1"),
             "--batch": (self.batch >= 1, "at least 1"),
+            "--comm-hooks": (
+                bool(self.comm_hooks) and all(map(_valid_hook, self.comm_hooks)),
+                "none, fp16, bf16 or powersgd:R (R an integer >= 1), comma-separated",
+            ),
         }
         for flag, (ok, why) in checks.items():
             if not ok:
                 raise SpecError(flag, "", why)
+        nccl = self.backend == "nccl" or (self.backend == "auto" and torch.cuda.is_available())
+        if "bf16" in self.comm_hooks and not nccl:
+            raise SpecError("--comm-hooks", "", "torch's bf16 hook needs CUDA and NCCL 2.10+")
 
     def size_grid(self) -> list[int]:
         lo, hi = parse_size_range(self.sizes)
@@ -536,8 +555,27 @@ def _ddp_step(run: _Run, ddp, opt, x, y, *, sync: bool) -> tuple[float, float]:
     return t2 - t0, t2 - t1
 
 
+def _register_hook(ddp, name: str) -> int:
+    """Register PyTorch's own comm hook `name` on `ddp`; the extra warm-up steps it needs
+    (PowerSGD all-reduces uncompressed until start_powerSGD_iter)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name in ("fp16", "bf16"):
+        ddp.register_comm_hook(None, getattr(default_hooks, f"{name}_compress_hook"))
+        return 0
+    if name.startswith("powersgd:"):
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=int(name.partition(":")[2]),
+            start_powerSGD_iter=POWERSGD_START_ITER,
+        )  # error feedback and warm start on, as by default
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return POWERSGD_START_ITER
+    return 0
+
+
 def _ddp(run: _Run) -> None:
-    """Per bucket cap: compute alone under no_sync, then the full step; SGD each time."""
+    """Per bucket cap and comm hook: compute alone under no_sync, then the full step; SGD."""
     cfg = run.cfg
     torch.manual_seed(0)
     plain = build_model(cfg.width, cfg.depth).to(run.device)
@@ -546,16 +584,17 @@ def _ddp(run: _Run) -> None:
     run.emit(_model_record(plain, fwd, bwd, cfg))
     x, y = _batch(cfg, run.device)
     first_mb = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", MIB) / MIB
-    for cap in cfg.bucket_mb:
-        run.progress.tick(f"DDP step with {cap:g} MiB buckets")
+    for cap, hook in ((c, h) for c in cfg.bucket_mb for h in cfg.comm_hooks):
+        run.progress.tick(f"DDP step with {cap:g} MiB buckets, comm hook {hook}")
         torch.manual_seed(0)
         model = build_model(cfg.width, cfg.depth).to(run.device)
         ids = [run.device.index] if run.device.type == "cuda" else None
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=cap)
+        extra = _register_hook(ddp, hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
 
         batch = (ddp, opt, x, y)
-        for _ in range(3):  # DDP rebuilds its buckets in gradient order after step one
+        for _ in range(3 + extra):  # DDP rebuilds its buckets in gradient order after step one
             _ddp_step(run, *batch, sync=True)
         compute = [_ddp_step(run, *batch, sync=False) for _ in range(cfg.ddp_repeats)]
         full = [_ddp_step(run, *batch, sync=True)[0] for _ in range(cfg.ddp_repeats)]
@@ -567,6 +606,8 @@ def _ddp(run: _Run) -> None:
             {
                 "kind": "ddp",
                 "bucket_mb": cap,
+                "compression": hook,  # absent in older files: none
+                "error_feedback": hook.startswith("powersgd:"),
                 "first_bucket_mb": first_mb,
                 "compute_s": float(np.median(c)),
                 "compute_p10_s": float(np.percentile(c, 10)),
@@ -672,7 +713,8 @@ def launch_local(cfg: HarnessConfig, n: int) -> int:
 def main(argv: list[str]) -> int:
     """A rank started by launch_local: the configuration as JSON in argv[0]."""
     data = json.loads(argv[0])
-    data["ops"], data["bucket_mb"] = tuple(data["ops"]), tuple(data["bucket_mb"])
+    for key in ("ops", "bucket_mb", "comm_hooks"):
+        data[key] = tuple(data[key])
     try:
         return run_rank(HarnessConfig(**data))
     except SpecError as e:
