@@ -555,23 +555,40 @@ def _ddp_step(run: _Run, ddp, opt, x, y, *, sync: bool) -> tuple[float, float]:
     return t2 - t0, t2 - t1
 
 
-def _register_hook(ddp, name: str) -> int:
-    """Register PyTorch's own comm hook `name` on `ddp`; the extra warm-up steps it needs
-    (PowerSGD all-reduces uncompressed until start_powerSGD_iter)."""
+def _one_bucket_at_a_time(hook):
+    """`hook`, waited for before the next bucket's starts (no overlap with the backward)."""
+
+    def blocking(state, bucket):
+        done = torch.futures.Future()
+        done.set_result(hook(state, bucket).wait())
+        return done
+
+    return blocking
+
+
+def _register_hook(ddp, name: str, backend: str) -> tuple[int, bool]:
+    """Register PyTorch's own comm hook `name` on `ddp`: the extra warm-up steps it needs
+    (PowerSGD all-reduces uncompressed until start_powerSGD_iter), and whether it overlaps.
+
+    PowerSGD launches its later all-reduces from future callbacks; on gloo those of several
+    buckets in flight interleave differently on each rank and deadlock, so there it runs
+    one bucket at a time."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if name in ("fp16", "bf16"):
         ddp.register_comm_hook(None, getattr(default_hooks, f"{name}_compress_hook"))
-        return 0
+        return 0, True
     if name.startswith("powersgd:"):
         state = powerSGD_hook.PowerSGDState(
             process_group=None,
             matrix_approximation_rank=int(name.partition(":")[2]),
             start_powerSGD_iter=POWERSGD_START_ITER,
         )  # error feedback and warm start on, as by default
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-        return POWERSGD_START_ITER
-    return 0
+        hook = powerSGD_hook.powerSGD_hook
+        overlap = backend != "gloo"
+        ddp.register_comm_hook(state, hook if overlap else _one_bucket_at_a_time(hook))
+        return POWERSGD_START_ITER, overlap
+    return 0, True
 
 
 def _ddp(run: _Run) -> None:
@@ -590,7 +607,7 @@ def _ddp(run: _Run) -> None:
         model = build_model(cfg.width, cfg.depth).to(run.device)
         ids = [run.device.index] if run.device.type == "cuda" else None
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=cap)
-        extra = _register_hook(ddp, hook)
+        extra, overlap = _register_hook(ddp, hook, run.backend)
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
 
         batch = (ddp, opt, x, y)
@@ -608,6 +625,7 @@ def _ddp(run: _Run) -> None:
                 "bucket_mb": cap,
                 "compression": hook,  # absent in older files: none
                 "error_feedback": hook.startswith("powersgd:"),
+                "overlap": overlap,
                 "first_bucket_mb": first_mb,
                 "compute_s": float(np.median(c)),
                 "compute_p10_s": float(np.percentile(c, 10)),
