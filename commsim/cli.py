@@ -6,8 +6,6 @@ prints one line naming the file and field on stderr and exits 2, never a traceba
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Annotated, Any
 
 import numpy as np
@@ -23,7 +21,7 @@ from commsim.predict import Setup, load_scenario, predict, resolve
 from commsim.specs import ClusterSpec, SpecError, load_spec
 from commsim.topology.build import build_cluster
 from commsim.topology.placement import place
-from commsim.units import UnitError, parse_size_range, parse_time
+from commsim.units import parse_size_range, parse_time
 
 app = typer.Typer(
     add_completion=False,
@@ -36,16 +34,6 @@ app.add_typer(calibrate_app, name="calibrate")
 app.add_typer(testbed_app, name="testbed")
 
 ALL_ALGORITHMS = ("ring", "tree", "rhd", "ps", "hierarchical", "direct")
-
-
-@contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn input errors into one line on stderr and exit code 2."""
-    try:
-        yield
-    except (SpecError, UnitError, ValueError) as e:
-        report.err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
 
 
 def _progress(total: int, label: str) -> Progress:
@@ -62,7 +50,6 @@ def _progress(total: int, label: str) -> Progress:
     return progress
 
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 ScenarioArg = Annotated[
     str | None, typer.Argument(help="Scenario YAML (default: the built-in scenario).")
 ]
@@ -150,11 +137,11 @@ def predict_cmd(
     plot: Annotated[
         str | None, typer.Option(help="Write the step's Gantt chart to this PNG.")
     ] = None,
-    json_out: JsonOpt = False,
+    json_out: report.JsonOpt = False,
 ) -> None:
     """Predict one training step: compute, communication, overlap, scaling, MFU, memory,
     buckets (data parallel) or pipeline/tensor-parallel parts (hybrid layouts)."""
-    with user_errors():
+    with report.user_errors():
         setup = _setup(
             scenario,
             model=model,
@@ -271,7 +258,7 @@ def plan_cmd(
         str | None,
         typer.Option(help="PNG: the winner's step time against NIC bandwidth per compressor."),
     ] = None,
-    json_out: JsonOpt = False,
+    json_out: report.JsonOpt = False,
 ) -> None:
     """Search strategies, ranked by step time: plain DDP in full detail (algorithm x bucket
     x overlap x placement x compression) and, for transformers, data x tensor x pipeline
@@ -297,7 +284,7 @@ def plan_cmd(
             plot,
             json_out,
         )
-    with user_errors():
+    with report.user_errors():
         flags = dict(
             bucket_mb=bucket_mb,
             algorithm=algorithm,
@@ -405,10 +392,10 @@ def collective_cmd(
     ] = "blocked",
     ps_shards: Annotated[int, typer.Option(help="Parameter-server shards.")] = 1,
     profile: ProfileOpt = None,
-    json_out: JsonOpt = False,
+    json_out: report.JsonOpt = False,
 ) -> None:
     """Time one collective over a size sweep, nccl-tests style (time, algbw, busbw)."""
-    with user_errors():
+    with report.user_errors():
         if op not in ALGORITHMS:
             raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
         spec = load_spec(ClusterSpec, catalog.topology_path(cluster, cluster))
@@ -499,7 +486,7 @@ def _size_clusters(
     json_out,
 ) -> None:
     """`commsim plan` in sizing mode: best strategy per fabric and size, Pareto front, pick."""
-    with user_errors():
+    with report.user_errors():
         if objective not in planner.OBJECTIVES:
             raise ValueError(f"--objective must be one of {', '.join(planner.OBJECTIVES)}")
         spec, source = load_scenario(scenario, overrides | {"model": model, "cluster": cluster})
@@ -559,9 +546,9 @@ def _size_clusters(
 
 
 @topo_app.command("list")
-def topo_list(json_out: JsonOpt = False) -> None:
+def topo_list(json_out: report.JsonOpt = False) -> None:
     """The built-in cluster files."""
-    with user_errors():
+    with report.user_errors():
         specs = [load_spec(ClusterSpec, catalog.topology_path(n)) for n in catalog.topology_names()]
     if json_out:
         report.print_json(
@@ -596,10 +583,10 @@ def topo_show(
         int | None, typer.Option(help="Build only the nodes this many GPUs need.")
     ] = None,
     plot: Annotated[str | None, typer.Option(help="Draw the graph to this PNG.")] = None,
-    json_out: JsonOpt = False,
+    json_out: report.JsonOpt = False,
 ) -> None:
     """A topology's summary: nodes, NICs, tiers, bandwidths, switch counts; --plot draws it."""
-    with user_errors():
+    with report.user_errors():
         spec = load_spec(ClusterSpec, catalog.topology_path(name, name))
         built = build_cluster(spec, gpus, name)
         summary = built.summary()
@@ -638,14 +625,14 @@ def compression_bench(
         BENCH_COMPRESSORS
     ),
     repeats: Annotated[int, typer.Option(help="Timing repeats (the median is kept).")] = 5,
-    json_out: JsonOpt = False,
+    json_out: report.JsonOpt = False,
 ) -> None:
     """Wire ratio, fidelity delta and encode/decode time per MB of each compressor, on
     synthetic heavy-tailed gradients of a transformer block and on a real MLP's gradients."""
     from commsim.compression import measure, synthetic_gradients
     from commsim.convergence import mlp_gradients
 
-    with user_errors():
+    with report.user_errors():
         specs = _compressor_list(compressors)
         sources = {
             "synthetic block": np.concatenate(
@@ -679,13 +666,13 @@ def compression_convergence(
     workers: Annotated[int, typer.Option(help="Simulated data-parallel workers.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed for data split, init and sampling.")] = 0,
     plot: Annotated[str | None, typer.Option(help="Write the loss curves to this PNG.")] = None,
-    json_out: JsonOpt = False,
+    json_out: report.JsonOpt = False,
 ) -> None:
     """Train a small MLP on scikit-learn's bundled digits with simulated workers whose
     gradients pass through each compressor; accuracy and loss against uncompressed."""
     from commsim import convergence
 
-    with user_errors():
+    with report.user_errors():
         modes = {"both": "both", "on": True, "off": False}
         if error_feedback not in modes:
             raise ValueError(f"--error-feedback must be both, on or off, not {error_feedback!r}")

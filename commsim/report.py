@@ -13,20 +13,37 @@ Metrics, as every table and JSON key here uses them:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console
 from rich.table import Table
 
-from commsim.units import fmt_bytes, fmt_rate, fmt_time
+from commsim.specs import SpecError
+from commsim.units import UnitError, fmt_bytes, fmt_rate, fmt_time
 
 # Piped output (CI logs, `| less`) gets a wide page instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True)
+
+
+# The --json option every command takes.
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Input errors (a spec, a unit, a value) as one line on stderr and exit code 2."""
+    try:
+        yield
+    except (SpecError, UnitError, ValueError) as e:
+        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 def _jsonable(obj: Any) -> Any:

@@ -8,9 +8,7 @@ and renamed, so nothing already there is lost or half-overwritten.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -27,22 +25,12 @@ from commsim.calibrate.profile import (
     write_atomic,
 )
 from commsim.specs import ClusterSpec, SpecError, load_spec
-from commsim.units import UnitError, fmt_bytes, fmt_rate, fmt_time
+from commsim.units import fmt_bytes, fmt_rate, fmt_time
 
 calibrate_app = typer.Typer(
     no_args_is_help=True,
     help="Measure torch.distributed on a real cluster, fit the model to it, check predictions.",
 )
-
-
-@contextlib.contextmanager
-def _user_errors() -> Iterator[None]:
-    """Input errors: one line on stderr, exit code 2."""
-    try:
-        yield
-    except (SpecError, UnitError, ValueError) as e:
-        report.err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
 
 
 def _cluster(name: str) -> ClusterSpec:
@@ -56,7 +44,6 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
         raise SpecError(flag, "", f"expected numbers separated by commas, got {text!r}") from None
 
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 ClusterOpt = Annotated[str, typer.Option(help="Topology name or cluster YAML the run used.")]
 
 
@@ -89,7 +76,7 @@ def run_cmd(
 
     Under torchrun (or `commsim testbed run`) every rank runs this command; --local N
     starts N ranks here."""
-    with _user_errors():
+    with report.user_errors():
         try:
             from commsim.calibrate import harness
         except ImportError as e:
@@ -131,7 +118,7 @@ def import_cmd(
 
     from commsim.calibrate.ncclt import parse_log
 
-    with _user_errors():
+    with report.user_errors():
         if op is not None and op not in OPS:
             raise SpecError("--op", "", f"unknown op {op!r} (choose from {', '.join(OPS)})")
         records = [r for log in logs for r in parse_log(log, op)]
@@ -176,14 +163,14 @@ def fit_cmd(
     results: Annotated[list[str], typer.Argument(help="Results files (JSONL).")],
     cluster: ClusterOpt,
     output: Annotated[str, typer.Option("-o", "--output", help="Profile YAML to write.")],
-    json_out: JsonOpt = False,
+    json_out: report.JsonOpt = False,
 ) -> None:
     """Fit alpha and bandwidth per link tier (and the compute rate) to measurements."""
     from rich.table import Table
 
     from commsim.calibrate.fit import fit_profile
 
-    with _user_errors():
+    with report.user_errors():
         spec = _cluster(cluster)
         fitted = fit_profile(read_results(results), spec, source=", ".join(results))
         write_atomic(output, profile_yaml(fitted.profile))
@@ -223,7 +210,7 @@ def validate_cmd(
     min_bytes: Annotated[
         str, typer.Option(help="Summarise collectives of at least this size, e.g. 1MiB.")
     ] = "0B",
-    json_out: JsonOpt = False,
+    json_out: report.JsonOpt = False,
 ) -> None:
     """Predicted against measured for every point, with the profile applied to the cluster."""
     from rich.table import Table
@@ -231,7 +218,7 @@ def validate_cmd(
     from commsim.calibrate.validate import plot_validation, validate
     from commsim.units import parse_bytes
 
-    with _user_errors():
+    with report.user_errors():
         spec = _cluster(cluster)
         prof = load_profile(profile)
         checked = validate(

@@ -7,8 +7,6 @@ more than 15% off its shaped rate.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -18,7 +16,6 @@ from rich.table import Table
 from commsim import report
 from commsim.calibrate import testbed
 from commsim.specs import SpecError
-from commsim.units import UnitError
 
 testbed_app = typer.Typer(
     no_args_is_help=True,
@@ -29,18 +26,7 @@ testbed_app = typer.Typer(
 FileArg = Annotated[
     Path, typer.Argument(help="Testbed YAML (racks, hosts, rates), e.g. testbeds/2x2-oversub.yaml.")
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 TOLERANCE = 0.15
-
-
-@contextlib.contextmanager
-def _user_errors() -> Iterator[None]:
-    """Input and host errors: one line on stderr, exit 2."""
-    try:
-        yield
-    except (SpecError, UnitError, ValueError) as e:
-        report.err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
 
 
 def _mbit(bps: float) -> str:
@@ -48,9 +34,9 @@ def _mbit(bps: float) -> str:
 
 
 @testbed_app.command()
-def up(file: FileArg, json: JsonOpt = False) -> None:
+def up(file: FileArg, json: report.JsonOpt = False) -> None:
     """Build the testbed (removing leftovers of an earlier one with the same prefix)."""
-    with _user_errors():
+    with report.user_errors():
         spec = testbed.load_testbed(file)
         state = testbed.up(spec)
     if json:
@@ -72,16 +58,16 @@ def down(
     prefix: Annotated[str, typer.Option(help="Prefix of the testbed to remove.")] = "cs",
 ) -> None:
     """Remove every namespace, bridge and link of a testbed, also after a crash."""
-    with _user_errors():
+    with report.user_errors():
         removed = testbed.down(prefix)
     what = ", ".join(removed) if removed else "nothing was there"
     report.console.print(f"testbed {prefix!r} removed: {what}", highlight=False)
 
 
 @testbed_app.command()
-def status(json: JsonOpt = False) -> None:
+def status(json: report.JsonOpt = False) -> None:
     """List the testbeds on this host: up, broken (namespaces missing) or leftover."""
-    with _user_errors():
+    with report.user_errors():
         rows = testbed.status()
     if json:
         report.print_json({"testbeds": rows})
@@ -124,7 +110,7 @@ def run(
 ) -> None:
     """Run `-- COMMAND...` once per rank, each in its host's namespace, torchrun-style
     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, COMMSIM_HOST, COMMSIM_RACK)."""
-    with _user_errors():
+    with report.user_errors():
         spec = testbed.load_testbed(file)
         if not ctx.args:
             raise SpecError("testbed run", "COMMAND", "give the command after --")
@@ -152,10 +138,10 @@ def run(
 def check(
     file: FileArg,
     seconds: Annotated[float, typer.Option(help="Length of each TCP stream.")] = 1.5,
-    json: JsonOpt = False,
+    json: report.JsonOpt = False,
 ) -> None:
     """Measure each link class with TCP streams between namespaces: measured vs shaped."""
-    with _user_errors():
+    with report.user_errors():
         spec = testbed.load_testbed(file)
         rows = testbed.check(spec, seconds)
     bad = [r for r in rows if abs(r["ratio"] - 1) > TOLERANCE]
