@@ -24,11 +24,15 @@ def _row(gpus, days, cost, fabric="f"):
 
 
 def test_pareto_front_and_pick():
-    rows = [_row(256, 40, 100), _row(512, 21, 105), _row(1024, 12, 130),
-            _row(1024, 15, 140, "slow"), _row(2048, 7, 180)]
+    rows = [
+        _row(256, 40, 100),
+        _row(512, 21, 105),
+        _row(1024, 12, 130),
+        _row(1024, 15, 140, "slow"),
+        _row(2048, 7, 180),
+    ]
     front = pareto_front(rows)
-    assert [(r.fabric, r.gpus) for r in front] == [("f", 2048), ("f", 1024), ("f", 512),
-                                                   ("f", 256)]
+    assert [(r.fabric, r.gpus) for r in front] == [("f", 2048), ("f", 1024), ("f", 512), ("f", 256)]
     assert pick_size(rows, deadline_s=30 * 86400, budget=None).gpus == 512  # smallest in time
     assert pick_size(rows, deadline_s=None, budget=135).gpus == 1024  # fastest within budget
     assert pick_size(rows, deadline_s=5 * 86400, budget=None) is None
@@ -36,11 +40,29 @@ def test_pareto_front_and_pick():
 
 def test_sizing_cli_json(tmp_path):
     png = tmp_path / "sizing.png"
-    result = CliRunner().invoke(app, [
-        "plan", "--model", "gpt2-xl", "--tokens", "30e9", "--gpus", "64:128", "--fabric",
-        "dgx-h100-ib", "--global-batch", "512", "--price-per-gpu-hour", "2", "--deadline",
-        "30d", "--plot", str(png), "--json",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            "--model",
+            "gpt2-xl",
+            "--tokens",
+            "30e9",
+            "--gpus",
+            "64:128",
+            "--fabric",
+            "dgx-h100-ib",
+            "--global-batch",
+            "512",
+            "--price-per-gpu-hour",
+            "2",
+            "--deadline",
+            "30d",
+            "--plot",
+            str(png),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert [r["gpus"] for r in doc["sizing"]] == [64, 128]
