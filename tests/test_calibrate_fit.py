@@ -134,6 +134,23 @@ def test_outliers_are_set_aside_and_named():
     assert note.startswith("left out 3 of 70 points")
 
 
+def test_parameter_only_outliers_depended_on_keeps_the_cluster_value():
+    # alpha shows only in the two smallest sizes; one of them stalled 20x, so both sit
+    # far from any fit and are left out: alpha is then undetermined, not fitted to noise
+    spec = make_spec(nodes=1, gpus_per_node=4)
+    truth = {"intra-node": (40e-6, 2e9)}
+    sizes = [8, 16, *(512e6 * 2.0 ** np.arange(4))]
+    res = _results(spec, truth, [[0, 1, 2, 3]], sizes, ops=("all-reduce",), ranks=ONE_HOST)
+    line, rec = res.runs["syn"].collectives[0]
+    res.runs["syn"].collectives[0] = (line, rec.model_copy(update={"time_s": rec.time_s * 20}))
+    fitted = fit.fit_profile(res, spec)
+    tier = fitted.profile.tiers["intra-node"]
+    assert tier.fitted == ["bandwidth"] and tier.alpha_ci_s is None
+    assert tier.alpha_s == pytest.approx(spec.node.intra_latency)
+    assert tier.bandwidth_ci_Bps[0] <= 2e9 <= tier.bandwidth_ci_Bps[1]
+    assert any("alpha kept the cluster's value" in n for n in fitted.profile.notes)
+
+
 def test_tier_without_its_own_group_keeps_the_cluster_value():
     # only whole-world groups: intra- and inter-node links are never measured alone
     fitted = fit.fit_profile(

@@ -424,13 +424,14 @@ def fit_profile(results: Results, spec: ClusterSpec, *, source: str = "results")
     def times(theta: np.ndarray) -> np.ndarray:
         return model_times(model.cluster(theta), points, algorithms)
 
-    theta = np.array([p.start for p in model.params])
+    nominal = np.array([p.start for p in model.params])
+    theta = nominal.copy()
     scale = np.array([p.scale for p in model.params])
     free = np.zeros(theta.size, dtype=bool)
     for _ in range(3):  # parameters can start or stop mattering as the others move
         predicted = times(theta)
         jac = _jacobian(times, theta, predicted, _steps(model, theta))
-        matters = np.max(np.abs(jac) * scale / predicted[:, None], axis=0) >= MIN_SHARE
+        matters = _matters(jac, scale, predicted)
         if not matters.any():
             raise SpecError(source, "", "no tier parameter changes any prediction: nothing to fit")
         if np.array_equal(matters, free):
@@ -440,9 +441,18 @@ def fit_profile(results: Results, spec: ClusterSpec, *, source: str = "results")
     keep = _inliers(np.log(times(theta) / measured))
     if keep.sum() <= free.sum():
         raise SpecError(source, "", "too few consistent points to fit: measure more")
-    theta = _solve(lambda th: times(th)[keep], measured[keep], model, theta, free, "linear")
-    predicted = times(theta)
-    jac = _jacobian(times, theta, predicted, _steps(model, theta))
+    was_fitted = free.copy()
+    for _ in range(3):  # a parameter can stop mattering at the refit: pin it and refit
+        theta = _solve(lambda th: times(th)[keep], measured[keep], model, theta, free, "linear")
+        predicted = times(theta)
+        jac = _jacobian(times, theta, predicted, _steps(model, theta))
+        lost = free & ~_matters(jac[keep], scale, predicted[keep])
+        if not lost.any():
+            break
+        free &= ~lost
+        theta[lost] = nominal[lost]
+        if not free.any():
+            raise SpecError(source, "", "no tier parameter changes any prediction: nothing to fit")
     rel_jac = jac[keep][:, free] / predicted[keep, None]  # of log(predicted)
     resid = np.log(predicted[keep] / measured[keep])
     dof = int(keep.sum() - free.sum())
@@ -458,12 +468,16 @@ def fit_profile(results: Results, spec: ClusterSpec, *, source: str = "results")
             f"(line {p.line}), measured {p.measured_s:.3g} s, model {predicted[worst]:.3g} s"
         )
     tiers = _tier_fits(model, theta, cov, stats.t.ppf(0.975, dof), free, spans)
-    for p, f, x in zip(model.params, free, theta, strict=True):
+    for p, f, x, was_free in zip(model.params, free, theta, was_fitted, strict=True):
         if not f:
+            why = (
+                "the points that did were left out as outliers"
+                if was_free
+                else "measure smaller sizes for alpha, larger for bandwidth"
+            )
             notes.append(
                 f"{p.tier} {p.name} kept the cluster's value: no measurement depends on it "
-                "(measure smaller sizes for alpha, larger for bandwidth, or another link "
-                "is the bottleneck)"
+                f"({why}, or another link is the bottleneck)"
             )
         elif min(x - p.lower, p.upper - x) <= 1e-6 * p.scale:
             notes.append(f"{p.tier} {p.name} ended at its bound ({p.lower:g}..{p.upper:g})")
@@ -484,6 +498,11 @@ def fit_profile(results: Results, spec: ClusterSpec, *, source: str = "results")
         notes=notes,
     )
     return FitResult(profile, points, predicted, model.cluster(theta))
+
+
+def _matters(jac: np.ndarray, scale: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+    """Parameters that move some point's time by MIN_SHARE or more over their scale."""
+    return np.max(np.abs(jac) * scale / predicted[:, None], axis=0) >= MIN_SHARE
 
 
 def _inliers(resid: np.ndarray) -> np.ndarray:
