@@ -246,6 +246,14 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
         )
     if strategy.interleave > 1 and strategy.pp == 1:
         raise SpecError(src, "strategy.interleave", "interleaving needs pp > 1")
+    if strategy.interleave > 1 and setup.micro_batches(strategy) < strategy.pp:
+        raise SpecError(
+            src,
+            "strategy.interleave",
+            f"the interleaved schedule runs micro-batches in groups of pp = {strategy.pp}: "
+            f"it needs at least {strategy.pp} per step, this layout has "
+            f"{setup.micro_batches(strategy)} (global_batch / (dp x micro_batch))",
+        )
     if strategy.ep > 1:
         if not w.moe:
             raise SpecError(

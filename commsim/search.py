@@ -71,11 +71,13 @@ def enumerate_layouts(setup: Setup, pins: dict[str, Any] | None = None) -> Layou
             ):
                 if s.global_batch % (dp * b):
                     continue
+                m = s.global_batch // (dp * b)
                 vs = [pins["interleave"]] if "interleave" in pins else INTERLEAVES
                 for v in vs:
-                    if (v > 1 and pp == 1) or blocks % (pp * v):
+                    # interleaving: pp > 1, and micro-batches in groups of pp (check_layout)
+                    if (v > 1 and (pp == 1 or m < pp)) or blocks % (pp * v):
                         continue
-                    combos.append((dp, tp, pp, ep, b, s.global_batch // (dp * b), v))
+                    combos.append((dp, tp, pp, ep, b, m, v))
     grid = {
         "zero": [pins["zero"]] if "zero" in pins else ZERO_STAGES,
         "recompute": [RECOMPUTE.index(pins["recompute"])]

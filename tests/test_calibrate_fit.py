@@ -26,7 +26,7 @@ from commsim.calibrate.profile import (
     leaf_uplinks,
     tier_params,
 )
-from commsim.calibrate.validate import harness_workload, predict_ddp, validate
+from commsim.calibrate.validate import codec_gpu, harness_workload, predict_ddp, validate
 from commsim.collectives.schedule import evaluate
 from commsim.specs import SpecError
 from commsim.topology.build import build_cluster
@@ -35,6 +35,7 @@ from commsim.topology.build import build_cluster
 SPEC = make_spec(nodes=4, gpus_per_node=2, nodes_per_leaf=2, oversubscription=(2.0,))
 TRUTH = {"intra-node": (5e-6, 20e9), "inter-node": (30e-6, 1.25e9), "cross-rack": (40e-6, 1.25e9)}
 OPS = ("all-reduce", "all-gather", "send-recv", "broadcast", "all-to-all")
+GPU = codec_gpu(SPEC, None)
 
 
 def _results(
@@ -346,7 +347,7 @@ def test_ddp_prediction_and_compute_rate():
         repeats=5,
     )
     group = fit.GroupModel(build_cluster(spec), [0, 1])
-    rep = predict_ddp(group, model, ddp, "ring")
+    rep = predict_ddp(group, model, ddp, "ring", GPU)
     # compute scaled to the measured 24 ms of forward + backward, then the optimizer
     assert rep.compute_s == pytest.approx(0.03)
     assert len(rep.buckets) == 8  # one 1 MiB tensor crosses each bucket cap
@@ -357,3 +358,28 @@ def test_ddp_prediction_and_compute_rate():
     flops = 3 * 8 * 2 * 512 * 512 * 16
     assert compute.flops_per_s == pytest.approx(flops / 0.024)
     assert compute.efficiency == pytest.approx(flops / 0.024 / 312e12)
+
+
+def test_ddp_with_a_comm_hook_runs_its_collectives_and_codec():
+    # fp16: every bucket all-reduces half its fp32 bytes, after an encode on the compute
+    # stream; validate predicts hook records as such and names the hook in the row's op
+    spec = make_spec(nodes=1, gpus_per_node=2)
+    model = _model_record()
+    kw = dict(kind="ddp", run="syn", bucket_mb=1.0, first_bucket_mb=1.0, repeats=5)
+    times = dict(compute_s=0.03, optimizer_s=0.006, exposed_comm_s=0.01)
+    plain = DDPRecord(**kw, **times, step_s=0.04)
+    fp16 = DDPRecord(**kw, **times, step_s=0.035, compression="fp16")
+    group = fit.GroupModel(build_cluster(spec), [0, 1])
+    base = predict_ddp(group, model, plain, "ring", GPU)
+    half = predict_ddp(group, model, fp16, "ring", GPU)
+    assert base.codec_s == 0 and half.codec_s > 0
+    sizes = [b.bytes for b in base.buckets]
+    assert [b.bytes for b in half.buckets] == sizes
+    assert half.comm_s == pytest.approx(sum(group.time("all-reduce", "ring", s / 2) for s in sizes))
+    assert base.comm_s == pytest.approx(sum(group.time("all-reduce", "ring", s) for s in sizes))
+
+    res = _results(spec, {"intra-node": (40e-6, 2e9)}, [[0, 1]], 8 * 4.0 ** np.arange(10))
+    res.runs["syn"].model, res.runs["syn"].ddp = model, [plain, fp16]
+    profile = fit.fit_profile(res, spec).profile
+    rows = [r for r in validate(res, spec, profile).rows if r.kind == "ddp-step"]
+    assert [r.op for r in rows] == ["ddp", "ddp fp16"]

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
-from commsim.calibrate.profile import read_results
+from commsim.calibrate.profile import ALGORITHMS, read_results
+from commsim.cli import app
 from commsim.specs import ClusterSpec, SpecError
 
 torch = pytest.importorskip("torch")
@@ -75,9 +77,8 @@ def test_local_run_records_one_step_per_hook_and_bucket(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     ddp = _ddp(out)
-    assert [(d["bucket_mb"], d["compression"]) for d in ddp] == [
-        (cap, hook) for cap in (0.05, 1.0) for hook in ("none", "fp16", "powersgd:1")
-    ]
+    pairs = [(cap, hook) for cap in (0.05, 1.0) for hook in ("none", "fp16", "powersgd:1")]
+    assert [(d["bucket_mb"], d["compression"]) for d in ddp] == pairs
     assert [d["error_feedback"] for d in ddp] == [False, False, True] * 2
     assert [d["overlap"] for d in ddp] == [True, True, False] * 2  # gloo: one bucket at a time
     assert all(d["step_s"] > 0 and d["compute_s"] > 0 for d in ddp)
@@ -95,6 +96,30 @@ def test_local_run_records_one_step_per_hook_and_bucket(tmp_path):
         assert (r.codec_s > 0) == (r.compression != "none")
         if r.compression == "none":
             assert r.measured_speedup == r.predicted_speedup == 1.0
+
+    # `calibrate validate` predicts each hooked step with its hook and tabulates speedups
+    cluster = tmp_path / "loopback-2.yaml"
+    cluster.write_text(LOOPBACK)
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(
+        yaml.safe_dump(
+            {
+                "cluster": "loopback-2",
+                "backend": "gloo",
+                "tiers": {"intra-node": {"alpha_s": 50e-6, "bandwidth_Bps": 2e9, "points": 1}},
+                "algorithms": dict(ALGORITHMS["gloo"]),
+                "provenance": {"files": [], "runs": [], "date": "", "points": 1, "commsim": "0"},
+            }
+        )
+    )
+    args = ["calibrate", "validate", str(out), "--profile", str(profile), "--cluster"]
+    shown = CliRunner().invoke(app, [*args, str(cluster)])
+    assert shown.exit_code == 0, shown.output
+    assert "DDP comm hooks" in shown.output and "powersgd:1 + EF (no overlap)" in shown.output
+    doc = json.loads(CliRunner().invoke(app, [*args, str(cluster), "--json"]).output)
+    steps = [r["op"] for r in doc["rows"] if r["kind"] == "ddp-step"]
+    assert steps == [f"ddp {h}".replace("ddp none", "ddp") for _, h in pairs]
+    assert [(h["bucket_mb"], h["compression"]) for h in doc["hooks"]] == pairs
 
 
 needs_root = pytest.mark.skipif(

@@ -47,6 +47,13 @@ def _coll(run: str = "r1", size: float = 1024.0, t: float = 1e-4) -> dict:
     }
 
 
+def _ddp(run: str = "r1", **hook) -> dict:
+    times = {"compute_s": 0.03, "optimizer_s": 0.006, "step_s": 0.04, "exposed_comm_s": 0.01}
+    return {"kind": "ddp", "run": run, "bucket_mb": 1, "first_bucket_mb": 1, "repeats": 5} | (
+        times | hook
+    )
+
+
 def _write(path: Path, records: list[dict], tail: str = "") -> Path:
     path.write_text("".join(record_line(r) for r in records) + tail)
     return path
@@ -77,6 +84,7 @@ def test_results_roundtrip(tmp_path):
         (record_line(_coll(run="r9")), 3, "before its meta"),
         (record_line(_meta()), 3, "starts twice"),
         (record_line(_coll() | {"group": [0, 5]}), 3, "outside world size"),
+        (record_line(_ddp() | {"compression": "zip"}), 3, "compression: unknown compressor"),
     ],
 )
 def test_bad_results_lines_name_the_line(tmp_path, tail, line, words):
@@ -85,6 +93,15 @@ def test_bad_results_lines_name_the_line(tmp_path, tail, line, words):
         read_results(path)
     assert f"bad.jsonl: line {line}:" in str(err.value)
     assert words in str(err.value)
+
+
+def test_ddp_records_keep_their_comm_hook(tmp_path):
+    plain, hooked = _ddp(), _ddp(compression="POWERSGD:2", error_feedback=True, overlap=False)
+    (run,) = read_results(_write(tmp_path / "d.jsonl", [_meta(), plain, hooked])).runs.values()
+    assert [(d.compression, d.error_feedback, d.overlap) for d in run.ddp] == [
+        ("none", False, True),
+        ("powersgd:2", True, False),
+    ]
 
 
 def test_meta_needs_every_rank_once(tmp_path):

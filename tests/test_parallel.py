@@ -139,6 +139,10 @@ def test_interleaved_placement_hurts_tensor_parallelism():
         (("--tp", "3"), "tp x pp = 3 x 1 does not divide"),
         (("--model", "resnet50", "--tp", "2"), "not a transformer"),
         (("--pp", "2", "--interleave", "5"), "do not split evenly"),
+        (
+            ("--pp", "4", "--interleave", "2", "--global-batch", "32", "--micro-batch", "1"),
+            "needs at least 4 per step, this layout has 2",
+        ),
     ],
 )
 def test_bad_layouts_exit_2(args, expect):

@@ -9,7 +9,7 @@ and renamed, so nothing already there is lost or half-overwritten.
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -26,6 +26,11 @@ from commsim.calibrate.profile import (
 )
 from commsim.specs import ClusterSpec, SpecError, load_spec
 from commsim.units import fmt_bytes, fmt_rate, fmt_time
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from commsim.calibrate.hooks import HookRow
 
 calibrate_app = typer.Typer(
     no_args_is_help=True,
@@ -215,30 +220,34 @@ def validate_cmd(
     """Predicted against measured for every point, with the profile applied to the cluster."""
     from rich.table import Table
 
+    from commsim.calibrate.hooks import hook_speedups
     from commsim.calibrate.validate import plot_validation, validate
     from commsim.units import parse_bytes
 
     with report.user_errors():
         spec = _cluster(cluster)
         prof = load_profile(profile)
+        measured = read_results(results)
         checked = validate(
-            read_results(results),
+            measured,
             spec,
             prof,
             min_bytes=parse_bytes(min_bytes),
             profile_source=profile,
         )
+        hooked = any(d.compression != "none" for r in measured.runs.values() for d in r.ddp)
+        speedups = hook_speedups(measured, spec, prof) if hooked else []
         if plot:
             plot_validation(checked, plot, f"{spec.name}, {prof.backend}: measured vs predicted")
     if json_out:
-        report.print_json(checked.to_dict())
+        report.print_json(checked.to_dict() | {"hooks": [h.to_dict() for h in speedups]})
         return
     table = Table(title=f"{spec.name}: predicted vs measured", title_justify="left")
     for col in ("what", "ranks", "span", "size", "measured", "predicted", "error"):
         table.add_column(col, justify="left" if col in ("what", "span") else "right")
     for r in checked.rows:
         size = fmt_bytes(r.bytes) if r.bytes else f"{r.bucket_mb:g} MiB buckets"
-        what = r.op if r.kind == "collective" else r.kind
+        what = r.op if r.kind == "collective" else f"{r.op} {r.kind.removeprefix('ddp-')}"
         table.add_row(
             what,
             str(r.group_size),
@@ -257,8 +266,33 @@ def validate_cmd(
                 f"{label}{floor}: median |error| {s['median_abs_pct_error']:.1f}%, worst "
                 f"{s['max_abs_pct_error']:.1f}% over {s['points']} points"
             )
+    if speedups:
+        report.console.print(_hook_table(speedups))
     if plot:
         report.console.print(f"plot written to {plot}")
+
+
+def _hook_table(rows: list[HookRow]) -> Table:
+    """Each comm hook's step and speedup over plain DDP of the same bucket cap."""
+    from rich.table import Table
+
+    table = Table(title="DDP comm hooks: speedup over plain all-reduce", title_justify="left")
+    cols = ("run", "buckets", "hook", "measured step", "speedup", "predicted step", "speedup")
+    for col in (*cols, "error"):
+        table.add_column(col, justify="left" if col in ("run", "hook") else "right")
+    for h in rows:
+        hook = h.compression + (" + EF" if h.error_feedback else "")
+        table.add_row(
+            h.run,
+            f"{h.bucket_mb:g} MiB",
+            hook + ("" if h.overlap else " (no overlap)"),
+            fmt_time(h.measured_step_s),
+            f"{h.measured_speedup:.2f}x",
+            fmt_time(h.predicted_step_s),
+            f"{h.predicted_speedup:.2f}x",
+            f"{100 * h.error:+.1f}%",
+        )
+    return table
 
 
 if __name__ == "__main__":

@@ -5,8 +5,7 @@ model once per bucket cap and hook, each `ddp` record naming its hook as commsim
 (`compression`, `error_feedback`, `overlap`). Per bucket cap, the measured speedup of a hook
 is the uncompressed step time over its own; commsim predicts both steps of the same model
 (validate.predict_ddp's per-layer times, scaled to the measured compute alone) with the
-hook's collectives and codec cost as predict.bucket_sync_time and bucket_codec_time price
-them, and error = predicted speedup / measured speedup - 1.
+hook's collectives and codec cost, and error = predicted speedup / measured speedup - 1.
 
 Approximations, stated rather than hidden:
 - codec cost: commsim's model is a GPU HBM pass (bytes at the memory bandwidth, matmul FLOPs
@@ -25,35 +24,13 @@ Approximations, stated rather than hidden:
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-import numpy as np
-
-from commsim import catalog
 from commsim.calibrate.fit import GroupModel, placement
-from commsim.calibrate.profile import (
-    ALGORITHMS,
-    DDPRecord,
-    ModelRecord,
-    Profile,
-    Results,
-    apply_profile,
-)
-from commsim.calibrate.validate import DTYPE_BYTES, harness_workload, predict_ddp
-from commsim.compression import encode_decode_seconds, parse_compressor
-from commsim.specs import ClusterSpec, GPUSpec, SpecError
-from commsim.timeline import MIB, StepReport, assign_buckets, schedule_streams
+from commsim.calibrate.profile import ALGORITHMS, Profile, Results, apply_profile
+from commsim.calibrate.validate import codec_gpu, predict_ddp
+from commsim.specs import ClusterSpec, SpecError
 from commsim.topology.build import build_cluster
-
-
-class HookDDPRecord(DDPRecord):
-    """A `ddp` record with the comm hook it ran (files without one ran none)."""
-
-    compression: str = "none"
-    error_feedback: bool = False
-    overlap: bool = True
 
 
 @dataclass(frozen=True)
@@ -76,80 +53,6 @@ class HookRow:
         return asdict(self)
 
 
-def hook_records(results: Results) -> dict[str, list[HookDDPRecord]]:
-    """Every run's `ddp` records with their hook fields (Results drops unknown fields)."""
-    out: dict[str, list[HookDDPRecord]] = {}
-    for path in results.files:
-        for line in Path(path).read_text().splitlines():
-            rec = json.loads(line) if line.strip().startswith("{") else None
-            if (
-                isinstance(rec, dict)
-                and rec.get("kind") == "ddp"
-                and rec.get("run") in results.runs
-            ):
-                out.setdefault(rec["run"], []).append(HookDDPRecord.model_validate(rec))
-    return out
-
-
-def codec_gpu(spec: ClusterSpec, profile: Profile | None) -> GPUSpec:
-    """The GPU entry that prices the codec: the cluster's, its matmul rate the measured
-    compute rate when the profile has one (encode_decode_seconds takes half the peak)."""
-    gpu = catalog.gpu(spec.node.gpu, spec.name, "node.gpu")
-    if profile is not None and profile.compute is not None:
-        gpu = gpu.model_copy(update={"peak_flops": 2.0 * profile.compute.flops_per_s})
-    return gpu
-
-
-def predict_hook_ddp(
-    group: GroupModel, model: ModelRecord, ddp: HookDDPRecord, algorithm: str, gpu: GPUSpec
-) -> StepReport:
-    """The predicted step of the harness model with the record's comm hook: predict_ddp's
-    timeline, each bucket's collectives those of the compressor, plus its codec."""
-    if ddp.compression == "none" and ddp.overlap:
-        return predict_ddp(group, model, ddp, algorithm)
-    compressor = parse_compressor(ddp.compression)
-    n = len(group.gpus)
-    workload = harness_workload(model)
-    fwd = np.array([x.forward_s for x in model.layers])
-    bwd = np.array([x.backward_s for x in model.layers])
-    scale = max(ddp.compute_s - ddp.optimizer_s, 0.0) / float(fwd.sum() + bwd.sum())
-    elt = float(DTYPE_BYTES.get(model.dtype, 4))
-    tensor_bytes = workload.tensor_params * elt
-    buckets = assign_buckets(tensor_bytes, ddp.bucket_mb * MIB, ddp.first_bucket_mb * MIB)
-
-    def sync(sizes: np.ndarray) -> np.ndarray:
-        return np.array(
-            [
-                sum(
-                    group.time(op, algorithm, b)
-                    for op, b in compressor.collectives(int(s / elt), n)
-                )
-                for s in sizes
-            ]
-        )
-
-    def codec(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        pairs = [
-            encode_decode_seconds(compressor, int(s / elt), gpu, n, ddp.error_feedback)
-            for s in sizes
-        ]
-        enc, dec = np.array(pairs, dtype=float).reshape(-1, 2).T
-        return enc, dec
-
-    return schedule_streams(
-        fwd * scale,
-        bwd * scale,
-        tensor_bytes,
-        buckets,
-        sync,
-        tensor_layer=workload.tensor_layer,
-        overlap=ddp.overlap,
-        optimizer_s=ddp.optimizer_s,
-        names=[layer.name for layer in workload.layers],
-        codec_time=codec if n > 1 and ddp.compression != "none" else None,
-    )
-
-
 def hook_speedups(
     results: Results, spec: ClusterSpec, profile: Profile | None = None
 ) -> list[HookRow]:
@@ -158,10 +61,11 @@ def hook_speedups(
     if profile is not None:
         spec = apply_profile(spec, profile)
     gpu = codec_gpu(spec, profile)
-    records = hook_records(results)
     rows = []
-    for rid, ddps in records.items():
-        run = results.runs[rid]
+    for rid, run in results.runs.items():
+        ddps = run.ddp
+        if not ddps:
+            continue
         if run.model is None:
             raise SpecError(", ".join(results.files), "", f"run {rid} recorded no model")
         gpus = placement(run.meta, spec, f"run {rid}")
@@ -173,9 +77,9 @@ def hook_speedups(
             base = next((d for d in mine if d.compression == "none"), None)
             if base is None:
                 continue
-            base_pred = predict_hook_ddp(group, run.model, base, algorithm, gpu).step_time_s
+            base_pred = predict_ddp(group, run.model, base, algorithm, gpu).step_time_s
             for d in mine:
-                rep = predict_hook_ddp(group, run.model, d, algorithm, gpu)
+                rep = predict_ddp(group, run.model, d, algorithm, gpu)
                 measured = base.step_s / d.step_s
                 predicted = base_pred / rep.step_time_s
                 rows.append(

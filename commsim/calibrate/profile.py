@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from commsim.specs import ClusterSpec, Spec, SpecError, load_spec
+from commsim.specs import ClusterSpec, Compression, Spec, SpecError, load_spec
 
 FORMAT_VERSION = 1  # the `format` of meta records this reader understands
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "all-to-all", "send-recv")
@@ -180,6 +180,10 @@ class DDPRecord(Record):
     exposed_comm_s: float
     repeats: int = Field(ge=1)
     buckets_bytes: list[int] | None = None  # DDP's own bucket sizes, when torch reports them
+    # the comm hook the step ran, spelled as a strategy's compression (older files: none)
+    compression: Compression = "none"
+    error_feedback: bool = False
+    overlap: bool = True  # False: the hook exchanged one bucket at a time after backward
 
 
 class EndRecord(Record):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from commsim import catalog
 from commsim.calibrate.fit import GroupModel, collect_points, placement, span
 from commsim.calibrate.profile import (
     DDPRecord,
@@ -27,7 +28,8 @@ from commsim.calibrate.profile import (
     apply_profile,
     write_atomic,
 )
-from commsim.specs import ClusterSpec, SpecError
+from commsim.compression import encode_decode_seconds, parse_compressor
+from commsim.specs import ClusterSpec, GPUSpec, SpecError
 from commsim.timeline import MIB, StepReport, assign_buckets, schedule_streams
 from commsim.topology.build import build_cluster
 from commsim.workload import Layer, Workload
@@ -99,29 +101,68 @@ def harness_workload(model: ModelRecord) -> Workload:
     return Workload(model.name, layers, seq_len=None)
 
 
+def codec_gpu(spec: ClusterSpec, profile: Profile | None) -> GPUSpec:
+    """The GPU entry that prices a comm hook's codec: the cluster's, its matmul rate the
+    measured compute rate when the profile has one (encode_decode_seconds takes half the
+    peak)."""
+    gpu = catalog.gpu(spec.node.gpu, spec.name, "node.gpu")
+    if profile is not None and profile.compute is not None:
+        gpu = gpu.model_copy(update={"peak_flops": 2.0 * profile.compute.flops_per_s})
+    return gpu
+
+
 def predict_ddp(
-    group: GroupModel, model: ModelRecord, ddp: DDPRecord, algorithm: str
+    group: GroupModel, model: ModelRecord, ddp: DDPRecord, algorithm: str, gpu: GPUSpec
 ) -> StepReport:
-    """The predicted data-parallel step of the harness model for one bucket size.
+    """The predicted data-parallel step of the harness model for one bucket size and comm hook.
 
     Per-layer forward and backward times are the harness's measured ones scaled so they
-    sum to the measured compute alone (minus the optimizer); each bucket all-reduces in
-    `algorithm` on the group's GPUs; the optimizer runs after the last all-reduce."""
+    sum to the measured compute alone (minus the optimizer); each bucket runs its hook's
+    collectives (plain: one all-reduce) in `algorithm` on the group's GPUs, plus the hook's
+    encode/decode priced on `gpu`; the optimizer runs after the last exchange."""
     workload = harness_workload(model)
     fwd = np.array([x.forward_s for x in model.layers])
     bwd = np.array([x.backward_s for x in model.layers])
     scale = max(ddp.compute_s - ddp.optimizer_s, 0.0) / float(fwd.sum() + bwd.sum())
-    tensor_bytes = workload.tensor_params * float(DTYPE_BYTES.get(model.dtype, 4))
+    elt = float(DTYPE_BYTES.get(model.dtype, 4))
+    tensor_bytes = workload.tensor_params * elt
     buckets = assign_buckets(tensor_bytes, ddp.bucket_mb * MIB, ddp.first_bucket_mb * MIB)
+    n = len(group.gpus)
+    compressor = parse_compressor(ddp.compression)
+    hooked = ddp.compression != "none" and n > 1
+
+    def sync(sizes: np.ndarray) -> np.ndarray:
+        if not hooked:
+            return np.array([group.time("all-reduce", algorithm, s) for s in sizes])
+        return np.array(
+            [
+                sum(
+                    group.time(op, algorithm, b)
+                    for op, b in compressor.collectives(int(s / elt), n)
+                )
+                for s in sizes
+            ]
+        )
+
+    def codec(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pairs = [
+            encode_decode_seconds(compressor, int(s / elt), gpu, n, ddp.error_feedback)
+            for s in sizes
+        ]
+        enc, dec = np.array(pairs, dtype=float).reshape(-1, 2).T
+        return enc, dec
+
     return schedule_streams(
         fwd * scale,
         bwd * scale,
         tensor_bytes,
         buckets,
-        lambda sizes: np.array([group.time("all-reduce", algorithm, s) for s in sizes]),
+        sync,
         tensor_layer=workload.tensor_layer,
+        overlap=ddp.overlap,
         optimizer_s=ddp.optimizer_s,
         names=[layer.name for layer in workload.layers],
+        codec_time=codec if hooked else None,
     )
 
 
@@ -155,6 +196,7 @@ def validate(
     if not gpus_used:
         raise SpecError(", ".join(results.files), "", "nothing measured to validate")
     cluster = build_cluster(fitted, max(gpus_used) + 1)
+    gpu = codec_gpu(fitted, profile)
     groups: dict[tuple[int, ...], GroupModel] = {}
 
     def group(gpus) -> GroupModel:
@@ -182,8 +224,9 @@ def validate(
         gpus = world[rid]
         where = span(fitted, gpus)
         for d in run.ddp:
-            rep = predict_ddp(group(gpus), run.model, d, profile.algorithms["all-reduce"])  # type: ignore[arg-type]
-            common = (rid, "ddp", len(gpus), where, None, d.bucket_mb)
+            rep = predict_ddp(group(gpus), run.model, d, profile.algorithms["all-reduce"], gpu)  # type: ignore[arg-type]
+            op = "ddp" if d.compression == "none" else f"ddp {d.compression}"
+            common = (rid, op, len(gpus), where, None, d.bucket_mb)
             rows.append(
                 Row(
                     "ddp-step",
