@@ -143,16 +143,21 @@ class Prediction:
 
 
 def load_scenario(path: str | None, overrides: dict[str, Any]) -> tuple[Scenario, str]:
-    """Read a scenario file (the built-in default when None) and apply CLI overrides.
-
-    Overrides are merged into the plain data before validation, so a bad flag value is
-    reported like a bad field. Strategy fields (bucket_mb, algorithm, ...) go under
-    `strategy`.
-    """
+    """Read a scenario file (the built-in default when None) and apply CLI overrides."""
     source = str(path or catalog.DEFAULT_SCENARIO)
     data = read_yaml(source)
     if not isinstance(data, dict):
         raise SpecError(source, "", "expected a mapping of scenario fields")
+    return with_overrides(data, overrides, source), source
+
+
+def with_overrides(data: dict[str, Any], overrides: dict[str, Any], source: str) -> Scenario:
+    """A scenario from plain data with fields replaced (None leaves a field alone).
+
+    Overrides are merged into the plain data before validation, so a bad value is
+    reported like a bad field. Strategy fields (bucket_mb, algorithm, ...) go under
+    `strategy`."""
+    data = dict(data)
     strategy = dict(data.get("strategy") or {})
     if any(overrides.get(k) is not None for k in ("model", "cluster", "gpus")):
         data["name"] = f"{data.get('name', 'scenario')} (changed by flags)"
@@ -164,7 +169,7 @@ def load_scenario(path: str | None, overrides: dict[str, Any]) -> tuple[Scenario
         else:
             data[key] = value
     data["strategy"] = strategy
-    return parse_spec(Scenario, data, source), source
+    return parse_spec(Scenario, data, source)
 
 
 def _cluster_spec(scenario: Scenario, source: str) -> ClusterSpec:

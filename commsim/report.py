@@ -710,3 +710,53 @@ def plot_sizing(rows: Sequence[Any], front: Sequence[Any], pick: Any, path: str,
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+PERCENT_METRICS = (
+    "comm_share",
+    "overlap_ratio",
+    "scaling_efficiency",
+    "mfu",
+    "wire_ratio",
+    "traffic_cut",
+)
+
+
+def _claim_figure(metric: str, value: float, ratio: bool) -> str:
+    """A claim's figure in the unit its metric reads in."""
+    if ratio:
+        return f"x{value:.3g}"
+    if metric == "gradient_bytes":  # decimal units, as the documents state sizes
+        return f"{value / 1e12:.3g} TB" if value >= 1e12 else f"{value / 1e9:.3g} GB"
+    if metric == "time_to_train_days":
+        return f"{value:.3g} days"
+    if metric == "busbw_Bps":
+        return fmt_rate(value)
+    if metric.endswith("_s"):
+        return fmt_time(value)
+    if metric in PERCENT_METRICS:
+        return _pct(value)
+    return f"{value:.3g}"
+
+
+def claims_table(results: Sequence[Any]) -> Table:
+    """One row per check of each seed claim: stated, computed, and whether it holds."""
+    table = Table(title="Seed claims against commsim's model", title_justify="left")
+    for col in ("scenario", "the document says", "metric", "stated", "commsim", "verdict"):
+        table.add_column(col, justify="right" if col in ("stated", "commsim") else "left")
+    for r in results:
+        for i, c in enumerate(r.checks):
+            bound = "<= " if c.at_most is not None else ">= " if c.at_least is not None else ""
+            verdict = "[green]holds[/green]" if c.holds else "[red]does not hold[/red]"
+            if not c.holds and c.claimed is not None:
+                verdict += f" ({c.factor:.3g}x)"
+            table.add_row(
+                r.scenario if i == 0 else "",
+                c.says,
+                c.metric + (" ratio" if c.ratio else ""),
+                bound + _claim_figure(c.metric, c.target, c.ratio),
+                _claim_figure(c.metric, c.value, c.ratio),
+                verdict,
+            )
+        table.add_section()
+    return table

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from commsim import units
 
@@ -185,6 +193,57 @@ class Strategy(Spec):
         )
 
 
+Metric = Literal[
+    "gradient_bytes",
+    "wire_ratio",
+    "traffic_cut",
+    "buckets",
+    "sync_s",
+    "busbw_Bps",
+    "step_time_s",
+    "comm_s",
+    "exposed_comm_s",
+    "comm_share",
+    "overlap_ratio",
+    "scaling_efficiency",
+    "mfu",
+    "samples_per_s",
+    "time_to_train_days",
+]
+
+
+class Check(Spec):
+    """One figure a document states about a scenario, as commsim would compute it: the
+    metric of the scenario changed by `where`, divided by the same metric changed by
+    `versus` when that is given (a before/after claim), against `claimed` (within
+    `tolerance`, relative) or a bound."""
+
+    says: str  # the figure as the document states it
+    metric: Metric
+    where: dict[str, Any] = {}  # scenario or strategy fields changed for this check
+    versus: dict[str, Any] | None = None  # the baseline: value = metric(where) / metric(versus)
+    bytes: Bytes | None = None  # sync_s / busbw_Bps of this message instead of the gradient
+    claimed: float | None = None
+    at_least: float | None = None
+    at_most: float | None = None
+    tolerance: float = Field(default=0.25, ge=0)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Check:
+        if sum(x is not None for x in (self.claimed, self.at_least, self.at_most)) != 1:
+            raise ValueError("give exactly one of claimed, at_least, at_most")
+        return self
+
+
+class Claim(Spec):
+    """What a seed document says of a scenario: its words, the source, and the checks."""
+
+    source: str  # the document (shared/seeds/ file name)
+    says: str  # the claim, in English, as the document states it
+    reading: str = ""  # how commsim reads what the document leaves open
+    checks: list[Check] = Field(min_length=1)
+
+
 class Scenario(Spec):
     """A question: this model, on this cluster, with this strategy."""
 
@@ -201,6 +260,7 @@ class Scenario(Spec):
     tokens: float | None = Field(default=None, gt=0)  # training tokens, for time-to-train
     price_per_gpu_hour: float | None = Field(default=None, gt=0)  # for cost
     strategy: Strategy = Strategy()
+    claim: Claim | None = None  # a seed document's claim this scenario encodes (commsim claims)
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
