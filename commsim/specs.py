@@ -263,8 +263,25 @@ class Scenario(Spec):
     claim: Claim | None = None  # a seed document's claim this scenario encodes (commsim claims)
 
 
+UNION_TAGS = {"str", "int", "float", "bool"}  # pydantic names a union's branch in `loc`
+
+
 def _field_path(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc) or "(top level)"
+    """A dotted field path without the union branch names pydantic puts in it (`str`,
+    `ClusterSpec`): field names are lower case."""
+    parts = [str(p) for p in loc if not (str(p) in UNION_TAGS or str(p)[:1].isupper())]
+    return ".".join(parts) or "(top level)"
+
+
+def _main_errors(errors: list[Any]) -> list[Any]:
+    """One error per field: of a union field (a name or an inline spec), the branch that got
+    furthest into the input, e.g. the inline cluster's bad field, not "not a string"."""
+    best: dict[Any, Any] = {}
+    for err in errors:
+        key = err["loc"][:1]
+        if key not in best or len(err["loc"]) > len(best[key]["loc"]):
+            best[key] = err
+    return list(best.values())
 
 
 def parse_spec(cls: type[Spec], data: Any, source: str) -> Any:
@@ -274,9 +291,10 @@ def parse_spec(cls: type[Spec], data: Any, source: str) -> Any:
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
+        errors = _main_errors(e.errors())
+        err = errors[0]
         msg = err["msg"].removeprefix("Value error, ")
-        extra = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        extra = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise SpecError(source, _field_path(err["loc"]), msg + extra) from None
 
 

@@ -1,0 +1,122 @@
+"""What-if analyses from Python: change any part of a scenario, predict, sweep, plot.
+
+    from commsim import whatif
+    base = whatif.load()                                        # the built-in scenario
+    oversub = whatif.change(base, {"cluster.fabric.oversubscription": [3, 1]})
+    whatif.predict(oversub).step_time_s
+    sweep = whatif.sweep(base, "gpus", [16, 32, 64])
+    sweep.plot(["step_time_s", "exposed_comm_s"])
+
+Changes name scenario fields (`gpus`, `model`), strategy fields (`compression`, `tp`) as
+the CLI flags do, or a dotted path into the cluster (`cluster.node.nics.bandwidth`), which
+copies the named topology into the scenario first. Every change is validated like a file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from commsim import catalog
+from commsim.predict import Prediction, load_scenario, resolve, with_overrides
+from commsim.predict import predict as predict_setup
+from commsim.specs import ClusterSpec, Scenario, SpecError, load_spec
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+SOURCE = "what-if"
+
+
+def load(path: str | None = None, changes: Mapping[str, Any] | None = None) -> Scenario:
+    """A scenario file (the built-in one when None), with `changes` applied."""
+    scenario, _ = load_scenario(path, {})
+    return change(scenario, changes or {})
+
+
+def change(scenario: Scenario, changes: Mapping[str, Any] | None = None, **more: Any) -> Scenario:
+    """The scenario with fields replaced: scenario or strategy names, or dotted cluster paths."""
+    changes = {**(changes or {}), **more}
+    data = scenario.model_dump(exclude_none=True)
+    flat = {}
+    for key, value in changes.items():
+        if key.startswith("cluster."):
+            if not isinstance(data["cluster"], dict):
+                name = data["cluster"]
+                path = catalog.topology_path(name, SOURCE)
+                data["cluster"] = load_spec(ClusterSpec, path).model_dump(exclude_none=True)
+            _set(data["cluster"], key.split(".")[1:], value, key)
+        else:
+            flat[key] = value
+    return with_overrides(data, flat, SOURCE)
+
+
+def _set(tree: dict[str, Any], path: list[str], value: Any, key: str) -> None:
+    for part in path[:-1]:
+        if not isinstance(tree.get(part), dict):
+            raise SpecError(SOURCE, key, f"{part!r} is not a section of the cluster")
+        tree = tree[part]
+    tree[path[-1]] = value
+
+
+def predict(scenario: Scenario) -> Prediction:
+    """Predict one step of the scenario (its layout checked as `commsim predict` does)."""
+    return predict_setup(resolve(scenario, SOURCE))
+
+
+def metric(prediction: Prediction, name: str) -> float:
+    """A figure of a prediction by its JSON name (step_time_s, exposed_comm_s, mfu, ...)."""
+    flat = prediction.to_dict()
+    if name not in flat or not isinstance(flat[name], (int, float)):
+        known = sorted(k for k, v in flat.items() if isinstance(v, (int, float)))
+        raise KeyError(f"no metric {name!r}; known: {', '.join(known)}")
+    return float(flat[name])
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Predictions of one scenario with one field taking each of `values`."""
+
+    field: str
+    values: list[Any]
+    predictions: list[Prediction]
+
+    def column(self, name: str) -> np.ndarray:
+        """One metric across the sweep."""
+        return np.array([metric(p, name) for p in self.predictions])
+
+    def rows(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        """The sweep as records: the swept value, then each named metric."""
+        return [
+            {self.field: v} | {n: metric(p, n) for n in names}
+            for v, p in zip(self.values, self.predictions, strict=True)
+        ]
+
+    def plot(self, names: Sequence[str], title: str = "", logx: bool = False) -> Figure:
+        """The named metrics against the swept value, one line each."""
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(6.4, 3.6), layout="constrained")
+        ax = fig.add_subplot()
+        numeric = all(isinstance(v, (int, float)) for v in self.values)
+        x = self.values if numeric else list(range(len(self.values)))
+        for name in names:
+            ax.plot(x, self.column(name), marker="o", label=name)
+        if not numeric:
+            ax.set_xticks(x, [str(v) for v in self.values])
+        if logx and numeric:
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(self.field)
+        ax.set_title(title or f"{', '.join(names)} against {self.field}")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        return fig
+
+
+def sweep(scenario: Scenario, field: str, values: Sequence[Any]) -> Sweep:
+    """Predict the scenario with `field` set to each value in turn."""
+    values = list(values)
+    return Sweep(field, values, [predict(change(scenario, {field: v})) for v in values])
