@@ -33,8 +33,6 @@ app.add_typer(topo_app, name="topo")
 app.add_typer(calibrate_app, name="calibrate")
 app.add_typer(testbed_app, name="testbed")
 
-ALL_ALGORITHMS = ("ring", "tree", "rhd", "ps", "hierarchical", "direct")
-
 
 def _progress(total: int, label: str) -> Progress:
     """A progress bar on stderr, shown only if the work lasts over a second."""
@@ -385,7 +383,7 @@ def collective_cmd(
         str, typer.Option(help="Size sweep LOW:HIGH, doubling (nccl-tests -b/-e/-f 2).")
     ] = "8B:4GiB",
     algorithm: Annotated[
-        str, typer.Option(help="An algorithm, 'auto' (fastest) or 'all'.")
+        str, typer.Option(help="An algorithm, 'auto' (fastest), 'nccl' (NCCL's pick) or 'all'.")
     ] = "all",
     placement: Annotated[
         str, typer.Option(help="blocked, interleaved or topology-aware.")
@@ -436,9 +434,9 @@ def collective_cmd(
             f"{op}: {gpus} GPUs of {spec.name}, {placement} placement", shown, algs
         )
     )
-    if algorithm == "auto":
+    if algorithm in ("auto", "nccl"):
         picks = sorted({r["algorithm"] for r in rows})
-        report.console.print(f"auto picked: {', '.join(picks)}")
+        report.console.print(f"{algorithm} picked: {', '.join(picks)}")
 
 
 def _sizing_title(spec, gpu: str | None) -> str:

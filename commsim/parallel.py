@@ -58,10 +58,6 @@ class Layouts:
     def __len__(self) -> int:
         return len(self.dp)
 
-    def take(self, index: np.ndarray) -> Layouts:
-        """The layouts at `index` (a mask or positions)."""
-        return Layouts(*(getattr(self, f.name)[index] for f in fields(self)))
-
     def row(self, i: int) -> dict[str, object]:
         """Layout i as plain values, names for the coded fields."""
         out = {f.name: getattr(self, f.name)[i].item() for f in fields(self)}

@@ -113,7 +113,7 @@ def plan(
                 ):
                     same_as[strategy.placement] = other
                     break
-        usable = strategy.algorithm in ("auto", *costs[key].algorithms("all-reduce"))
+        usable = strategy.algorithm in ("auto", "nccl", *costs[key].algorithms("all-reduce"))
         if usable and strategy.placement not in same_as:
             result.ranked.append(predict(setup, strategy, costs[key]))
         else:
@@ -282,17 +282,19 @@ def plan_all(
             f"plain data parallelism skipped: global batch {s.global_batch} is not a multiple "
             f"of {setup.n_gpus} GPUs x micro-batch {s.micro_batch}"
         )
+    # hybrid layouts search NCCL's two all-reduces (ring, tree): 'nccl' pins nothing there
+    hybrid_pinned = algorithm_pinned and base.algorithm != "nccl"
     hybrid_allowed = (
         setup.workload.heads is not None
         and base.compression == "none"
-        and (not algorithm_pinned or base.algorithm in HYBRID_ALGORITHMS)
+        and (not hybrid_pinned or base.algorithm in HYBRID_ALGORITHMS)
         and base.placement in PLACEMENT_KINDS
     )
     if hybrid_allowed:
         pins = {k: getattr(base, k) for k in pinned & set(Strategy.model_fields)}
         pins.pop("compression", None)
         pins.pop("error_feedback", None)
-        if not algorithm_pinned:
+        if not hybrid_pinned:
             pins.pop("algorithm", None)
         if "micro_batch" in pinned:
             pins["micro_batch"] = s.micro_batch

@@ -304,7 +304,8 @@ def bucket_sync_time(setup: Setup, strategy: Strategy, cost: GroupCost) -> AllRe
         total = np.zeros(len(nbytes))
         plans = [compressor.collectives(n, cost.n) for n in _elements(strategy, nbytes)]
         for j, (op, _) in enumerate(plans[0] if plans else []):
-            algorithm = strategy.algorithm if strategy.algorithm in ALGORITHMS[op] else "auto"
+            known = (*ALGORITHMS[op], "nccl")
+            algorithm = strategy.algorithm if strategy.algorithm in known else "auto"
             total += cost.time(op, algorithm, np.array([p[j][1] for p in plans], dtype=float))
         return total
 

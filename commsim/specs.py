@@ -154,7 +154,7 @@ def _compressor(spelling: str) -> str:
 
 
 Compression = Annotated[str, AfterValidator(_compressor)]
-Algorithm = Literal["auto", "ring", "tree", "rhd", "ps", "hierarchical"]
+Algorithm = Literal["auto", "nccl", "ring", "tree", "rhd", "ps", "hierarchical"]
 Placement = Literal["blocked", "interleaved", "topology-aware"]
 
 

@@ -153,3 +153,26 @@ def test_node_structure_is_read_off_the_placement():
     assert GroupCost(c, np.arange(0, 16, 4)).gpus_per_node == 1  # one rank a node (stride 4)
     partial = GroupCost(c, place(c, 10, "blocked"))
     assert partial.gpus_per_node == 4 and "hierarchical" not in partial.algorithms("all-reduce")
+
+
+def test_nccl_runs_its_tuners_pick_priced_on_the_graph():
+    # 8 DGX H100 nodes: NCCL's tuner (select.nccl_like_choice, fed the graph's ring busbw)
+    # picks tree for small sizes and ring for the largest; each size costs what the graph
+    # gives the picked algorithm
+    from commsim.collectives.select import nccl_like_choice
+
+    spec = load_spec(ClusterSpec, catalog.topology_path("dgx-h100-ib"))
+    c = build_cluster(spec, 64)
+    cost = GroupCost(c, place(c, 64, "blocked"))
+    sizes = 2.0 ** np.arange(3, 33, 3)
+    times, names = cost.time_and_choice("all-reduce", "nccl", sizes)
+    busbw = 2 * 63 / 64 * BIG / cost.time("all-reduce", "ring", BIG)[0]
+    expect, _ = nccl_like_choice(8, 8, sizes, busbw, channels=8, nvlink=True)
+    assert names == list(expect) and names[0] == "tree" and names[-1] == "ring"
+    for s, t, name in zip(sizes, times, names, strict=True):
+        assert t == pytest.approx(cost.time("all-reduce", name, s)[0], rel=1e-12)
+    # the other ops have one NCCL algorithm; a group of partial nodes has no tree
+    assert cost.time_and_choice("all-gather", "nccl", sizes)[1] == ["ring"] * sizes.size
+    assert cost.time_and_choice("all-to-all", "nccl", sizes)[1] == ["direct"] * sizes.size
+    partial = GroupCost(c, place(c, 12, "blocked"))
+    assert partial.time_and_choice("all-reduce", "nccl", sizes)[1] == ["ring"] * sizes.size

@@ -15,6 +15,7 @@ import numpy as np
 
 from commsim.collectives.alphabeta import ALGORITHMS, check_algorithm
 from commsim.collectives.schedule import graph_time
+from commsim.collectives.select import nccl_like_choice
 from commsim.topology.build import Cluster
 
 
@@ -79,13 +80,36 @@ class GroupCost:
         t_hi = self._graph_time(op, algorithm, 2 * lo)
         return t_lo + (t_hi - t_lo) * (size - lo) / lo
 
+    def nccl_choice(self, op: str, sizes: np.ndarray) -> list[str]:
+        """The algorithm NCCL runs for each size: for all-reduce on whole nodes its tuner's
+        ring-or-tree pick (select.nccl_like_choice, fed this group's ring bus bandwidth
+        from the graph); otherwise the one it has for the op (ring; all-to-all: direct)."""
+        if op != "all-reduce" or "tree" not in self.algorithms(op):
+            return [ALGORITHMS[op][0]] * sizes.size
+        big = 2.0**28
+        busbw = 2 * (self.n - 1) / self.n * big / self._graph_time(op, "ring", big)
+        names, _ = nccl_like_choice(
+            self.n // self.gpus_per_node,
+            self.gpus_per_node,
+            sizes,
+            busbw,
+            channels=self.channels,
+            nvlink=self.cluster.spec.node.interconnect == "nvswitch",
+        )
+        return [str(x) for x in np.atleast_1d(names)]
+
     def time_and_choice(
         self, op: str, algorithm: str, sizes: np.ndarray | float
     ) -> tuple[np.ndarray, list[str]]:
-        """Seconds per size, and which algorithm ran ('auto' takes the fastest per size)."""
+        """Seconds per size, and which algorithm ran ('auto' takes the fastest per size,
+        'nccl' what NCCL's tuner would pick)."""
+        sizes = np.atleast_1d(np.asarray(sizes, dtype=float))
+        if algorithm == "nccl":
+            names = self.nccl_choice(op, sizes)
+            times = [self._interpolated(op, a, s) for a, s in zip(names, sizes, strict=True)]
+            return np.array(times), names
         candidates = self.algorithms(op) if algorithm == "auto" else (algorithm,)
         check_algorithm(op, candidates[0])
-        sizes = np.atleast_1d(np.asarray(sizes, dtype=float))
         table = np.array([[self._interpolated(op, a, s) for s in sizes] for a in candidates])
         best = np.argmin(table, axis=0)
         return table[best, np.arange(sizes.size)], [candidates[i] for i in best]
@@ -100,5 +124,5 @@ class GroupCost:
         return t_lo - slope * lo, slope
 
     def time(self, op: str, algorithm: str, sizes: np.ndarray | float) -> np.ndarray:
-        """Seconds of `op` with `algorithm` (or 'auto') for each size in bytes."""
+        """Seconds of `op` with `algorithm` (or 'auto', 'nccl') for each size in bytes."""
         return self.time_and_choice(op, algorithm, sizes)[0]
