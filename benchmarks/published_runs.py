@@ -21,9 +21,8 @@ would minimise the median error, to show how much of the error a uniform offset 
     .venv/bin/python benchmarks/published_runs.py --scan     # + best single efficiency
     .venv/bin/python benchmarks/published_runs.py --implied  # + each row's matching one
 
-Every run also prints two sensitivities: rows whose virtual-stage count the source does
-not state, again with `alt_interleave`; and an uneven pipeline split (BLOOM) priced with
-the training stack's own split instead of commsim's ceil(layers / pp).
+Every run also prints a sensitivity: rows whose virtual-stage count the source does not
+state, again with `alt_interleave`.
 """
 
 from __future__ import annotations
@@ -39,7 +38,8 @@ from typing import Any
 
 import yaml
 
-from commsim.predict import Prediction, Setup, hybrid_model, predict, predict_hybrid, resolve
+from commsim.predict import Prediction, Setup, predict, resolve
+from commsim.report import split_label
 from commsim.specs import Scenario, Strategy, parse_spec
 
 HERE = Path(__file__).resolve().parent
@@ -65,7 +65,6 @@ class Row:
     memory_gb: float
     fits: bool
     assumed: tuple[str, ...]
-    uneven: bool
     pp: int
     zero: int
 
@@ -125,21 +124,13 @@ def setup_of(
     efficiency: float | None,
     strategy_overrides: dict[str, Any] | None = None,
 ) -> Setup:
-    """Resolve a run; an uneven pipeline split (BLOOM's 70 layers on 12 stages) skips the
-    divisibility check, and the hybrid model prices ceil(layers / pp) blocks a stage."""
+    """Resolve a run (its layout checked as `commsim predict` checks one)."""
     s = scenario(run, data, efficiency, strategy_overrides)
-    return resolve(s, s.name, check=not run.get("uneven_pipeline", False))
-
-
-def run_prediction(setup: Setup, run: dict[str, Any]) -> Prediction:
-    strategy = setup.scenario.strategy
-    if run.get("uneven_pipeline"):
-        return predict_hybrid(setup, strategy)
-    return predict(setup, strategy)
+    return resolve(s, s.name)
 
 
 def layout(s: Strategy, dp: int, micro_batch: int, micro_batches: int) -> str:
-    text = f"tp{s.tp} pp{s.pp} dp{dp}"
+    text = f"tp{s.tp} pp{s.pp}{split_label(s.model_dump())} dp{dp}"
     if s.interleave > 1:
         text += f" v{s.interleave}"
     if s.zero:
@@ -154,7 +145,7 @@ def compare(
     strategy_overrides: dict[str, Any] | None = None,
 ) -> Row:
     setup = setup_of(run, data, efficiency, strategy_overrides)
-    p = run_prediction(setup, run)
+    p = predict(setup, setup.scenario.strategy)
     return _row(run, setup, p)
 
 
@@ -184,7 +175,6 @@ def _row(run: dict[str, Any], setup: Setup, p: Prediction) -> Row:
         memory_gb=p.memory.total / 1e9,
         fits=p.fits,
         assumed=tuple(run.get("assumed", ())),
-        uneven=bool(run.get("uneven_pipeline", False)),
         pp=p.strategy.pp,
         zero=p.strategy.zero,
     )
@@ -246,7 +236,7 @@ def implied_efficiency(run: dict[str, Any], data: dict[str, Any]) -> float:
         s = dataclasses.replace(
             base, scenario=base.scenario.model_copy(update={"compute_efficiency": e})
         )
-        return _row(run, s, run_prediction(s, run)).predicted_tflops
+        return _row(run, s, predict(s, s.scenario.strategy)).predicted_tflops
 
     reported = compare(run, data).reported_tflops if "mfu" in target else target["tflops_per_gpu"]
     lo, hi = 0.05, 1.0
@@ -267,24 +257,6 @@ def interleave_sensitivity(data: dict[str, Any]) -> list[tuple[Row, Row]]:
             alt = compare(run, data, strategy_overrides={"interleave": run["alt_interleave"]})
             pairs.append((compare(run, data), alt))
     return pairs
-
-
-def balanced_split(run: dict[str, Any], data: dict[str, Any]) -> Row:
-    """An uneven-pipeline run priced with Megatron-DeepSpeed's split instead of commsim's
-    ceil: with the tied embedding counted as a layer, the first and last stages hold one
-    block fewer (BLOOM: [embed | 5 blocks], 6 blocks x 10, [5 blocks | head]), so the
-    slowest stage is ceil(L / pp) blocks + (head - one block). A diagnostic: it edits the
-    hybrid model's shape, which commsim has no input for."""
-    setup = setup_of(run, data, None)
-    model = hybrid_model(setup, setup.scenario.strategy)
-    sh = model.shape
-    model.shape = dataclasses.replace(
-        sh,
-        post_flops=max(sh.post_flops - sh.block_flops, 0.0),
-        post_params=max(sh.post_params - sh.block_params, 0.0),
-        pre_params=max(sh.pre_params - sh.block_params, 0.0),
-    )
-    return _row(run, setup, predict_hybrid(setup, setup.scenario.strategy, model))
 
 
 def _share(r: Row, key: str) -> float:
@@ -308,8 +280,6 @@ def _flags(r: Row) -> str:
     marks = []
     if r.assumed:
         marks.append("assumed " + ", ".join(r.assumed))
-    if r.uneven:
-        marks.append("uneven split priced as ceil")
     if not r.fits:
         marks.append("memory model says it does not fit")
     return "; ".join(marks)
@@ -346,7 +316,7 @@ def markdown_table(rows: list[Row], implied: list[float]) -> str:
         b = breakdown(r)
         split = " / ".join(f"{b[k]:.0f}" for k in ("compute", "bubble", "tp", "pp", "dp", "opt"))
         kind = "HW" if r.counts == "hardware" else "model"
-        mark = "*" if (r.assumed or r.uneven) else ""
+        mark = "*" if r.assumed else ""
         out.append(
             f"| {r.id}{mark} | {r.gpus:,} | {r.layout} | {r.reported_tflops:.1f} ({kind}) "
             f"| {r.predicted_tflops:.1f} | {r.hardware_tflops:.1f} | {r.mfu:.1%} "
@@ -395,13 +365,6 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  {base.id:<24} v1 {base.predicted_tflops:6.1f} ({base.error_pct:+.1f}%)"
                 f"  ->  {alt.layout.split()[3]} {alt.predicted_tflops:6.1f} ({alt.error_pct:+.1f}%)"
-            )
-    for run in data["runs"]:
-        if run.get("uneven_pipeline"):
-            b = balanced_split(run, data)
-            print(
-                f"{run['id']} with the stack's own split (embedding counted as a layer): "
-                f"{b.predicted_tflops:.1f} TFLOP/s ({b.error_pct:+.1f}%)"
             )
     if args.implied:
         print("compute_efficiency at which each row would match (diagnostic, not used):")

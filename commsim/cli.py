@@ -93,6 +93,14 @@ RecomputeOpt = Annotated[
 InterleaveOpt = Annotated[
     int | None, typer.Option(help="Virtual pipeline stages per rank (interleaved 1F1B).")
 ]
+FirstLayersOpt = Annotated[
+    int | None,
+    typer.Option(help="Layers on the first pipeline stage (uneven split; the rest even)."),
+]
+LastLayersOpt = Annotated[
+    int | None,
+    typer.Option(help="Layers on the last pipeline stage (uneven split; the rest even)."),
+]
 TokensOpt = Annotated[float | None, typer.Option(help="Training tokens, for time to train.")]
 ProfileOpt = Annotated[
     str | None, typer.Option(help="Calibration profile (commsim calibrate fit) for the cluster.")
@@ -129,6 +137,8 @@ def predict_cmd(
     fsdp: FsdpOpt = False,
     recompute: RecomputeOpt = None,
     interleave: InterleaveOpt = None,
+    first_stage_layers: FirstLayersOpt = None,
+    last_stage_layers: LastLayersOpt = None,
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
     profile: ProfileOpt = None,
@@ -161,6 +171,8 @@ def predict_cmd(
             fsdp=fsdp,
             recompute=recompute,
             interleave=interleave,
+            first_stage_layers=first_stage_layers,
+            last_stage_layers=last_stage_layers,
             tokens=tokens,
             price_per_gpu_hour=price_per_gpu_hour,
             profile=profile,
@@ -249,6 +261,8 @@ def plan_cmd(
     interleave: Annotated[
         int | None, typer.Option(help="Search only this interleaving (virtual stages).")
     ] = None,
+    first_stage_layers: FirstLayersOpt = None,
+    last_stage_layers: LastLayersOpt = None,
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
     top: Annotated[int, typer.Option(help="Rows to show.")] = 15,
@@ -296,6 +310,8 @@ def plan_cmd(
             zero=zero,
             recompute=recompute,
             interleave=interleave,
+            first_stage_layers=first_stage_layers,
+            last_stage_layers=last_stage_layers,
         )
         setup = _setup(
             scenario,

@@ -53,6 +53,8 @@ class ParallelLayout:
     micro_batches: int | None = None  # per step; None: at least enough to fill the pipeline
     grad_bytes: int = 2  # 4 when gradients are accumulated in fp32 (Megatron's main_grad)
     bucket_mb: float = 25.0  # gradient bucket (MiB), DDP bucket_cap_mb
+    first_layers: int = -1  # layers on the first / last pipeline stage (-1: an even split)
+    last_layers: int = -1
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -213,6 +215,21 @@ def _buffers(zero, bucket_mb, grad_bytes, largest_layer):
     return WORKSPACE_BYTES + np.where(zero >= 3, gathered, 2.0 * bucket_mb * MIB)
 
 
+def stage_layers(blocks: int, pp, first, last) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Transformer layers on the first, a middle and the last pipeline stage. first / last:
+    Megatron-core's --decoder-first- / --decoder-last-pipeline-num-layers (-1: not set);
+    the other stages split the rest evenly (check_layout makes it divide). A middle stage
+    exists when pp > 2; with pp = 1 the one stage holds every layer."""
+    pp, first, last = (np.asarray(x) for x in (pp, first, last))
+    f_set, l_set = first >= 0, last >= 0
+    pinned = np.where(f_set, first, 0) + np.where(l_set, last, 0)
+    shared = np.maximum(pp - f_set - l_set, 1)  # stages splitting the rest
+    rest = np.ceil((blocks - pinned) / shared)
+    k_first = np.where(f_set, first, rest)
+    k_last = np.where(l_set & (pp > 1), last, np.where(pp > 1, rest, k_first))
+    return k_first, np.where(pp > 2, rest, 0.0), k_last
+
+
 def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     """(params, grads, optimizer, activations, buffers) byte arrays on the worst stage."""
     shape = _transformer_shape(workload)
@@ -220,6 +237,8 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         return _other_components(workload, c, schedule)
     dp, t, pp, v, zero, ep = c["dp"], c["tp"], c["pp"], c["interleave"], c["zero"], c["ep"]
     per_chunk = np.ceil(shape.blocks / (pp * v))  # layers per virtual stage, worst rank
+    uneven = (c["first_layers"] >= 0) | (c["last_layers"] >= 0)  # only with v = 1
+    k_first, k_mid, k_last = stage_layers(shape.blocks, pp, c["first_layers"], c["last_layers"])
     experts = shape.expert / (t * ep)  # one block's expert parameters on this GPU
     block = (shape.block[0] - shape.expert) / t + shape.block[1] + experts
     first = shape.first[0] / t + shape.first[1]
@@ -240,21 +259,28 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     output = 4.0 * sbh / t * (1.0 + shape.vocab / shape.hidden)
     output = output * in_flight(pp - 1, pp, 1, c["micro_batches"], schedule)
     stages = []
-    for rank, extra, on_last in ((0, first, pp == 1), (pp - 1, last, True)):
-        ends = np.where(pp == 1, first + last, extra)
-        params = per_chunk * v * block + ends
-        expert = per_chunk * v * experts  # ZeRO shards these over the dp / ep expert replicas
+    # the first stage, the second (the most loaded middle one: most in flight), the last
+    for rank, layers, extra, on_last, exists in (
+        (0, k_first, first, pp == 1, True),
+        (np.minimum(1, pp - 1), k_mid, 0.0, False, pp > 2),
+        (pp - 1, k_last, last, True, True),
+    ):
+        held = np.where(exists, np.where(uneven, layers, per_chunk * v), 0.0)
+        ends = np.where(exists, np.where(pp == 1, first + last, extra), 0.0)
+        params = held * block + ends
+        expert = held * experts  # ZeRO shards these over the dp / ep expert replicas
         dense = _states(params - expert, dp, zero, c["grad_bytes"])
         sparse = _states(expert, dp / ep, zero, c["grad_bytes"])
-        acts = in_flight(rank, pp, v, c["micro_batches"], schedule) * per_chunk * v * per_layer
+        acts = in_flight(rank, pp, v, c["micro_batches"], schedule) * held * per_layer
         acts = acts + np.where(on_last, output, 0.0)
         largest = np.maximum(block, np.where(pp == 1, np.maximum(first, last), extra))
         stages.append(
             (*(d + x for d, x in zip(dense, sparse, strict=True)), acts)
             + (_buffers(zero, c["bucket_mb"], c["grad_bytes"], largest),)
         )
-    first_worse = sum(stages[0]) >= sum(stages[1])
-    return tuple(np.where(first_worse, a, b) for a, b in zip(*stages, strict=True))
+    totals = np.stack([sum(stage) for stage in stages])
+    worst = np.argmax(totals, axis=0)  # ties go to the first stage, as before
+    return tuple(np.choose(worst, parts) for parts in zip(*stages, strict=True))
 
 
 def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
@@ -319,6 +345,8 @@ def memory_per_gpu_batch(
     grad_bytes=2,
     bucket_mb=25.0,
     ep=1,
+    first_layers=-1,
+    last_layers=-1,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -338,6 +366,8 @@ def memory_per_gpu_batch(
         micro_batches=micro_batches,
         grad_bytes=grad_bytes,
         bucket_mb=bucket_mb,
+        first_layers=first_layers,
+        last_layers=last_layers,
     )
     return sum(_components(workload, c, schedule))
 
@@ -348,8 +378,8 @@ def memory_per_gpu(
     *,
     schedule: Literal["1f1b", "gpipe"] = "1f1b",
 ) -> MemoryBreakdown:
-    """Bytes per GPU on the worst pipeline stage (first or last: a middle one holds no more than
-    the first), by kind."""
+    """Bytes per GPU on the worst pipeline stage (the first, the second or the last: with an
+    even split the first holds the most of the middle ones), by kind."""
     c = _inputs(
         workload,
         dp=layout.dp,
@@ -365,5 +395,7 @@ def memory_per_gpu(
         micro_batches=layout.micro_batches,
         grad_bytes=layout.grad_bytes,
         bucket_mb=layout.bucket_mb,
+        first_layers=layout.first_layers,
+        last_layers=layout.last_layers,
     )
     return MemoryBreakdown(*(float(x) for x in _components(workload, c, schedule)))

@@ -18,12 +18,13 @@ their gradients (Megatron-LM / DeepSpeed-MoE, Rajbhandari et al. 2022, arXiv:220
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 
 import numpy as np
 
 from commsim.collectives.group import GroupCost
-from commsim.memory import RECOMPUTE, memory_per_gpu_batch, usable_bytes
+from commsim.memory import RECOMPUTE, memory_per_gpu_batch, stage_layers, usable_bytes
 from commsim.specs import GPUSpec
 from commsim.timeline import adam_step_time
 from commsim.topology.build import Cluster
@@ -35,6 +36,30 @@ ACT_BYTES = 2  # bf16 activations on the wire (tensor-parallel collectives, pipe
 PARAM_WIRE_BYTES = 2  # bf16 parameters gathered by ZeRO-3 / FSDP
 TP_ALLREDUCES_FORWARD = 2  # per layer: after attention, after the MLP (Shoeybi et al. 2019)
 ALL_TO_ALLS_FORWARD = 2  # per MoE layer: dispatch tokens to experts, combine them back (GShard)
+
+
+@functools.lru_cache(maxsize=256)
+def balanced_ends(blocks: int, pp: int, block: float, pre: float, post: float) -> tuple[int, int]:
+    """First- and last-stage layer counts that minimise the slowest stage's load when the
+    first stage also carries `pre` and the last `post` (in the units of `block`, one layer's),
+    the middle stages splitting the rest evenly as Megatron-core requires; ties go to the
+    split closest to even. By enumeration: at most blocks^2 / 2 candidates."""
+    best: tuple[float, float, int, int] | None = None
+    for f in range(1, blocks):
+        for k_last in range(1, blocks - f + 1):
+            middle = blocks - f - k_last
+            if pp == 2 and middle:
+                continue
+            if pp > 2 and (middle <= 0 or middle % (pp - 2)):
+                continue
+            mid = middle / (pp - 2) if pp > 2 else 0.0
+            load = max(f * block + pre, mid * block, k_last * block + post)
+            skew = abs(f - blocks / pp) + abs(k_last - blocks / pp)
+            if best is None or (load, skew) < best[:2]:
+                best = (load, skew, f, k_last)
+    if best is None:
+        raise ValueError(f"{blocks} layers cannot be split over {pp} stages")
+    return best[2], best[3]
 
 
 @dataclass(frozen=True)
@@ -54,6 +79,8 @@ class Layouts:
     overlap: np.ndarray
     algorithm: np.ndarray  # index into ALGORITHMS
     placement: np.ndarray  # index into PLACEMENTS
+    first_layers: np.ndarray  # layers on the first pipeline stage (-1: an even split)
+    last_layers: np.ndarray  # layers on the last pipeline stage (-1: an even split)
 
     def __len__(self) -> int:
         return len(self.dp)
@@ -118,6 +145,21 @@ class Shape:
             expert_params=float(w.expert_params),
             routed=w.top_k * w.capacity_factor if w.moe else 0.0,
         )
+
+
+def _slowest(k_first, k_mid, k_last, per_layer, only, whole, pre, post):
+    """(layers, load) of the stage with the most load: first (+ pre), middle, last (+ post);
+    one stage (only) carries `whole`."""
+    loads = np.stack(
+        [
+            k_first * per_layer + np.where(only, whole, pre),
+            k_mid * per_layer,
+            k_last * per_layer + np.where(only, whole, post),
+        ]
+    )
+    worst = np.argmax(loads, axis=0)
+    layers = np.choose(worst, [k_first, k_mid, k_last])
+    return layers, np.take_along_axis(loads, worst[None], axis=0)[0]
 
 
 @dataclass(frozen=True)
@@ -216,26 +258,25 @@ class HybridModel:
 
     def _price(self, kind, layouts: Layouts, bytes_: np.ndarray, *args) -> np.ndarray:
         """Seconds for each layout's collective of `bytes_`, via its group's affine cost."""
-        keys = np.stack([getattr(layouts, a) if isinstance(a, str) else a for a in args], axis=1)
-        out = np.empty(len(layouts))
-        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-        for j, key in enumerate(uniq):
-            a, b = kind(*key.tolist())
-            sel = inverse.ravel() == j
-            out[sel] = a + b * bytes_[sel]
-        return out
+        cols = [np.asarray(getattr(layouts, a) if isinstance(a, str) else a) for a in args]
+        code = np.zeros(len(layouts), dtype=np.int64)  # the key columns as one mixed-radix int
+        for col in cols:
+            code = code * (int(col.max(initial=0)) + 1) + col.astype(np.int64)
+        _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+        costs = np.array([kind(*(int(c[i]) for c in cols)) for i in first]).reshape(-1, 2)
+        return costs[inverse, 0] + costs[inverse, 1] * bytes_
 
     def evaluate(self, L: Layouts) -> StepBreakdown:
         """Step time, its parts, memory and utilisation of every layout."""
         sh = self.shape
         tp, pp, dp, b, m, v = L.tp, L.pp, L.dp, L.micro_batch, L.micro_batches, L.interleave
         s, h = sh.seq_len, sh.hidden
-        per_stage = np.ceil(sh.blocks / pp)
         only = pp == 1
-        # the slowest stage: first (embedding) or last (head) stage's forward FLOPs per sample
-        stage_flops = per_stage * sh.block_flops + np.where(
-            only, sh.pre_flops + sh.post_flops, np.maximum(sh.pre_flops, sh.post_flops)
-        )
+        # the slowest stage: the first (embedding), a middle or the last (head) stage, by its
+        # forward FLOPs per sample; per_stage is its layer count
+        k_first, k_mid, k_last = stage_layers(sh.blocks, pp, L.first_layers, L.last_layers)
+        ends = (sh.pre_flops + sh.post_flops, sh.pre_flops, sh.post_flops)
+        per_stage, stage_flops = _slowest(k_first, k_mid, k_last, sh.block_flops, only, *ends)
         extra = np.select(
             [L.recompute == 2, L.recompute == 1],
             [stage_flops, per_stage * sh.attention_core_flops],
@@ -293,11 +334,10 @@ class HybridModel:
 
         # Data parallel: gradients of the stage's parameters (split over tp); expert ones are
         # split over ep too and reduced over the dp / ep ranks holding the same experts
-        stage_params = per_stage * sh.block_params + np.where(
-            only, sh.pre_params + sh.post_params, np.maximum(sh.pre_params, sh.post_params)
-        )
-        sparse = per_stage * sh.expert_params / (tp * L.ep)
-        dense = (stage_params - per_stage * sh.expert_params) / tp
+        ends = (sh.pre_params + sh.post_params, sh.pre_params, sh.post_params)
+        held, stage_params = _slowest(k_first, k_mid, k_last, sh.block_params, only, *ends)
+        sparse = held * sh.expert_params / (tp * L.ep)
+        dense = (stage_params - held * sh.expert_params) / tp
         bucket = L.bucket_mb * 2.0**20
         nb_dense = np.maximum(1.0, np.ceil(dense * self.grad_bytes / bucket))
         nb_sparse = np.maximum(1.0, np.ceil(sparse * self.grad_bytes / bucket))
@@ -367,6 +407,8 @@ class HybridModel:
             grad_bytes=self.grad_bytes,
             bucket_mb=L.bucket_mb,
             ep=L.ep,
+            first_layers=L.first_layers,
+            last_layers=L.last_layers,
         )
         peak = self.n * self.gpu.peak_flops
         model = 3.0 * sh.model_flops * self.global_batch

@@ -222,6 +222,10 @@ def plan_hybrid(
                 )
             }
             | {"compression": "none", "error_feedback": False}
+            | {
+                "first_stage_layers": row["first_layers"] if row["first_layers"] >= 0 else None,
+                "last_stage_layers": row["last_layers"] if row["last_layers"] >= 0 else None,
+            }
         )
         if exclude_data_parallel and strategy.data_parallel_only:
             result.skipped += 1
@@ -260,6 +264,7 @@ def plan_all(
 
     layout_default = Strategy()
     layout_keys = ("tp", "pp", "ep", "zero", "recompute", "interleave")
+    layout_keys += ("first_stage_layers", "last_stage_layers")
     dp_allowed = all(
         getattr(base, k) == getattr(layout_default, k) for k in layout_keys if k in pinned
     )

@@ -242,12 +242,16 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
         )
     if strategy.pp > blocks:
         raise SpecError(src, "strategy.pp", f"{strategy.pp} pipeline stages for {blocks} layers")
-    if blocks % (strategy.pp * strategy.interleave):
+    uneven = strategy.first_stage_layers is not None or strategy.last_stage_layers is not None
+    if uneven:
+        _check_uneven_split(strategy, blocks, src)
+    elif blocks % (strategy.pp * strategy.interleave):
         raise SpecError(
             src,
             "strategy.pp",
             f"{blocks} layers do not split evenly into "
-            f"pp x interleave = {strategy.pp} x {strategy.interleave} chunks",
+            f"pp x interleave = {strategy.pp} x {strategy.interleave} chunks "
+            "(first_stage_layers / last_stage_layers set an uneven split)",
         )
     if strategy.interleave > 1 and strategy.pp == 1:
         raise SpecError(src, "strategy.interleave", "interleaving needs pp > 1")
@@ -280,6 +284,23 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
     if strategy.placement not in PLACEMENT_KINDS:
         raise SpecError(
             src, "strategy.placement", f"hybrid layouts take {' or '.join(PLACEMENT_KINDS)}"
+        )
+
+
+def _check_uneven_split(strategy: Strategy, blocks: int, src: str) -> None:
+    """An uneven split as Megatron-core takes it: pp > 1, no interleaving, and the layers
+    the first / last stage do not take split evenly over the other stages."""
+    field = "strategy.first_stage_layers"
+    if strategy.pp == 1 or strategy.interleave > 1:
+        raise SpecError(src, field, "an uneven split needs pp > 1 and interleave 1")
+    ends = [x for x in (strategy.first_stage_layers, strategy.last_stage_layers) if x]
+    rest, others = blocks - sum(ends), strategy.pp - len(ends)
+    if rest < others or (others == 0 and rest) or (others and rest % others):
+        raise SpecError(
+            src,
+            field,
+            f"{blocks} layers minus {' + '.join(map(str, ends))} on the end stages leave "
+            f"{rest} for the other {others} stages: they must split evenly, at least one each",
         )
 
 
@@ -517,6 +538,8 @@ def strategy_layouts(setup: Setup, strategies: list[Strategy]) -> Layouts:
             )
         ),
         placement=col(lambda x: PLACEMENT_KINDS.index(x.placement)),
+        first_layers=col(lambda x: x.split_layers[0]),
+        last_layers=col(lambda x: x.split_layers[1]),
     )
 
 
@@ -585,6 +608,8 @@ def hybrid_prediction(
         micro_batches=setup.micro_batches(strategy),
         grad_bytes=DTYPE_BYTES[strategy.grad_dtype],
         bucket_mb=strategy.bucket_mb,
+        first_layers=strategy.split_layers[0],
+        last_layers=strategy.split_layers[1],
     )
     return _prediction(
         setup,

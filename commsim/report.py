@@ -215,7 +215,8 @@ def describe_strategy(strategy: dict[str, Any]) -> str:
     overlap = "overlap" if s["overlap"] else "no overlap"
     ep = s.get("ep", 1)
     layout = (
-        f"tp {s['tp']}, pp {s['pp']}, {f'ep {ep}, ' if ep > 1 else ''}zero {s['zero']}, "
+        f"tp {s['tp']}, pp {s['pp']}{split_label(s)}, {f'ep {ep}, ' if ep > 1 else ''}"
+        f"zero {s['zero']}, "
         f"recompute {s['recompute']}, interleave {s['interleave']}, "
         if (s["tp"], s["pp"], ep, s["zero"], s["recompute"], s["interleave"])
         != (1, 1, 1, 0, "none", 1)
@@ -227,12 +228,20 @@ def describe_strategy(strategy: dict[str, Any]) -> str:
     )
 
 
+def split_label(s: dict[str, Any]) -> str:
+    """An uneven pipeline split as first/last stage layers, e.g. (5..5); '' when even."""
+    first, last = s.get("first_stage_layers"), s.get("last_stage_layers")
+    if first is None and last is None:
+        return ""
+    return f"({'=' if first is None else first}..{'=' if last is None else last})"
+
+
 def layout_label(c: dict[str, Any]) -> str:
     """A layout in a few characters: dp64 tp8 pp16 v2 z1 sel mb1."""
     s, lay = c["strategy"], c["layout"]
     parts = [f"dp{lay['dp']}"]
     parts += [f"tp{s['tp']}"] if s["tp"] > 1 else []
-    parts += [f"pp{s['pp']}"] if s["pp"] > 1 else []
+    parts += [f"pp{s['pp']}{split_label(s)}"] if s["pp"] > 1 else []
     parts += [f"ep{s['ep']}"] if s.get("ep", 1) > 1 else []
     parts += [f"v{s['interleave']}"] if s["interleave"] > 1 else []
     parts += [f"z{s['zero']}"] if s["zero"] else []

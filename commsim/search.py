@@ -16,8 +16,17 @@ from typing import Any
 import numpy as np
 
 from commsim.memory import RECOMPUTE
-from commsim.parallel import ALGORITHMS, PLACEMENT_KINDS, HybridModel, Layouts, StepBreakdown
+from commsim.parallel import (
+    ALGORITHMS,
+    PLACEMENT_KINDS,
+    HybridModel,
+    Layouts,
+    Shape,
+    StepBreakdown,
+    balanced_ends,
+)
 from commsim.predict import Setup
+from commsim.workload import Workload
 
 MICRO_BATCHES = (1, 2, 4, 8)
 EXPERT_PARALLEL = (1, 2, 4, 8)  # searched where they divide the experts and dp
@@ -61,8 +70,9 @@ def enumerate_layouts(setup: Setup, pins: dict[str, Any] | None = None) -> Layou
             continue
         pps = [pins["pp"]] if "pp" in pins else _divisors(n // tp)
         for pp in pps:
-            if (n // tp) % pp or blocks % pp:
+            if (n // tp) % pp or pp > blocks:
                 continue
+            splits = pipeline_splits(w, blocks, pp, pins)
             dp = n // (tp * pp)
             eps = [pins["ep"]] if "ep" in pins else EXPERT_PARALLEL if w.moe else (1,)
             for ep, b in itertools.product(
@@ -73,11 +83,13 @@ def enumerate_layouts(setup: Setup, pins: dict[str, Any] | None = None) -> Layou
                     continue
                 m = s.global_batch // (dp * b)
                 vs = [pins["interleave"]] if "interleave" in pins else INTERLEAVES
-                for v in vs:
-                    # interleaving: pp > 1, and micro-batches in groups of pp (check_layout)
-                    if (v > 1 and (pp == 1 or m < pp)) or blocks % (pp * v):
+                for v, (first, last) in itertools.product(vs, splits):
+                    # interleaving: pp > 1, and micro-batches in groups of pp (check_layout);
+                    # an even split must divide, an uneven one runs without interleaving
+                    even = first < 0 and last < 0
+                    if (v > 1 and (pp == 1 or m < pp or not even)) or (even and blocks % (pp * v)):
                         continue
-                    combos.append((dp, tp, pp, ep, b, m, v))
+                    combos.append((dp, tp, pp, ep, b, m, v, first, last))
     grid = {
         "zero": [pins["zero"]] if "zero" in pins else ZERO_STAGES,
         "recompute": [RECOMPUTE.index(pins["recompute"])]
@@ -93,8 +105,9 @@ def enumerate_layouts(setup: Setup, pins: dict[str, Any] | None = None) -> Layou
         "overlap": [pins["overlap"]] if "overlap" in pins else (True, False),
     }
     rows = [c + g for c in combos for g in itertools.product(*grid.values())]
-    cols = np.array(rows, dtype=float).T if rows else np.zeros((13, 0))
-    names = ("dp", "tp", "pp", "ep", "micro_batch", "micro_batches", "interleave", *grid)
+    names = ("dp", "tp", "pp", "ep", "micro_batch", "micro_batches", "interleave")
+    names += ("first_layers", "last_layers", *grid)
+    cols = np.array(rows, dtype=float).T if rows else np.zeros((len(names), 0))
     arrays = dict(zip(names, cols, strict=True))
     return Layouts(
         **{
@@ -102,6 +115,23 @@ def enumerate_layouts(setup: Setup, pins: dict[str, Any] | None = None) -> Layou
             for k in Layouts.__dataclass_fields__
         }
     )
+
+
+def pipeline_splits(
+    w: Workload, blocks: int, pp: int, pins: dict[str, Any]
+) -> list[tuple[int, int]]:
+    """(first, last) stage layer counts to try at pp stages, -1 for an even split: the pinned
+    ones, else the even split where the layers divide and, for pp > 1, the uneven split that
+    balances the embedding and head stages (parallel.balanced_ends) where it differs."""
+    if "first_stage_layers" in pins or "last_stage_layers" in pins:
+        return [(pins.get("first_stage_layers", -1), pins.get("last_stage_layers", -1))]
+    out = [(-1, -1)] if blocks % pp == 0 else []
+    if pp > 1:
+        sh = Shape.of(w)
+        first, last = balanced_ends(blocks, pp, sh.block_flops, sh.pre_flops, sh.post_flops)
+        if not (blocks % pp == 0 and first == last == blocks // pp):
+            out.append((first, last))
+    return out
 
 
 def search(setup: Setup, model: HybridModel, layouts: Layouts) -> SearchResult:

@@ -169,6 +169,11 @@ class Strategy(Spec):
     zero: Literal[0, 1, 2, 3] = 0  # ZeRO stage; 3 is FSDP full-shard
     recompute: Literal["none", "selective", "full"] = "none"
     interleave: int = Field(default=1, ge=1)  # virtual pipeline stages per rank
+    # an uneven pipeline split, as Megatron-core's --decoder-first-pipeline-num-layers and
+    # --decoder-last-pipeline-num-layers: the first / last stage's transformer layers, the
+    # other stages splitting the rest evenly (None: an even split)
+    first_stage_layers: int | None = Field(default=None, ge=1)
+    last_stage_layers: int | None = Field(default=None, ge=1)
     ep: int = Field(default=1, ge=1)  # expert-parallel degree, out of the data-parallel group
     algorithm: Algorithm = "auto"
     placement: Placement = "blocked"
@@ -181,16 +186,17 @@ class Strategy(Spec):
     error_feedback: bool = False  # keep what compression dropped and add it next step
 
     @property
+    def split_layers(self) -> tuple[int, int]:
+        """(first, last) pipeline stage layers, -1 where the split is even (the model's code)."""
+        first, last = self.first_stage_layers, self.last_stage_layers
+        return (-1 if first is None else first, -1 if last is None else last)
+
+    @property
     def data_parallel_only(self) -> bool:
         """Plain DDP: what the per-bucket timeline models in full detail."""
-        return (self.tp, self.pp, self.ep, self.zero, self.recompute, self.interleave) == (
-            1,
-            1,
-            1,
-            0,
-            "none",
-            1,
-        )
+        layout = (self.tp, self.pp, self.ep, self.zero, self.recompute, self.interleave)
+        split = (self.first_stage_layers, self.last_stage_layers)
+        return layout == (1, 1, 1, 0, "none", 1) and split == (None, None)
 
 
 Metric = Literal[

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from commsim import catalog
 from commsim.cli import app
 from commsim.collectives.group import GroupCost
-from commsim.parallel import HybridModel, Layouts, Shape
+from commsim.memory import stage_layers
+from commsim.parallel import HybridModel, Layouts, Shape, balanced_ends
 from commsim.predict import load_scenario, resolve
 from commsim.search import enumerate_layouts
 from commsim.specs import ModelSpec
@@ -51,6 +52,8 @@ def _layout(**kw):
         overlap=False,
         algorithm=0,
         placement=0,
+        first_layers=-1,
+        last_layers=-1,
     )
     base.update(kw)
     return Layouts(**{k: np.atleast_1d(np.array(v)) for k, v in base.items()})
@@ -142,6 +145,12 @@ def test_interleaved_placement_hurts_tensor_parallelism():
         (
             ("--pp", "4", "--interleave", "2", "--global-batch", "32", "--micro-batch", "1"),
             "needs at least 4 per step, this layout has 2",
+        ),
+        (("--pp", "4", "--first-stage-layers", "10"), "leave 38 for the other 3 stages"),
+        (("--first-stage-layers", "10"), "an uneven split needs pp > 1 and interleave 1"),
+        (
+            ("--pp", "4", "--interleave", "2", "--first-stage-layers", "12"),
+            "an uneven split needs pp > 1 and interleave 1",
         ),
     ],
 )
@@ -250,3 +259,68 @@ def test_search_tries_expert_parallelism_for_moe_models_only():
     assert set(enumerate_layouts(moe, {"tp": 1, "pp": 1}).ep.tolist()) == {1, 2, 4, 8}
     assert set(enumerate_layouts(moe, {"tp": 1, "pp": 1, "ep": 4}).ep.tolist()) == {4}
     assert set(enumerate_layouts(setup("llama2-7b"), {"tp": 2}).ep.tolist()) == {1}
+
+
+def test_stage_layers_by_hand():
+    # 10 layers on 4 stages, first 1 and last 3: the middle two take 3 each
+    assert [float(x) for x in stage_layers(10, 4, 1, 3)] == [1.0, 3.0, 3.0]
+    assert [float(x) for x in stage_layers(12, 4, -1, -1)] == [3.0, 3.0, 3.0]  # even
+    assert [float(x) for x in stage_layers(9, 2, 4, -1)] == [4.0, 0.0, 5.0]  # no middle
+    assert [float(x) for x in stage_layers(8, 1, -1, -1)] == [8.0, 0.0, 8.0]  # one stage
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_balanced_ends_is_the_best_megatron_split(seed):
+    # against every composition of the layers into pp stages with equal middle stages
+    import itertools
+
+    rng = np.random.default_rng(seed)
+    blocks, pp = int(rng.integers(3, 13)), int(rng.integers(2, 5))
+    if pp > blocks:
+        return
+    pre, post = rng.uniform(0, 3, 2).round(2)
+    best = min(
+        max(k[0] + pre, *k[1:-1], k[-1] + post)
+        for k in itertools.product(range(1, blocks + 1), repeat=pp)
+        if sum(k) == blocks and len(set(k[1:-1])) <= 1
+    )
+    f, last = balanced_ends(blocks, pp, 1.0, float(pre), float(post))
+    mid = (blocks - f - last) / (pp - 2) if pp > 2 else 0
+    assert max(f + pre, mid, last + post) == pytest.approx(best)
+
+
+def test_uneven_split_prices_the_slowest_stage():
+    hm = _model()
+    sh = hm.shape
+    even = hm.evaluate(_layout(dp=8, pp=4, micro_batches=8)).row(0)
+    pinned = hm.evaluate(_layout(dp=8, pp=4, micro_batches=8, first_layers=2, last_layers=2))
+    assert pinned.row(0) == pytest.approx(even)  # the even split, spelled out
+    # first 1, last 3, middle 2 each: the last stage (3 layers + head) is the slowest
+    skew = hm.evaluate(_layout(dp=8, pp=4, micro_batches=8, first_layers=1, last_layers=3))
+    b = skew.row(0)
+    per_mb = (3 * sh.block_flops + sh.post_flops) * 3 / hm.flop_rate  # fwd + 2x bwd
+    assert b["compute"] == pytest.approx(8 * per_mb)
+    assert b["compute"] > even["compute"]
+    # the memory of the worst stage grows with its layers: the first holds 4 in flight of 1
+    # layer, the second 3 of 2, the last 1 of 3 + the logits
+    assert b["memory"] != even["memory"]
+
+
+def test_search_offers_the_balanced_split_where_layers_do_not_divide():
+    sc, src = load_scenario(
+        None, {"model": "gpt2-xl", "cluster": "dgx-a100-ib", "gpus": 40, "global_batch": 80}
+    )
+    setup = resolve(sc, src, check=False)
+    lay = enumerate_layouts(setup, {"tp": 1, "pp": 5, "zero": 1})
+    # 48 layers do not split into 5 stages evenly: only uneven splits are searched
+    assert len(lay) and set(lay.first_layers.tolist()) != {-1}
+    first, last = int(lay.first_layers[0]), int(lay.last_layers[0])
+    assert (48 - first - last) % 3 == 0
+    result = CliRunner().invoke(
+        app,
+        ["predict", "--model", "gpt2-xl", "--cluster", "dgx-a100-ib"]
+        + ["--gpus", "40", "--global-batch", "80", "--tp", "1", "--pp", "5"]
+        + ["--first-stage-layers", str(first), "--last-stage-layers", str(last), "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["strategy"]["first_stage_layers"] == first

@@ -239,6 +239,7 @@ def test_against_the_hybrid_model():
     hm = HybridModel(build_workload(spec), cluster, catalog.GPUS["a100-80gb"], 32, 64, 0.5)
     row = dict(dp=8, tp=1, pp=4, ep=1, micro_batch=1, micro_batches=8, zero=1, recompute=0)
     row |= dict(interleave=1, bucket_mb=25.0, overlap=True, algorithm=0, placement=0)
+    row |= dict(first_layers=-1, last_layers=-1)
     layouts = Layouts(**{k: np.atleast_1d(np.array(v)) for k, v in row.items()})
     parts = hm.evaluate(layouts).row(0)
     events = pipeline_events(layouts.row(0), parts)
