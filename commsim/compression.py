@@ -90,6 +90,13 @@ class Compressor(ABC):
         wire = self.wire_bytes(n)
         return [(self.collective, wire if self.collective == "all-reduce" else workers * wire)]
 
+    def tensor_collectives(
+        self, shapes: Sequence[Sequence[int]], workers: int
+    ) -> list[tuple[str, int]]:
+        """(op, S) for a bucket of fp32 parameter gradients of these shapes: the flat bucket's,
+        but where a comm hook treats tensors one by one (PowerSGD)."""
+        return self.collectives(sum(math.prod(s) for s in shapes), workers)
+
     def exchange(
         self, inputs: Sequence[np.ndarray], key: int = 0
     ) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -326,6 +333,9 @@ def matrix_view(shape: Sequence[int]) -> tuple[int, int]:
     return side, side
 
 
+MIN_COMPRESSION_RATE = 2  # torch's PowerSGDState default: compress a tensor only if 2x smaller
+
+
 class PowerSGD(Compressor):
     """Rank-r approximation P Q^T by one power iteration from a warm-started Q (Vogels et
     al. 2019, arXiv:1905.13727, Algorithm 1). Both factors sum in place: two all-reduces."""
@@ -385,6 +395,23 @@ class PowerSGD(Compressor):
         rows, cols = matrix_view((n,))
         r = min(rows, cols, self.rank)
         return [("all-reduce", 4 * rows * r), ("all-reduce", 4 * cols * r)]
+
+    def tensor_collectives(
+        self, shapes: Sequence[Sequence[int]], workers: int
+    ) -> list[tuple[str, int]]:
+        """As torch's per-tensor powerSGD_hook sends a bucket: each tensor viewed as
+        (shape[0], rest) is compressed when (n + m) r x MIN_COMPRESSION_RATE < n m (so 1-D
+        tensors never are); one all-reduce of the others uncompressed, then one of all Ps
+        (n x r each), then one of all Qs (m x r each)."""
+        plain = ps = qs = 0
+        for shape in shapes:
+            n, m = int(shape[0]), math.prod(shape[1:])
+            r = min(n, m, self.rank)
+            if (n + m) * r * MIN_COMPRESSION_RATE < n * m:
+                ps, qs = ps + n * r, qs + m * r
+            else:
+                plain += n * m
+        return [("all-reduce", 4 * plain), ("all-reduce", 4 * ps), ("all-reduce", 4 * qs)]
 
     def hbm_bytes(self, n: int, workers: int) -> tuple[float, float]:
         rows, cols = matrix_view((n,))

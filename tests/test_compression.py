@@ -363,3 +363,36 @@ def test_synthetic_gradients_are_heavy_tailed():
     kurtosis = np.mean(x**4)
     assert g.dtype == np.float32 and kurtosis > 6  # a Gaussian's is 3
     assert math.isfinite(float(g.sum()))
+
+
+def test_powersgd_bucket_as_torchs_per_tensor_hook():
+    # a 384 x 384 weight and its bias, a 1536 x 384 weight, a 3 x 5 matrix too small to gain
+    # 2x at rank 1, a layer norm's 384: at rank 1 the Ps hold 384 + 1536 rows, the Qs
+    # 384 + 384, and the bias, 3 x 5 and layer norm go uncompressed first
+    shapes = [(384, 384), (384,), (1536, 384), (3, 5), (384,)]
+    plan = parse_compressor("powersgd:1").tensor_collectives(shapes, 8)
+    assert plan == [
+        ("all-reduce", 4 * (384 + 15 + 384)),
+        ("all-reduce", 4 * (384 + 1536)),
+        ("all-reduce", 4 * (384 + 384)),
+    ]
+    # other compressors see the bucket as one flat vector
+    n = sum(int(np.prod(s)) for s in shapes)
+    assert parse_compressor("fp16").tensor_collectives(shapes, 8) == [("all-reduce", 2 * n)]
+
+
+@pytest.mark.torch
+def test_powersgd_compresses_what_torchs_hook_compresses():
+    # the decision against torch's own rule (powerSGD_hook._should_compress, default rate 2)
+    hook = pytest.importorskip("torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook")
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        shape = tuple(int(x) for x in rng.integers(1, 64, rng.integers(1, 4)))
+        rank = int(rng.integers(1, 9))
+        n, m = shape[0], int(np.prod(shape[1:]))
+        plain, ps, qs = (
+            b for _, b in parse_compressor(f"powersgd:{rank}").tensor_collectives([shape], 2)
+        )
+        torch_says = hook._should_compress(n, m, min(n, m, rank), 2)[0]
+        assert (plain == 0) == torch_says, (shape, rank)
+        assert ps == (4 * n * min(n, m, rank) if torch_says else 0)

@@ -518,6 +518,7 @@ def _model_record(model: nn.Sequential, fwd: np.ndarray, bwd: np.ndarray, cfg: H
                 {
                     "name": f"{i}.{type(m).__name__}",
                     "tensors": tensors,
+                    "shapes": [list(p.shape) for p in m.parameters()],
                     "forward_flops": flops,
                     "forward_s": 0.0,
                     "backward_s": 0.0,

@@ -14,10 +14,10 @@ Approximations, stated rather than hidden:
   rate, the matmul rate is the measured FLOP/s instead. The predicted codec seconds are
   reported separately (codec_s) so a reader can see how much of a prediction they carry;
   on a slow link they are a few per cent of the step.
-- PowerSGD: torch's powerSGD_hook compresses each >= 2-D tensor as (rows, rest) and
-  all-reduces 1-D tensors uncompressed (three all-reduces per bucket); commsim prices the
-  flat bucket as batched_powerSGD_hook does (one square matrix, two all-reduces). At rank 1
-  both payloads are a small fraction of the bucket, so the step is latency-bound either way.
+- PowerSGD: priced as torch's powerSGD_hook sends each bucket (PowerSGD.tensor_collectives,
+  from the tensor shapes the harness records): the tensors it does not compress in one
+  all-reduce, then all Ps, then all Qs. At rank 1 the payloads are a small fraction of the
+  bucket, so the step is latency- and CPU-bound.
 - gloo: PowerSGD runs one bucket at a time there (record overlap false; see the harness),
   predicted with overlap off: the buckets' exchanges after the backward, one after another.
 """

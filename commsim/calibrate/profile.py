@@ -147,6 +147,7 @@ class LayerRecord(BaseModel):
 
     name: str
     tensors: list[int]
+    shapes: list[list[int]] | None = None  # each tensor's shape (older files: none)
     forward_flops: float = Field(ge=0)
     forward_s: float = Field(ge=0)
     backward_s: float = Field(ge=0)

@@ -131,18 +131,16 @@ def predict_ddp(
     compressor = parse_compressor(ddp.compression)
     hooked = ddp.compression != "none" and n > 1
 
+    shapes = [list(s) for x in model.layers for s in (x.shapes or [])]
+
     def sync(sizes: np.ndarray) -> np.ndarray:
         if not hooked:
             return np.array([group.time("all-reduce", algorithm, s) for s in sizes])
-        return np.array(
-            [
-                sum(
-                    group.time(op, algorithm, b)
-                    for op, b in compressor.collectives(int(s / elt), n)
-                )
-                for s in sizes
-            ]
-        )
+        if len(shapes) == len(tensor_bytes):  # the hook sees the bucket's tensors
+            plans = [compressor.tensor_collectives([shapes[i] for i in b], n) for b in buckets]
+        else:  # an older file without shapes: the bucket as one flat vector
+            plans = [compressor.collectives(int(s / elt), n) for s in sizes]
+        return np.array([sum(group.time(op, algorithm, s) for op, s in p) for p in plans])
 
     def codec(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         pairs = [
