@@ -95,6 +95,7 @@ class Layouts:
 
 
 ALGORITHMS = ("ring", "tree", "rhd", "hierarchical")
+NCCL_ALGORITHMS = ("ring", "tree")  # what NCCL picks between for all-reduce
 PLACEMENT_KINDS = ("blocked", "interleaved")
 
 

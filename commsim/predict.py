@@ -17,7 +17,7 @@ from commsim.collectives.group import GroupCost
 from commsim.compression import encode_decode_seconds, parse_compressor
 from commsim.memory import RECOMPUTE, MemoryBreakdown, ParallelLayout, memory_per_gpu, usable_bytes
 from commsim.parallel import ALGORITHMS as HYBRID_ALGORITHMS
-from commsim.parallel import PLACEMENT_KINDS, HybridModel, Layouts
+from commsim.parallel import NCCL_ALGORITHMS, PLACEMENT_KINDS, HybridModel, Layouts
 from commsim.pipeline import pipeline_events
 from commsim.specs import (
     ClusterSpec,
@@ -532,11 +532,7 @@ def strategy_layouts(setup: Setup, strategies: list[Strategy]) -> Layouts:
         interleave=col(lambda x: x.interleave),
         bucket_mb=col(lambda x: x.bucket_mb, float),
         overlap=col(lambda x: x.overlap, bool),
-        algorithm=col(
-            lambda x: HYBRID_ALGORITHMS.index(
-                x.algorithm if x.algorithm in HYBRID_ALGORITHMS else "ring"
-            )
-        ),
+        algorithm=col(lambda x: HYBRID_ALGORITHMS.index(x.algorithm)),
         placement=col(lambda x: PLACEMENT_KINDS.index(x.placement)),
         first_layers=col(lambda x: x.split_layers[0]),
         last_layers=col(lambda x: x.split_layers[1]),
@@ -560,11 +556,18 @@ def hybrid_model(setup: Setup, strategy: Strategy) -> HybridModel:
 def predict_hybrid(
     setup: Setup, strategy: Strategy, model: HybridModel | None = None
 ) -> Prediction:
-    """Predict a data x tensor x pipeline layout with commsim.parallel's step model."""
+    """Predict a data x tensor x pipeline layout with commsim.parallel's step model; an
+    algorithm the hybrid model does not name ('auto', 'nccl', 'ps') runs as the faster of
+    NCCL's ring and tree, as the search takes it, and the prediction names the one run."""
     model = model or hybrid_model(setup, strategy)
-    layouts = strategy_layouts(setup, [strategy])
-    b = model.evaluate(layouts).row(0)
-    return hybrid_prediction(setup, strategy, b, tuple(pipeline_events(layouts.row(0), b)))
+    names = (strategy.algorithm,) if strategy.algorithm in HYBRID_ALGORITHMS else NCCL_ALGORITHMS
+    candidates = [strategy.model_copy(update={"algorithm": a}) for a in names]
+    layouts = strategy_layouts(setup, candidates)
+    rows = model.evaluate(layouts)
+    best = int(np.argmin(rows.step))
+    b = rows.row(best)
+    events = tuple(pipeline_events(layouts.row(best), b))
+    return hybrid_prediction(setup, candidates[best], b, events)
 
 
 def hybrid_prediction(

@@ -18,6 +18,7 @@ import numpy as np
 from commsim.memory import RECOMPUTE
 from commsim.parallel import (
     ALGORITHMS,
+    NCCL_ALGORITHMS,
     PLACEMENT_KINDS,
     HybridModel,
     Layouts,
@@ -33,7 +34,6 @@ EXPERT_PARALLEL = (1, 2, 4, 8)  # searched where they divide the experts and dp
 ZERO_STAGES = (0, 1, 2, 3)
 INTERLEAVES = (1, 2, 4)
 BUCKETS_MB = (25.0, 200.0)
-SEARCHED_ALGORITHMS = ("ring", "tree")  # NCCL's two; hierarchical is in the DDP search
 SEARCHED_PLACEMENTS = ("blocked",)  # interleaved only ever loses; the DDP search shows it
 
 
@@ -98,7 +98,7 @@ def enumerate_layouts(setup: Setup, pins: dict[str, Any] | None = None) -> Layou
         "bucket_mb": [pins["bucket_mb"]] if "bucket_mb" in pins else BUCKETS_MB,
         "algorithm": [ALGORITHMS.index(pins["algorithm"])]
         if "algorithm" in pins
-        else [ALGORITHMS.index(a) for a in SEARCHED_ALGORITHMS],
+        else [ALGORITHMS.index(a) for a in NCCL_ALGORITHMS],  # hierarchical: the DDP search
         "placement": [PLACEMENT_KINDS.index(pins["placement"])]
         if "placement" in pins
         else [PLACEMENT_KINDS.index(p) for p in SEARCHED_PLACEMENTS],

@@ -14,7 +14,7 @@ from commsim.cli import app
 from commsim.collectives.group import GroupCost
 from commsim.memory import stage_layers
 from commsim.parallel import HybridModel, Layouts, Shape, balanced_ends
-from commsim.predict import load_scenario, resolve
+from commsim.predict import load_scenario, predict, resolve
 from commsim.search import enumerate_layouts
 from commsim.specs import ModelSpec
 from commsim.workload import build_workload
@@ -324,3 +324,15 @@ def test_search_offers_the_balanced_split_where_layers_do_not_divide():
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["strategy"]["first_stage_layers"] == first
+
+
+def test_predict_runs_auto_and_nccl_as_the_faster_of_ring_and_tree():
+    kw = {"model": "gpt3-175b", "cluster": "dgx-a100-ib", "gpus": 256, "global_batch": 512}
+    kw |= {"seq_len": 2048, "tp": 8, "pp": 8, "recompute": "full"}
+    steps = {}
+    for alg in ("ring", "tree", "auto", "nccl"):
+        sc, src = load_scenario(None, kw | {"algorithm": alg})
+        p = predict(resolve(sc, src))
+        steps[alg] = (p.step_time_s, p.strategy.algorithm)
+    fastest = min(("ring", "tree"), key=lambda a: steps[a][0])
+    assert steps["auto"] == steps["nccl"] == (steps[fastest][0], fastest)
