@@ -31,20 +31,14 @@ from commsim.predict import (
 )
 from commsim.specs import Check, Claim, SpecError, read_yaml
 from commsim.timeline import DTYPE_BYTES
+from commsim.whatif import metric
 
 SEED_DIR = catalog.SCENARIO_DIR / "seeds"
 DAY = 86400.0
 
-# metrics read off a predicted step (the rest need only the setup)
-STEP_METRICS: dict[str, Callable[[Prediction], float]] = {
-    "step_time_s": lambda p: p.step_time_s,
-    "comm_s": lambda p: p.parts["comm_s"],
-    "exposed_comm_s": lambda p: p.parts["exposed_comm_s"],
+# figures of a predicted step that its JSON does not name (the rest: whatif.metric)
+DERIVED: dict[str, Callable[[Prediction], float]] = {
     "comm_share": lambda p: p.parts["exposed_comm_s"] / p.step_time_s,
-    "overlap_ratio": lambda p: p.overlap_ratio,
-    "scaling_efficiency": lambda p: p.scaling_efficiency,
-    "mfu": lambda p: p.mfu,
-    "samples_per_s": lambda p: p.samples_per_s,
     "buckets": lambda p: float(len(p.buckets)),
 }
 
@@ -179,4 +173,4 @@ def _metric(
         if pred.training is None:
             raise SpecError(source, "tokens", "time_to_train_days needs the scenario's tokens")
         return pred.training["time_to_train_s"] / DAY
-    return STEP_METRICS[check.metric](pred)
+    return DERIVED[check.metric](pred) if check.metric in DERIVED else metric(pred, check.metric)

@@ -67,13 +67,20 @@ def predict(scenario: Scenario) -> Prediction:
     return predict_setup(resolve(scenario, SOURCE))
 
 
+def figures(prediction: Prediction) -> dict[str, float]:
+    """Every number of a prediction by its JSON name (step_time_s, exposed_comm_s, mfu, ...)."""
+    return {k: float(v) for k, v in prediction.to_dict().items() if isinstance(v, (int, float))}
+
+
+def _pick(flat: dict[str, float], name: str) -> float:
+    if name not in flat:
+        raise KeyError(f"no metric {name!r}; known: {', '.join(sorted(flat))}")
+    return flat[name]
+
+
 def metric(prediction: Prediction, name: str) -> float:
-    """A figure of a prediction by its JSON name (step_time_s, exposed_comm_s, mfu, ...)."""
-    flat = prediction.to_dict()
-    if name not in flat or not isinstance(flat[name], (int, float)):
-        known = sorted(k for k, v in flat.items() if isinstance(v, (int, float)))
-        raise KeyError(f"no metric {name!r}; known: {', '.join(known)}")
-    return float(flat[name])
+    """One figure of a prediction by its JSON name."""
+    return _pick(figures(prediction), name)
 
 
 @dataclass(frozen=True)
@@ -90,10 +97,11 @@ class Sweep:
 
     def rows(self, names: Sequence[str]) -> list[dict[str, Any]]:
         """The sweep as records: the swept value, then each named metric."""
-        return [
-            {self.field: v} | {n: metric(p, n) for n in names}
-            for v, p in zip(self.values, self.predictions, strict=True)
-        ]
+        out = []
+        for v, p in zip(self.values, self.predictions, strict=True):
+            flat = figures(p)  # one to_dict per prediction, not one per name
+            out.append({self.field: v} | {n: _pick(flat, n) for n in names})
+        return out
 
     def plot(self, names: Sequence[str], title: str = "", logx: bool = False) -> Figure:
         """The named metrics against the swept value, one line each."""
