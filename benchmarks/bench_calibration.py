@@ -30,7 +30,7 @@ import numpy as np
 
 from commsim.calibrate import testbed
 from commsim.calibrate.fit import fit_profile
-from commsim.calibrate.profile import read_results
+from commsim.calibrate.records import read_results
 from commsim.calibrate.validate import validate
 
 TESTBEDS = Path(__file__).resolve().parent.parent / "testbeds"
@@ -115,7 +115,7 @@ def _cpu() -> tuple[float, float]:
 
 def measure(spec: testbed.TestbedSpec, m: Measure, out: Path) -> dict:
     """Run the harness on the placement; returns wall time and the CPU's busy fraction."""
-    cmd = ["env", "OMP_NUM_THREADS=1", sys.executable, "-m", "commsim.calibrate.commands"]
+    cmd = ["env", "OMP_NUM_THREADS=1", sys.executable, "-m", "commsim.cli.calibrate"]
     cmd += ["run", "--out", str(out), "--backend", "gloo", "--ops", OPS, "--sizes", m.sizes]
     cmd += ["--groups", m.groups, "--bucket-mb", m.buckets, "--warmup", "1", "--repeats", "6"]
     cmd += ["--timeout", "90", *DDP]

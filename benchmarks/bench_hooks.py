@@ -22,7 +22,7 @@ from pathlib import Path
 
 from commsim.calibrate import hooks, testbed
 from commsim.calibrate.fit import fit_profile
-from commsim.calibrate.profile import read_results
+from commsim.calibrate.records import read_results
 
 ROOT = Path(__file__).resolve().parent.parent
 HOOKS = "none,fp16,powersgd:1,powersgd:4"
@@ -33,7 +33,7 @@ MODEL = ["--width", "384", "--depth", "2", "--batch", "32", "--bucket-mb", "25"]
 
 def measure(bed: testbed.TestbedSpec, out: Path, sizes: str) -> float:
     """One harness run on every host of the testbed; its wall seconds."""
-    cmd = ["env", "OMP_NUM_THREADS=1", sys.executable, "-m", "commsim.calibrate.commands"]
+    cmd = ["env", "OMP_NUM_THREADS=1", sys.executable, "-m", "commsim.cli.calibrate"]
     cmd += ["run", "--out", str(out), "--ops", "all-reduce", "--sizes", sizes]
     cmd += ["--groups", "tiers", "--warmup", "2", "--repeats", "10", *MODEL]
     cmd += ["--comm-hooks", HOOKS, "--timeout", "60"]

@@ -13,9 +13,10 @@ import time
 
 import numpy as np
 
-from commsim.parallel import Layouts
-from commsim.predict import hybrid_model, load_scenario, resolve
-from commsim.search import enumerate_layouts, search
+from commsim.planner.search import enumerate_layouts, search
+from commsim.scenario import load_scenario, resolve
+from commsim.step.hybrid import hybrid_model
+from commsim.step.parallel import Layouts
 
 SWEEP = [
     "plan",

@@ -2,7 +2,7 @@
 
 Each run of benchmarks/published_runs.yaml (a paper's model, GPU count, cluster, batch and
 parallel layout, and the achieved throughput it reports) becomes a commsim Scenario; the
-hybrid step model (commsim.parallel, through commsim.predict) predicts its step, and the
+hybrid step model (commsim.step.parallel, through commsim.step.predict) predicts its step, and the
 table sets the prediction beside the reported figure, like for like:
 
   counts: hardware  the paper's TFLOP/s per GPU count the recomputed forward (Megatron's
@@ -38,9 +38,11 @@ from typing import Any
 
 import yaml
 
-from commsim.predict import Prediction, Setup, predict, resolve
-from commsim.report import split_label
+from commsim.report.labels import split_label
+from commsim.scenario import Setup, resolve
 from commsim.specs import Scenario, Strategy, parse_spec
+from commsim.step.predict import predict
+from commsim.step.prediction import Prediction
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "published_runs.yaml"

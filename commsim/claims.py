@@ -20,17 +20,12 @@ import numpy as np
 
 from commsim import catalog
 from commsim.compression import parse_compressor
-from commsim.predict import (
-    Prediction,
-    Setup,
-    bucket_sync_time,
-    gradient_sync_cost,
-    predict,
-    resolve,
-    with_overrides,
-)
+from commsim.scenario import Setup, resolve, with_overrides
 from commsim.specs import Check, Claim, SpecError, read_yaml
-from commsim.timeline import DTYPE_BYTES
+from commsim.step.ddp import bucket_sync_time, gradient_sync_cost
+from commsim.step.predict import predict
+from commsim.step.prediction import Prediction
+from commsim.step.timeline import DTYPE_BYTES
 from commsim.whatif import metric
 
 SEED_DIR = catalog.SCENARIO_DIR / "seeds"

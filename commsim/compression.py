@@ -23,8 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from commsim.specs import GPUSpec
-
 SPELLINGS = (
     "none, fp16, bf16, int8, topk:RATIO, randomk:RATIO, powersgd:RANK, sign, "
     "topk:RATIO+{fp16,bf16,int8}, randomk:RATIO+{fp16,bf16,int8} "
@@ -35,8 +33,6 @@ INT8_CHUNK = 2048  # elements per fp32 scale: the block size of Dettmers et al. 
 SECTOR = 32  # bytes: the DRAM access granularity of NVIDIA GPUs (CUDA Best Practices Guide,
 # "Coalesced access to global memory": accesses are serviced in 32-byte sectors)
 RADIX_PASSES = 4  # torch.topk on large slices (mbtopk in aten/.../TensorTopK.cu): RADIX_BITS = 8,
-# so 32-bit keys take 4 digit-histogram passes over the input
-EF_BYTES_PER_ELT = 20  # acc = g + e (read 8, write 4), e = acc - C(acc) (read 4, write 4;
 # the local decode happens in registers, fused)
 
 Payload = Any  # each compressor's own tuple of numpy arrays; see compress()
@@ -509,26 +505,6 @@ def bucket_collectives(
     [(op, S)] with S in nccl-tests convention (all-gather: output = N x per-rank payload)."""
     n = math.ceil(bucket_bytes / 4)
     return _as_compressor(compressor).collectives(n, n_workers)
-
-
-def encode_decode_seconds(
-    compressor: Compressor | str,
-    n_elements: int,
-    gpu: GPUSpec,
-    n_workers: int,
-    error_feedback: bool = False,
-) -> tuple[float, float]:
-    """GPU seconds to encode one bucket and decode the N workers' result: HBM bytes at the
-    peak bandwidth, plus matmul FLOPs at the fp32 (TF32) tensor peak."""
-    c = _as_compressor(compressor)
-    enc_b, dec_b = c.hbm_bytes(n_elements, n_workers)
-    if error_feedback:
-        enc_b += EF_BYTES_PER_ELT * n_elements
-    enc_f, dec_f = c.flops(n_elements)
-    # TF32 dense is half the BF16 peak: A100 156 vs 312, H100 SXM 495 vs 989 TFLOPS
-    # (NVIDIA A100 and H100 datasheets)
-    tf32 = gpu.peak_flops / 2
-    return (enc_b / gpu.hbm_bandwidth + enc_f / tf32, dec_b / gpu.hbm_bandwidth + dec_f / tf32)
 
 
 class ErrorFeedback:

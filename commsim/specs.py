@@ -162,7 +162,7 @@ class Strategy(Spec):
     """How the step is parallelised and synchronised.
 
     Data parallel by default; tp, pp, ep, zero, recompute and interleave make it a Megatron-style
-    hybrid layout (data x tensor x pipeline, experts over ep), priced by commsim.parallel."""
+    hybrid layout (data x tensor x pipeline, experts over ep), priced by commsim.step.parallel."""
 
     tp: int = Field(default=1, ge=1)  # tensor-parallel degree
     pp: int = Field(default=1, ge=1)  # pipeline stages

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from commsim import catalog
-from commsim.predict import Prediction, load_scenario, resolve, with_overrides
-from commsim.predict import predict as predict_setup
+from commsim.scenario import load_scenario, resolve, with_overrides
 from commsim.specs import ClusterSpec, Scenario, SpecError, load_spec
+from commsim.step.predict import predict as predict_setup
+from commsim.step.prediction import Prediction
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

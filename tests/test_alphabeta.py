@@ -7,7 +7,6 @@ import pytest
 
 from commsim.collectives.alphabeta import (
     ALGORITHMS,
-    alpha_with_fanin,
     bus_factor,
     collective_time,
     hierarchical_time,
@@ -17,6 +16,7 @@ from commsim.collectives.alphabeta import (
     tree_height,
     tree_peers,
 )
+from commsim.topology.routing import alpha_with_fanin
 
 pytestmark = pytest.mark.filterwarnings("error")
 

@@ -38,7 +38,7 @@ pytest.importorskip("torch", reason="the harness needs torch (pip install 'comms
 
 from commsim.calibrate import testbed  # noqa: E402
 from commsim.calibrate.fit import fit_profile  # noqa: E402
-from commsim.calibrate.profile import read_results  # noqa: E402
+from commsim.calibrate.records import read_results  # noqa: E402
 from commsim.calibrate.validate import validate  # noqa: E402
 
 OVERSUB = Path(__file__).resolve().parent.parent / "testbeds" / "2x2-oversub.yaml"
@@ -79,7 +79,7 @@ def _measure(spec: testbed.TestbedSpec, out: Path, placement: str, world: int, g
         "OMP_NUM_THREADS=1",  # 4 ranks share 2 cores: no intra-op thread pools
         sys.executable,
         "-m",
-        "commsim.calibrate.commands",
+        "commsim.cli.calibrate",
         "run",
         "--out",
         str(out),

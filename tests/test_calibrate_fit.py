@@ -9,25 +9,27 @@ import pytest
 from conftest import make_spec
 
 from commsim.calibrate import fit
-from commsim.calibrate.profile import (
-    ALGORITHMS,
+from commsim.calibrate.records import (
     CollectiveRecord,
     DDPRecord,
     LayerRecord,
     MetaRecord,
     ModelRecord,
-    Profile,
     RankInfo,
     Results,
     Run,
+)
+from commsim.calibrate.validate import codec_gpu, harness_workload, predict_ddp, validate
+from commsim.collectives.backends import ALGORITHMS
+from commsim.collectives.schedule import evaluate
+from commsim.profile import (
+    Profile,
     apply_profile,
     apply_tiers,
     cluster_tiers,
     leaf_uplinks,
     tier_params,
 )
-from commsim.calibrate.validate import codec_gpu, harness_workload, predict_ddp, validate
-from commsim.collectives.schedule import evaluate
 from commsim.specs import SpecError
 from commsim.topology.build import build_cluster
 

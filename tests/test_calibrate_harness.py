@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from commsim.calibrate.commands import calibrate_app
-from commsim.calibrate.profile import read_results
+from commsim.calibrate.records import read_results
+from commsim.cli.calibrate import calibrate_app
 
 torch = pytest.importorskip("torch")
 harness = pytest.importorskip("commsim.calibrate.harness")
@@ -45,7 +45,7 @@ TINY = ["--warmup", "1", "--repeats", "4", "--width", "32", "--depth", "1", "--b
 
 
 def _run(out: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "commsim.calibrate.commands", "run", "--out", str(out), *args]
+    cmd = [sys.executable, "-m", "commsim.cli.calibrate", "run", "--out", str(out), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -130,7 +130,7 @@ def test_local_run_then_fit_and_validate(tmp_path):
     assert [d["bucket_mb"] for d in ddp] == [0.05, 1.0]
     # DDP's own buckets match commsim's model of them
     from commsim.calibrate.validate import harness_workload
-    from commsim.timeline import MIB, assign_buckets
+    from commsim.step.timeline import MIB, assign_buckets
 
     workload = harness_workload(read_results(out).runs[meta["run"]].model)
     for d in ddp:
@@ -198,7 +198,7 @@ def test_a_rank_that_hangs_or_dies_ends_the_run_clearly(tmp_path, fault):
     """Rank 1 stops (SIGSTOP) or is killed mid-sweep: rank 0 reports it within the
     timeout, records why, and every measurement already taken stays in the file."""
     out = tmp_path / "results.jsonl"
-    cmd = [sys.executable, "-m", "commsim.calibrate.commands", "run", "--out", str(out)]
+    cmd = [sys.executable, "-m", "commsim.cli.calibrate", "run", "--out", str(out)]
     cmd += ["--local", "2", "--sizes", "8B:8KiB", "--ops", "all-reduce,broadcast"]
     cmd += ["--repeats", "400", "--warmup", "1", "--bucket-mb", "", "--timeout", "4"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

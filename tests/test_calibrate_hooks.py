@@ -15,8 +15,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from commsim.calibrate.profile import ALGORITHMS, read_results
-from commsim.cli import app
+from commsim.calibrate.records import read_results
+from commsim.cli.app import app
+from commsim.collectives.backends import ALGORITHMS
 from commsim.specs import ClusterSpec, SpecError
 
 torch = pytest.importorskip("torch")
@@ -45,7 +46,7 @@ NO_SWEEP = ["--sizes", "8B:8B", "--ops", "all-reduce", "--groups", "world"]
 
 
 def _cmd(out: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "commsim.calibrate.commands", "run", "--out", str(out), *args]
+    return [sys.executable, "-m", "commsim.cli.calibrate", "run", "--out", str(out), *args]
 
 
 def _ddp(path: Path) -> list[dict]:

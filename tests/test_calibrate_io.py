@@ -9,17 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from commsim.calibrate.commands import calibrate_app
 from commsim.calibrate.ncclt import nccl_version, parse_log
-from commsim.calibrate.profile import (
-    Profile,
-    append_records,
-    load_profile,
-    profile_yaml,
-    read_results,
-    record_line,
-    write_atomic,
-)
+from commsim.calibrate.records import append_records, read_results, record_line
+from commsim.cli.calibrate import calibrate_app
+from commsim.files import write_atomic
+from commsim.profile import Profile, load_profile, profile_yaml
 from commsim.specs import SpecError
 
 DATA = Path(__file__).parent / "data"
@@ -154,7 +148,7 @@ def test_parse_all_reduce_log():
 
 def read_results_from(records: list[dict]) -> int:
     """The records validate as a results file would (returns the world size)."""
-    from commsim.calibrate.profile import MetaRecord, parse_record
+    from commsim.calibrate.records import MetaRecord, parse_record
 
     recs = [parse_record(r, "mem", i) for i, r in enumerate(records, 1)]
     return next(r for r in recs if isinstance(r, MetaRecord)).world_size

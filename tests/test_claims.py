@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from commsim import claims
-from commsim.cli import app
+from commsim.cli.app import app
 from commsim.specs import Check
 
 SEEDS = {p.stem: p for p in claims.seed_files()}

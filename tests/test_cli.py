@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from commsim.cli import app
+from commsim.cli.app import app
 
 runner = CliRunner()
 

@@ -15,11 +15,11 @@ from commsim.compression import (
     ErrorFeedback,
     bucket_collectives,
     collective,
-    encode_decode_seconds,
     measure,
     parse_compressor,
     synthetic_gradients,
 )
+from commsim.step.ddp import encode_decode_seconds
 
 ALL = [
     "none",

@@ -159,7 +159,7 @@ def test_nccl_runs_its_tuners_pick_priced_on_the_graph():
     # 8 DGX H100 nodes: NCCL's tuner (select.nccl_like_choice, fed the graph's ring busbw)
     # picks tree for small sizes and ring for the largest; each size costs what the graph
     # gives the picked algorithm
-    from commsim.collectives.select import nccl_like_choice
+    from commsim.collectives.nccl import nccl_like_choice
 
     spec = load_spec(ClusterSpec, catalog.topology_path("dgx-h100-ib"))
     c = build_cluster(spec, 64)

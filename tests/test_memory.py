@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from commsim.catalog import gpu
-from commsim.memory import (
+from commsim.specs import LayerSpec, ModelSpec
+from commsim.step.memory import (
     ACTIVATION_BYTES_PER_FLOP,
     MIB,
     RECOMPUTE,
@@ -17,8 +18,7 @@ from commsim.memory import (
     memory_per_gpu_batch,
     usable_bytes,
 )
-from commsim.specs import LayerSpec, ModelSpec
-from commsim.workload import build_workload
+from commsim.workload.presets import build_workload
 
 GPT3 = 174_604_259_328  # build_workload("gpt3-175b").params, see test_workload
 H = 12288  # GPT-3 175B hidden; 96 layers, 96 heads, vocabulary 50257, context 2048

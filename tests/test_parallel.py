@@ -10,14 +10,15 @@ from conftest import make_cluster
 from typer.testing import CliRunner
 
 from commsim import catalog
-from commsim.cli import app
+from commsim.cli.app import app
 from commsim.collectives.group import GroupCost
-from commsim.memory import stage_layers
-from commsim.parallel import HybridModel, Layouts, Shape, balanced_ends
-from commsim.predict import load_scenario, predict, resolve
-from commsim.search import enumerate_layouts
+from commsim.planner.search import enumerate_layouts
+from commsim.scenario import load_scenario, resolve
 from commsim.specs import ModelSpec
-from commsim.workload import build_workload
+from commsim.step.memory import stage_layers
+from commsim.step.parallel import HybridModel, Layouts, Shape, balanced_ends
+from commsim.step.predict import predict
+from commsim.workload.presets import build_workload
 
 # A small GPT: 8 layers, h = 512, 8 heads, sequence 256, vocabulary 1000.
 MODEL = ModelSpec(name="toy", layers=8, hidden=512, heads=8, vocab=1000, seq_len=256)

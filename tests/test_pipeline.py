@@ -9,8 +9,10 @@ import pytest
 from conftest import make_cluster
 
 from commsim import catalog
-from commsim.parallel import HybridModel, Layouts
-from commsim.pipeline import (
+from commsim.report.plots import plot_pipeline
+from commsim.specs import ModelSpec
+from commsim.step.parallel import HybridModel, Layouts
+from commsim.step.pipeline import (
     chunk_times,
     event_kind,
     event_stage,
@@ -20,9 +22,7 @@ from commsim.pipeline import (
     simulate,
     stage_order,
 )
-from commsim.report import plot_pipeline
-from commsim.specs import ModelSpec
-from commsim.workload import build_workload
+from commsim.workload.presets import build_workload
 
 F, B, TP_F, TP_B = 1.0, 2.0, 0.25, 0.25  # seconds per micro-batch on a whole stage
 

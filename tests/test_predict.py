@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from commsim import planner
-from commsim.predict import load_scenario, predict, resolve
+from commsim.planner.ddp import COMPRESSIONS, plan, strategies
+from commsim.scenario import load_scenario, resolve
 from commsim.specs import SpecError
+from commsim.step.predict import predict
 
 
 def _setup(**overrides):
@@ -52,8 +53,8 @@ def test_batch_must_divide():
 
 def test_plan_ranks_and_drops_duplicate_orders():
     setup = _setup()
-    cands = planner.strategies(setup.scenario.strategy, bucket_mb=(25.0,))
-    result = planner.plan(setup, cands)
+    cands = strategies(setup.scenario.strategy, bucket_mb=(25.0,))
+    result = plan(setup, cands)
     times = [p.step_time_s for p in result.ranked]
     assert times == sorted(times)
     # topology-aware equals blocked on a packed allocation: its rows are left out, noted
@@ -71,9 +72,9 @@ def test_plan_ranks_and_drops_duplicate_orders():
 
 def test_plan_leaves_out_whole_node_algorithms_on_partial_nodes():
     setup = _setup(gpus=20, global_batch=40)
-    result = planner.plan(
+    result = plan(
         setup,
-        planner.strategies(setup.scenario.strategy, bucket_mb=(25.0,), placements=("blocked",)),
+        strategies(setup.scenario.strategy, bucket_mb=(25.0,), placements=("blocked",)),
     )
     assert {p.strategy.algorithm for p in result.ranked} == {"ring", "rhd", "ps"}
 
@@ -92,17 +93,17 @@ def test_planner_compresses_on_a_slow_fabric_not_on_nvlink(cluster, gpus, expect
         global_batch=8 * gpus,
         micro_batch=8,
     )
-    cands = planner.strategies(
+    cands = strategies(
         setup.scenario.strategy,
         algorithms=("ring",),
         bucket_mb=(25.0,),
         placements=("blocked",),
-        compressions=planner.COMPRESSIONS,
+        compressions=COMPRESSIONS,
     )
-    best = planner.plan(setup, cands).ranked[0]
+    best = plan(setup, cands).ranked[0]
     assert (best.strategy.compression != "none") == expect_compression
     if not expect_compression:  # on NVLink every codec costs more GPU time than it saves
-        slower = [p for p in planner.plan(setup, cands).ranked if p.strategy.overlap][1:]
+        slower = [p for p in plan(setup, cands).ranked if p.strategy.overlap][1:]
         assert all(p.parts["codec_s"] > 0 for p in slower)
 
 
@@ -123,6 +124,6 @@ def test_compression_codec_counts_as_communication():
 
 def test_plan_drops_what_does_not_fit_and_says_why():
     setup = _setup(micro_batch=4)  # GPT-2 XL, 4 x 1024 tokens of activations: over 40 GB
-    result = planner.plan(setup, planner.strategies(setup.scenario.strategy, bucket_mb=(25.0,)))
+    result = plan(setup, strategies(setup.scenario.strategy, bucket_mb=(25.0,)))
     assert result.ranked == [] and result.skipped == 5 * 2 * 3
     assert any("do not fit in GPU memory" in n and "activations" in n for n in result.notes)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from commsim.collectives.alphabeta import collective_time, hierarchical_time
-from commsim.collectives.select import best_algorithm, nccl_like_choice
+from commsim.collectives.nccl import nccl_like_choice
+from commsim.collectives.select import best_algorithm
 
 pytestmark = pytest.mark.filterwarnings("error")
 

@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from commsim.cli import app
-from commsim.planner import SizingRow, pareto_front, pick_size
+from commsim.cli.app import app
+from commsim.planner.sizing import SizingRow, pareto_front, pick_size
 
 
 class _Best:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from commsim.calibrate import testbed, testbed_cli
+from commsim.calibrate import testbed
+from commsim.cli import testbed as testbed_cli
 from commsim.specs import SpecError
 from commsim.topology.build import build_cluster
 

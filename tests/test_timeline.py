@@ -4,10 +4,17 @@ import numpy as np
 import pytest
 
 from commsim.catalog import gpu
-from commsim.planner import BUCKET_MB
+from commsim.planner.ddp import BUCKET_MB
 from commsim.specs import Strategy
-from commsim.timeline import MIB, adam_step_time, assign_buckets, schedule_streams, simulate_step
-from commsim.workload import build_workload, layer_times
+from commsim.step.timeline import (
+    MIB,
+    adam_step_time,
+    assign_buckets,
+    schedule_streams,
+    simulate_step,
+)
+from commsim.workload.model import layer_times
+from commsim.workload.presets import build_workload
 
 
 def zero_cost(sizes):

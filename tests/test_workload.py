@@ -5,7 +5,8 @@ import pytest
 
 from commsim.catalog import gpu
 from commsim.specs import LayerSpec, ModelSpec, SpecError
-from commsim.workload import MODEL_NAMES, build_workload, layer_times
+from commsim.workload.model import layer_times
+from commsim.workload.presets import MODEL_NAMES, build_workload
 
 
 @pytest.mark.parametrize(

@@ -41,14 +41,15 @@ import numpy as np
 from scipy import optimize, stats
 
 from commsim import __version__, catalog
-from commsim.calibrate.profile import (
-    ALGORITHMS,
+from commsim.calibrate.records import MetaRecord, Results
+from commsim.collectives.backends import ALGORITHMS
+from commsim.collectives.group import GroupCost
+from commsim.collectives.schedule import Schedule, Step, evaluate
+from commsim.profile import (
     TIERS,
     ComputeFit,
-    MetaRecord,
     Profile,
     Provenance,
-    Results,
     TierFit,
     apply_tiers,
     cable_share,
@@ -56,8 +57,6 @@ from commsim.calibrate.profile import (
     parsed,
     tier_params,
 )
-from commsim.collectives.group import GroupCost
-from commsim.collectives.schedule import Schedule, Step, evaluate
 from commsim.specs import ClusterSpec, SpecError
 from commsim.topology.build import Cluster, build_cluster
 

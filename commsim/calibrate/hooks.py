@@ -27,8 +27,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from commsim.calibrate.fit import GroupModel, placement
-from commsim.calibrate.profile import ALGORITHMS, Profile, Results, apply_profile
+from commsim.calibrate.records import Results
 from commsim.calibrate.validate import codec_gpu, predict_ddp
+from commsim.collectives.backends import ALGORITHMS
+from commsim.profile import Profile, apply_profile
 from commsim.specs import ClusterSpec, SpecError
 from commsim.topology.build import build_cluster
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from commsim.calibrate.profile import FORMAT_VERSION
+from commsim.calibrate.records import FORMAT_VERSION
 from commsim.specs import SpecError
 
 BINARIES = {

@@ -14,25 +14,19 @@ be near zero, so its error is taken relative to the measured step time instead.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
 from commsim import catalog
 from commsim.calibrate.fit import GroupModel, collect_points, placement, span
-from commsim.calibrate.profile import (
-    DDPRecord,
-    ModelRecord,
-    Profile,
-    Results,
-    apply_profile,
-    write_atomic,
-)
-from commsim.compression import encode_decode_seconds, parse_compressor
+from commsim.calibrate.records import DDPRecord, ModelRecord, Results
+from commsim.compression import parse_compressor
+from commsim.profile import Profile, apply_profile
 from commsim.specs import ClusterSpec, GPUSpec, SpecError
-from commsim.timeline import MIB, StepReport, assign_buckets, schedule_streams
+from commsim.step.ddp import encode_decode_seconds
+from commsim.step.timeline import MIB, StepReport, assign_buckets, schedule_streams
 from commsim.topology.build import build_cluster
-from commsim.workload import Layer, Workload
+from commsim.workload.model import Layer, Workload
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
@@ -244,44 +238,3 @@ def validate(
                 )
             )
     return Validation(rows, min_bytes)
-
-
-def plot_validation(validation: Validation, path: str | Path, title: str) -> None:
-    """Measured (x) against predicted (y), log-log, one colour per op, with y = x and
-    +-15% lines; written whole or not at all."""
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 6))
-    kinds = [r for r in validation.rows if r.kind in ("collective", "ddp-step")]
-    if not kinds:
-        raise SpecError(str(path), "", "nothing to plot")
-    for label in dict.fromkeys(r.op for r in kinds):
-        mine = [r for r in kinds if r.op == label]
-        ax.scatter(
-            [r.measured_s for r in mine],
-            [r.predicted_s for r in mine],
-            s=14,
-            marker="s" if label == "ddp" else "o",
-            label="DDP step" if label == "ddp" else label,
-        )
-    values = [v for r in kinds for v in (r.measured_s, r.predicted_s) if v > 0]
-    lo, hi = min(values) / 1.5, max(values) * 1.5
-    line = np.geomspace(lo, hi, 50)
-    ax.plot(line, line, "k-", lw=1, label="y = x")
-    for f in (0.85, 1.15):
-        ax.plot(line, line * f, "k:", lw=0.8)
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
-    ax.set_xlabel("measured (s)")
-    ax.set_ylabel("predicted (s)")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
-    ax.grid(True, which="both", alpha=0.3)
-    buf = io.BytesIO()
-    fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from commsim.topology.routing import alpha_with_fanin
+
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all-reduce": ("ring", "tree", "rhd", "ps", "hierarchical"),
     "reduce-scatter": ("ring", "rhd", "hierarchical"),
@@ -33,25 +35,6 @@ HIERARCHICAL_PHASES: dict[str, tuple[tuple[str, str], ...]] = {
 
 # Ring steps per (N - 1): all-reduce is a reduce-scatter then an all-gather around the ring.
 RING_ROUNDS = {"all-reduce": 2, "reduce-scatter": 1, "all-gather": 1}
-
-
-def alpha_with_fanin(alpha, peers, overhead=None) -> np.ndarray:
-    """Latency of a step in which a rank exchanges messages with `peers` distinct peers.
-
-    LogP (Culler et al. 1993, "LogP: towards a realistic model of parallel computation",
-    PPoPP) and LogGP (Alexandrov et al. 1995, SPAA): a message costs its sender an overhead
-    o and its receiver an o, and an endpoint handles its messages one after another, so
-    when a rank sends to (or receives from) k peers the last message is handled (k - 1) o
-    after the first: alpha + (k - 1) o. The end-to-end latency is o + L + o, so with no
-    wire/switch part L the overhead is o = alpha / 2, the default; where L is not zero
-    pass the endpoint part (the graph takes half the NIC's or the node's latency). A peer
-    reached over several channels (NCCL's rails) counts once: those run in parallel. The
-    graph form (topology.routing.flow_times) applies this per flow with k = max(distinct
-    destinations of its source, distinct sources of its destination) in the step.
-    """
-    alpha = np.asarray(alpha, dtype=float)
-    o = alpha / 2 if overhead is None else np.asarray(overhead, dtype=float)
-    return alpha + o * np.maximum(np.asarray(peers) - 1, 0)
 
 
 def algorithms_for(op: str) -> tuple[str, ...]:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from commsim.collectives.alphabeta import ALGORITHMS, check_algorithm
+from commsim.collectives.nccl import nccl_like_choice
 from commsim.collectives.schedule import graph_time
-from commsim.collectives.select import nccl_like_choice
 from commsim.topology.build import Cluster
 
 

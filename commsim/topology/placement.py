@@ -11,6 +11,7 @@ import numpy as np
 from commsim.topology.build import Cluster
 
 PLACEMENTS = ("blocked", "interleaved", "topology-aware")
+PLACEMENT_KINDS = ("blocked", "interleaved")  # the placements hybrid layouts take
 
 
 def place(cluster: Cluster, n_ranks: int, kind: str) -> np.ndarray:

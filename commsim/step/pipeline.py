@@ -12,7 +12,7 @@ runs one at a time on its stage, so the bubble comes out of the schedule. A forw
 backward is its compute, then its tensor-parallel all-reduces (on the critical path), then
 its send to the neighbouring stage; sends are synchronous, as Megatron's default p2p: the
 sender waits for the transfer and the receiver starts when it lands. Durations come from the
-hybrid model's StepBreakdown (commsim.parallel). With free sends the makespan is its
+hybrid model's StepBreakdown (commsim.step.parallel). With free sends the makespan is its
 (m + (p - 1) / v) ticks exactly (for m >= p when v > 1); the model charges every stage two
 sends a micro-batch and the end stages send one way, so paid sends make the simulation 3 sends
 shorter at v = 1 (p >= 3, m >= 2) and at most m + 1 sends shorter when interleaved.
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from commsim.timeline import Event
+from commsim.step.timeline import Event
 
 PIPELINE_KINDS = ("forward", "backward", "tp", "send")  # what the pipeline's makespan spans
 CRITICAL_KINDS = (*PIPELINE_KINDS, "dp", "optimizer")  # what keeps a stage busy

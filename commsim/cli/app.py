@@ -12,13 +12,25 @@ import numpy as np
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from commsim import catalog, planner, report
-from commsim.calibrate.commands import calibrate_app
-from commsim.calibrate.testbed_cli import testbed_app
+from commsim import catalog
+from commsim.cli.calibrate import calibrate_app
+from commsim.cli.testbed import testbed_app
 from commsim.collectives.alphabeta import ALGORITHMS, bus_factor
 from commsim.collectives.group import GroupCost
-from commsim.predict import Setup, load_scenario, predict, resolve
+from commsim.planner.ddp import bandwidth_sweep
+from commsim.planner.hybrid import plan_all
+from commsim.planner.sizing import (
+    OBJECTIVES,
+    objective_value,
+    pareto_front,
+    pick_size,
+    size_clusters,
+)
+from commsim.profile import apply_profile, load_profile
+from commsim.report import labels, plots, tables, terminal
+from commsim.scenario import Setup, load_scenario, resolve
 from commsim.specs import ClusterSpec, SpecError, load_spec
+from commsim.step.predict import predict
 from commsim.topology.build import build_cluster
 from commsim.topology.placement import place
 from commsim.units import parse_size_range, parse_time
@@ -41,7 +53,7 @@ def _progress(total: int, label: str) -> Progress:
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(),
-        console=report.err_console,
+        console=terminal.err_console,
         transient=True,
     )
     progress.add_task(label, total=total)
@@ -145,11 +157,11 @@ def predict_cmd(
     plot: Annotated[
         str | None, typer.Option(help="Write the step's Gantt chart to this PNG.")
     ] = None,
-    json_out: report.JsonOpt = False,
+    json_out: terminal.JsonOpt = False,
 ) -> None:
     """Predict one training step: compute, communication, overlap, scaling, MFU, memory,
     buckets (data parallel) or pipeline/tensor-parallel parts (hybrid layouts)."""
-    with report.user_errors():
+    with terminal.user_errors():
         setup = _setup(
             scenario,
             model=model,
@@ -180,24 +192,24 @@ def predict_cmd(
         pred = predict(setup)
         doc = {"scenario": setup.scenario.name, "gpus": setup.n_gpus} | pred.to_dict()
         if plot and pred.strategy.data_parallel_only:
-            report.plot_timeline(doc, pred.events, plot, setup.scenario.name)
+            plots.plot_timeline(doc, pred.events, plot, setup.scenario.name)
         elif plot:
-            report.plot_pipeline(doc, pred.events, plot, setup.scenario.name)
+            plots.plot_pipeline(doc, pred.events, plot, setup.scenario.name)
     if json_out:
-        report.print_json(doc)
+        terminal.print_json(doc)
         return
     s = setup.scenario
-    report.console.print(
-        report.step_table(
+    terminal.console.print(
+        tables.step_table(
             f"{s.name}: {setup.workload.name} on {s.gpus} GPUs of {setup.cluster.spec.name} "
-            f"({report.describe_strategy(doc['strategy'])})",
+            f"({labels.describe_strategy(doc['strategy'])})",
             doc,
         )
     )
     if doc["buckets"]:
-        report.console.print(report.bucket_table(doc["buckets"]))
+        terminal.console.print(tables.bucket_table(doc["buckets"]))
     if plot:
-        report.console.print(f"timeline written to {plot}")
+        terminal.console.print(f"timeline written to {plot}")
 
 
 @app.command("plan")
@@ -270,7 +282,7 @@ def plan_cmd(
         str | None,
         typer.Option(help="PNG: the winner's step time against NIC bandwidth per compressor."),
     ] = None,
-    json_out: report.JsonOpt = False,
+    json_out: terminal.JsonOpt = False,
 ) -> None:
     """Search strategies, ranked by step time: plain DDP in full detail (algorithm x bucket
     x overlap x placement x compression) and, for transformers, data x tensor x pipeline
@@ -296,7 +308,7 @@ def plan_cmd(
             plot,
             json_out,
         )
-    with report.user_errors():
+    with terminal.user_errors():
         flags = dict(
             bucket_mb=bucket_mb,
             algorithm=algorithm,
@@ -333,18 +345,18 @@ def plan_cmd(
         if micro_batch is not None:
             pinned.add("micro_batch")
         with _progress(1, "planning") as bar:
-            result = planner.plan_all(setup, base, pinned, on_progress=lambda: bar.advance(0))
+            result = plan_all(setup, base, pinned, on_progress=lambda: bar.advance(0))
         sweep = None
         if plot and result.ranked and result.ranked[0].strategy.data_parallel_only:
-            sweep = planner.bandwidth_sweep(setup, result.ranked[0].strategy)
-            report.plot_bandwidth_sweep(
+            sweep = bandwidth_sweep(setup, result.ranked[0].strategy)
+            plots.plot_bandwidth_sweep(
                 sweep, plot, f"{setup.scenario.name}: where compression stops paying"
             )
         elif plot:
             result.notes.append("--plot draws the compression sweep of a plain-DDP winner only")
     docs = [p.to_dict() for p in result.ranked]
     if json_out:
-        report.print_json(
+        terminal.print_json(
             {
                 "scenario": setup.scenario.name,
                 "gpus": setup.n_gpus,
@@ -361,13 +373,13 @@ def plan_cmd(
         )
         return
     if not docs:
-        report.err_console.print("no strategy can run here:", highlight=False)
+        terminal.err_console.print("no strategy can run here:", highlight=False)
         for note in result.notes:
-            report.err_console.print(f"  {note}", highlight=False)
+            terminal.err_console.print(f"  {note}", highlight=False)
         raise typer.Exit(1)
     s = setup.scenario
-    report.console.print(
-        report.plan_table(
+    terminal.console.print(
+        tables.plan_table(
             f"{s.name}: {setup.workload.name}, {s.gpus} GPUs of {setup.cluster.spec.name}, "
             f"global batch {s.global_batch}: {len(docs)} strategies ranked "
             f"({result.skipped} left out)",
@@ -375,17 +387,17 @@ def plan_cmd(
             top,
         )
     )
-    for line in [*report.explain_winner(docs), *result.notes]:
-        report.console.print(line, highlight=False)
+    for line in [*labels.explain_winner(docs), *result.notes]:
+        terminal.console.print(line, highlight=False)
     if sweep:
         for name, bw in sweep.crossovers.items():
-            report.console.print(f"{name} stops paying above {bw * 8 / 1e9:.0f} Gb/s per NIC")
+            terminal.console.print(f"{name} stops paying above {bw * 8 / 1e9:.0f} Gb/s per NIC")
         if not sweep.crossovers:
             lo, hi = (b * 8 / 1e9 for b in (sweep.nic_bandwidth[0], sweep.nic_bandwidth[-1]))
-            report.console.print(
+            terminal.console.print(
                 f"no compressor that pays here stops paying between {lo:g} and {hi:g} Gb/s per NIC"
             )
-        report.console.print(f"bandwidth sweep drawn to {plot}")
+        terminal.console.print(f"bandwidth sweep drawn to {plot}")
 
 
 @app.command("collective")
@@ -406,16 +418,14 @@ def collective_cmd(
     ] = "blocked",
     ps_shards: Annotated[int, typer.Option(help="Parameter-server shards.")] = 1,
     profile: ProfileOpt = None,
-    json_out: report.JsonOpt = False,
+    json_out: terminal.JsonOpt = False,
 ) -> None:
     """Time one collective over a size sweep, nccl-tests style (time, algbw, busbw)."""
-    with report.user_errors():
+    with terminal.user_errors():
         if op not in ALGORITHMS:
             raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
         spec = load_spec(ClusterSpec, catalog.topology_path(cluster, cluster))
         if profile:
-            from commsim.calibrate.profile import apply_profile, load_profile
-
             spec = apply_profile(spec, load_profile(profile), profile)
         built = build_cluster(spec, gpus, cluster)
         cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
@@ -440,19 +450,19 @@ def collective_cmd(
                     )
                 bar.advance(0)
     if json_out:
-        report.print_json(
+        terminal.print_json(
             {"op": op, "cluster": spec.name, "gpus": gpus, "placement": placement, "rows": rows}
         )
         return
     shown = [r | {"algorithm": r["requested"]} for r in rows]
-    report.console.print(
-        report.collective_table(
+    terminal.console.print(
+        tables.collective_table(
             f"{op}: {gpus} GPUs of {spec.name}, {placement} placement", shown, algs
         )
     )
     if algorithm in ("auto", "nccl"):
         picks = sorted({r["algorithm"] for r in rows})
-        report.console.print(f"{algorithm} picked: {', '.join(picks)}")
+        terminal.console.print(f"{algorithm} picked: {', '.join(picks)}")
 
 
 def _sizing_title(spec, gpu: str | None) -> str:
@@ -500,9 +510,9 @@ def _size_clusters(
     json_out,
 ) -> None:
     """`commsim plan` in sizing mode: best strategy per fabric and size, Pareto front, pick."""
-    with report.user_errors():
-        if objective not in planner.OBJECTIVES:
-            raise ValueError(f"--objective must be one of {', '.join(planner.OBJECTIVES)}")
+    with terminal.user_errors():
+        if objective not in OBJECTIVES:
+            raise ValueError(f"--objective must be one of {', '.join(OBJECTIVES)}")
         spec, source = load_scenario(scenario, overrides | {"model": model, "cluster": cluster})
         if spec.tokens is None:
             raise SpecError(source, "tokens", "cluster sizing needs the training tokens (--tokens)")
@@ -514,23 +524,23 @@ def _size_clusters(
         sizes = _gpu_sizes(gpus, spec.gpus)
         deadline_s = parse_time(deadline) if deadline else None
         with _progress(len(fabrics) * len(sizes), "sizing") as bar:
-            rows = planner.size_clusters(
+            rows = size_clusters(
                 spec, source, fabrics, sizes, gpu, on_progress=lambda: bar.advance(0)
             )
-        front = planner.pareto_front(rows)
+        front = pareto_front(rows)
         pick = (
-            planner.pick_size(rows, deadline_s, budget)
+            pick_size(rows, deadline_s, budget)
             if deadline_s or budget
             else min(
                 (r for r in rows if r.best),
-                key=lambda r: planner.objective_value(r, objective),
+                key=lambda r: objective_value(r, objective),
                 default=None,
             )
         )
         if plot:
-            report.plot_sizing(rows, front, pick, plot, _sizing_title(spec, gpu))
+            plots.plot_sizing(rows, front, pick, plot, _sizing_title(spec, gpu))
     if json_out:
-        report.print_json(
+        terminal.print_json(
             {
                 "sizing": [r.to_dict() for r in rows],
                 "pareto": [r.to_dict() for r in front],
@@ -539,7 +549,7 @@ def _size_clusters(
             }
         )
         return
-    report.console.print(report.sizing_table(rows, front, pick, _sizing_title(spec, gpu)))
+    terminal.console.print(tables.sizing_table(rows, front, pick, _sizing_title(spec, gpu)))
     if pick:
         why = (
             "the smallest cluster meeting the deadline"
@@ -548,24 +558,24 @@ def _size_clusters(
             if budget
             else f"the best {objective}"
         )
-        report.console.print(
+        terminal.console.print(
             f"pick: {pick.gpus} GPUs of {pick.fabric}, {why}: "
-            f"{report.describe_strategy(pick.best.to_dict()['strategy'])}",
+            f"{labels.describe_strategy(pick.best.to_dict()['strategy'])}",
             highlight=False,
         )
     else:
-        report.console.print("no cluster meets the deadline/budget", highlight=False)
+        terminal.console.print("no cluster meets the deadline/budget", highlight=False)
     if plot:
-        report.console.print(f"scaling curve and Pareto front drawn to {plot}")
+        terminal.console.print(f"scaling curve and Pareto front drawn to {plot}")
 
 
 @topo_app.command("list")
-def topo_list(json_out: report.JsonOpt = False) -> None:
+def topo_list(json_out: terminal.JsonOpt = False) -> None:
     """The built-in cluster files."""
-    with report.user_errors():
+    with terminal.user_errors():
         specs = [load_spec(ClusterSpec, catalog.topology_path(n)) for n in catalog.topology_names()]
     if json_out:
-        report.print_json(
+        terminal.print_json(
             {
                 "topologies": [
                     {
@@ -587,7 +597,7 @@ def topo_list(json_out: report.JsonOpt = False) -> None:
         table.add_column(col)
     for s in specs:
         table.add_row(s.name, str(s.total_gpus), s.node.gpu, s.description)
-    report.console.print(table)
+    terminal.console.print(table)
 
 
 @topo_app.command("show")
@@ -597,23 +607,23 @@ def topo_show(
         int | None, typer.Option(help="Build only the nodes this many GPUs need.")
     ] = None,
     plot: Annotated[str | None, typer.Option(help="Draw the graph to this PNG.")] = None,
-    json_out: report.JsonOpt = False,
+    json_out: terminal.JsonOpt = False,
 ) -> None:
     """A topology's summary: nodes, NICs, tiers, bandwidths, switch counts; --plot draws it."""
-    with report.user_errors():
+    with terminal.user_errors():
         spec = load_spec(ClusterSpec, catalog.topology_path(name, name))
         built = build_cluster(spec, gpus, name)
         summary = built.summary()
         if plot:
-            report.plot_topology(built.graph, plot, f"{spec.name} ({built.n_gpus} GPUs)")
+            plots.plot_topology(built.graph, plot, f"{spec.name} ({built.n_gpus} GPUs)")
     if json_out:
-        report.print_json(summary)
+        terminal.print_json(summary)
         return
-    report.console.print(report.topology_table(summary))
+    terminal.console.print(tables.topology_table(summary))
     if spec.source:
-        report.console.print(f"[dim]source: {spec.source.strip()}[/dim]")
+        terminal.console.print(f"[dim]source: {spec.source.strip()}[/dim]")
     if plot:
-        report.console.print(f"graph drawn to {plot}")
+        terminal.console.print(f"graph drawn to {plot}")
 
 
 compression_app = typer.Typer(no_args_is_help=True, help="Gradient compressors: measure them.")
@@ -639,14 +649,14 @@ def compression_bench(
         BENCH_COMPRESSORS
     ),
     repeats: Annotated[int, typer.Option(help="Timing repeats (the median is kept).")] = 5,
-    json_out: report.JsonOpt = False,
+    json_out: terminal.JsonOpt = False,
 ) -> None:
     """Wire ratio, fidelity delta and encode/decode time per MB of each compressor, on
     synthetic heavy-tailed gradients of a transformer block and on a real MLP's gradients."""
     from commsim.compression import measure, synthetic_gradients
     from commsim.convergence import mlp_gradients
 
-    with report.user_errors():
+    with terminal.user_errors():
         specs = _compressor_list(compressors)
         sources = {
             "synthetic block": np.concatenate(
@@ -663,9 +673,9 @@ def compression_bench(
                     )
                     bar.advance(0)
     if json_out:
-        report.print_json({"rows": rows})
+        terminal.print_json({"rows": rows})
         return
-    report.console.print(report.compression_table(rows))
+    terminal.console.print(tables.compression_table(rows))
 
 
 @compression_app.command("convergence")
@@ -680,13 +690,13 @@ def compression_convergence(
     workers: Annotated[int, typer.Option(help="Simulated data-parallel workers.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed for data split, init and sampling.")] = 0,
     plot: Annotated[str | None, typer.Option(help="Write the loss curves to this PNG.")] = None,
-    json_out: report.JsonOpt = False,
+    json_out: terminal.JsonOpt = False,
 ) -> None:
     """Train a small MLP on scikit-learn's bundled digits with simulated workers whose
     gradients pass through each compressor; accuracy and loss against uncompressed."""
     from commsim import convergence
 
-    with report.user_errors():
+    with terminal.user_errors():
         modes = {"both": "both", "on": True, "off": False}
         if error_feedback not in modes:
             raise ValueError(f"--error-feedback must be both, on or off, not {error_feedback!r}")
@@ -709,11 +719,11 @@ def compression_convergence(
         for r in results
     ]
     if json_out:
-        report.print_json({"steps": steps, "workers": workers, "seed": seed, "rows": rows})
+        terminal.print_json({"steps": steps, "workers": workers, "seed": seed, "rows": rows})
         return
-    report.console.print(report.convergence_table(rows, steps, workers))
+    terminal.console.print(tables.convergence_table(rows, steps, workers))
     if plot:
-        report.console.print(f"loss curves written to {plot}")
+        terminal.console.print(f"loss curves written to {plot}")
 
 
 if __name__ == "__main__":
@@ -726,12 +736,12 @@ def claims_cmd(
         list[str] | None,
         typer.Argument(help="Scenario files with a claim (default: scenarios/seeds/*.yaml)."),
     ] = None,
-    json_out: report.JsonOpt = False,
+    json_out: terminal.JsonOpt = False,
 ) -> None:
     """Check the figures the seed documents state against commsim's model of their setup."""
     from commsim import claims
 
-    with report.user_errors():
+    with terminal.user_errors():
         paths = files or [str(p) for p in claims.seed_files()]
         if not paths:
             raise ValueError(f"no scenario files given and none in {claims.SEED_DIR}")
@@ -741,11 +751,11 @@ def claims_cmd(
                 results.append(claims.check_claims(path))
                 bar.advance(0)
     if json_out:
-        report.print_json({"claims": [r.to_dict() for r in results]})
+        terminal.print_json({"claims": [r.to_dict() for r in results]})
         return
-    report.console.print(report.claims_table(results))
+    terminal.console.print(tables.claims_table(results))
     held = sum(r.holds for r in results)
-    report.console.print(
+    terminal.console.print(
         f"{held} of {len(results)} claims hold (a claim holds when all its checks do; "
         "(Nx): commsim's figure over the stated one). Each file's `reading` says what it "
         "assumes and why a figure does or does not follow."

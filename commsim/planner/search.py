@@ -3,7 +3,7 @@
 Every combination of tensor-parallel degree (inside a node unless pinned higher), pipeline
 stages, expert-parallel degree (MoE models only), micro-batch size, ZeRO stage,
 recomputation, interleaving, gradient bucket, algorithm, placement and overlap that the
-model and batch allow becomes one entry of numpy arrays; commsim.parallel prices them in
+model and batch allow becomes one entry of numpy arrays; commsim.step.parallel prices them in
 one pass, memory drops what does not fit.
 """
 
@@ -15,19 +15,19 @@ from typing import Any
 
 import numpy as np
 
-from commsim.memory import RECOMPUTE
-from commsim.parallel import (
+from commsim.scenario import Setup
+from commsim.step.memory import RECOMPUTE
+from commsim.step.parallel import (
     ALGORITHMS,
     NCCL_ALGORITHMS,
-    PLACEMENT_KINDS,
     HybridModel,
     Layouts,
     Shape,
     StepBreakdown,
     balanced_ends,
 )
-from commsim.predict import Setup
-from commsim.workload import Workload
+from commsim.topology.placement import PLACEMENT_KINDS
+from commsim.workload.model import Workload
 
 MICRO_BATCHES = (1, 2, 4, 8)
 EXPERT_PARALLEL = (1, 2, 4, 8)  # searched where they divide the experts and dp

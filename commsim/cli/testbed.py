@@ -13,8 +13,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from commsim import report
 from commsim.calibrate import testbed
+from commsim.report import terminal
 from commsim.specs import SpecError
 
 testbed_app = typer.Typer(
@@ -34,15 +34,15 @@ def _mbit(bps: float) -> str:
 
 
 @testbed_app.command()
-def up(file: FileArg, json: report.JsonOpt = False) -> None:
+def up(file: FileArg, json: terminal.JsonOpt = False) -> None:
     """Build the testbed (removing leftovers of an earlier one with the same prefix)."""
-    with report.user_errors():
+    with terminal.user_errors():
         spec = testbed.load_testbed(file)
         state = testbed.up(spec)
     if json:
-        report.print_json(state)
+        terminal.print_json(state)
         return
-    report.console.print(
+    terminal.console.print(
         f"testbed [bold]{spec.name}[/bold] is up: {spec.racks} racks x {spec.hosts_per_rack} "
         f"hosts, host links {_mbit(spec.host_rate)} Mbit/s, rack uplinks "
         f"{_mbit(spec.uplink_rate)} Mbit/s ({spec.oversubscription:g}:1), namespaces "
@@ -50,7 +50,7 @@ def up(file: FileArg, json: report.JsonOpt = False) -> None:
         highlight=False,
     )
     for warning in state["warnings"]:
-        report.err_console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        terminal.err_console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
 
 
 @testbed_app.command()
@@ -58,22 +58,22 @@ def down(
     prefix: Annotated[str, typer.Option(help="Prefix of the testbed to remove.")] = "cs",
 ) -> None:
     """Remove every namespace, bridge and link of a testbed, also after a crash."""
-    with report.user_errors():
+    with terminal.user_errors():
         removed = testbed.down(prefix)
     what = ", ".join(removed) if removed else "nothing was there"
-    report.console.print(f"testbed {prefix!r} removed: {what}", highlight=False)
+    terminal.console.print(f"testbed {prefix!r} removed: {what}", highlight=False)
 
 
 @testbed_app.command()
-def status(json: report.JsonOpt = False) -> None:
+def status(json: terminal.JsonOpt = False) -> None:
     """List the testbeds on this host: up, broken (namespaces missing) or leftover."""
-    with report.user_errors():
+    with terminal.user_errors():
         rows = testbed.status()
     if json:
-        report.print_json({"testbeds": rows})
+        terminal.print_json({"testbeds": rows})
         return
     if not rows:
-        report.console.print("no testbed is up")
+        terminal.console.print("no testbed is up")
         return
     table = Table(title="testbeds", title_justify="left")
     for col in ("prefix", "name", "state", "hosts", "host link", "uplink", "namespaces"):
@@ -89,7 +89,7 @@ def status(json: report.JsonOpt = False) -> None:
             f"{_mbit(spec['uplink_rate'])} Mbit/s" if spec else "?",
             str(len(row["namespaces"])),
         )
-    report.console.print(table)
+    terminal.console.print(table)
 
 
 @testbed_app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -110,7 +110,7 @@ def run(
 ) -> None:
     """Run `-- COMMAND...` once per rank, each in its host's namespace, torchrun-style
     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, COMMSIM_HOST, COMMSIM_RACK)."""
-    with report.user_errors():
+    with terminal.user_errors():
         spec = testbed.load_testbed(file)
         if not ctx.args:
             raise SpecError("testbed run", "COMMAND", "give the command after --")
@@ -120,14 +120,14 @@ def run(
 
         result = testbed.run(spec, ctx.args, placement, world_size, timeout, port, show)
     for rank in result.failed:
-        report.err_console.print(
+        terminal.err_console.print(
             f"[red]rank {rank} ({result.hosts[rank]}) exited with code "
             f"{result.codes[rank]}[/red]"
             + (f"; killed ranks {result.killed}" if result.killed else ""),
             highlight=False,
         )
     if result.timed_out and not result.failed:
-        report.err_console.print(
+        terminal.err_console.print(
             f"[red]timed out after {timeout:g} s; killed ranks {result.killed}[/red]",
             highlight=False,
         )
@@ -138,15 +138,15 @@ def run(
 def check(
     file: FileArg,
     seconds: Annotated[float, typer.Option(help="Length of each TCP stream.")] = 1.5,
-    json: report.JsonOpt = False,
+    json: terminal.JsonOpt = False,
 ) -> None:
     """Measure each link class with TCP streams between namespaces: measured vs shaped."""
-    with report.user_errors():
+    with terminal.user_errors():
         spec = testbed.load_testbed(file)
         rows = testbed.check(spec, seconds)
     bad = [r for r in rows if abs(r["ratio"] - 1) > TOLERANCE]
     if json:
-        report.print_json({"testbed": spec.name, "tolerance": TOLERANCE, "links": rows})
+        terminal.print_json({"testbed": spec.name, "tolerance": TOLERANCE, "links": rows})
     else:
         table = Table(title=f"testbed {spec.name}: per-flow rates (Mbit/s)", title_justify="left")
         for col in ("link", "flows", "shaped", "goodput\nexpected", "measured", "ratio", "CPU"):
@@ -161,10 +161,10 @@ def check(
                 f"{r['ratio']:.3f}",
                 f"{100 * r['cpu_busy']:.0f}%",
             )
-        report.console.print(table)
+        terminal.console.print(table)
     for r in rows:
         if r["cpu_bound"]:
-            report.err_console.print(
+            terminal.err_console.print(
                 f"[yellow]warning:[/yellow] {r['link']}: the CPU was {100 * r['cpu_busy']:.0f}% "
                 "busy and the links ran slow: the CPU, not the links, is the bottleneck; "
                 "lower the rates",

@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 
 from commsim.specs import GPUSpec
-from commsim.workload import Workload
+from commsim.workload.model import Workload
 
 PARAM_BYTES = 2  # fp16/bf16 weights (ZeRO Sec. 3.1)
 OPTIMIZER_BYTES = 12  # fp32 master weights, Adam momentum and variance: K = 12 (ZeRO Sec. 3.1)

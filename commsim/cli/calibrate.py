@@ -13,17 +13,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from commsim import catalog, report
-from commsim.calibrate.profile import (
-    OPS,
-    Profile,
-    append_records,
-    load_profile,
-    profile_yaml,
-    read_results,
-    record_line,
-    write_atomic,
-)
+from commsim import catalog
+from commsim.calibrate.records import append_records, read_results, record_line
+from commsim.files import write_atomic
+from commsim.profile import OPS, Profile, load_profile, profile_yaml
+from commsim.report import terminal
 from commsim.specs import ClusterSpec, SpecError, load_spec
 from commsim.units import fmt_bytes, fmt_rate, fmt_time
 
@@ -81,7 +75,7 @@ def run_cmd(
 
     Under torchrun (or `commsim testbed run`) every rank runs this command; --local N
     starts N ranks here."""
-    with report.user_errors():
+    with terminal.user_errors():
         try:
             from commsim.calibrate import harness
         except ImportError as e:
@@ -107,7 +101,7 @@ def run_cmd(
     if code:
         raise typer.Exit(code)
     if local is not None or os.environ.get("RANK") == "0":  # the rank that wrote
-        report.err_console.print(f"results appended to {out}")
+        terminal.err_console.print(f"results appended to {out}")
     if local is None:  # this process is a rank
         harness.exit_now(0)
 
@@ -125,7 +119,7 @@ def import_cmd(
 
     from commsim.calibrate.ncclt import parse_log
 
-    with report.user_errors():
+    with terminal.user_errors():
         if op is not None and op not in OPS:
             raise SpecError("--op", "", f"unknown op {op!r} (choose from {', '.join(OPS)})")
         records = [r for log in logs for r in parse_log(log, op)]
@@ -145,7 +139,7 @@ def import_cmd(
         else:
             write_atomic(path, "".join(record_line(r) for r in records))
     points = len(records) - len(metas)
-    report.err_console.print(f"{points} measurements of {len(metas)} tests appended to {out}")
+    terminal.err_console.print(f"{points} measurements of {len(metas)} tests appended to {out}")
 
 
 def _tier_rows(profile: Profile) -> list[list[str]]:
@@ -170,40 +164,40 @@ def fit_cmd(
     results: Annotated[list[str], typer.Argument(help="Results files (JSONL).")],
     cluster: ClusterOpt,
     output: Annotated[str, typer.Option("-o", "--output", help="Profile YAML to write.")],
-    json_out: report.JsonOpt = False,
+    json_out: terminal.JsonOpt = False,
 ) -> None:
     """Fit alpha and bandwidth per link tier (and the compute rate) to measurements."""
     from rich.table import Table
 
     from commsim.calibrate.fit import fit_profile
 
-    with report.user_errors():
+    with terminal.user_errors():
         spec = _cluster(cluster)
         fitted = fit_profile(read_results(results), spec, source=", ".join(results))
         write_atomic(output, profile_yaml(fitted.profile))
     profile = fitted.profile
     if json_out:
-        report.print_json(profile.model_dump() | {"profile_file": output})
+        terminal.print_json(profile.model_dump() | {"profile_file": output})
         return
     table = Table(title=f"{spec.name}, {profile.backend}: fitted link tiers", title_justify="left")
     for col in ("tier", "alpha", "95% interval", "bandwidth", "95% interval", "points"):
         table.add_column(col, justify="left" if col == "tier" else "right")
     for row in _tier_rows(profile):
         table.add_row(*row)
-    report.console.print(table)
+    terminal.console.print(table)
     if profile.compute:
         c = profile.compute
-        report.console.print(
+        terminal.console.print(
             f"compute: {c.flops_per_s / 1e9:.3g} GFLOP/s per rank ({c.model}), "
             f"{100 * c.efficiency:.1f}% of the {c.gpu} peak"
         )
     rms = profile.provenance.rms_rel_error or 0.0
-    report.console.print(
+    terminal.console.print(
         f"{profile.provenance.points} points, rms relative error {100 * rms:.1f}%; "
         f"profile written to {output}"
     )
     for note in profile.notes:
-        report.console.print(f"note: {note}", highlight=False)
+        terminal.console.print(f"note: {note}", highlight=False)
 
 
 @calibrate_app.command("validate")
@@ -217,16 +211,17 @@ def validate_cmd(
     min_bytes: Annotated[
         str, typer.Option(help="Summarise collectives of at least this size, e.g. 1MiB.")
     ] = "0B",
-    json_out: report.JsonOpt = False,
+    json_out: terminal.JsonOpt = False,
 ) -> None:
     """Predicted against measured for every point, with the profile applied to the cluster."""
     from rich.table import Table
 
     from commsim.calibrate.hooks import hook_speedups
-    from commsim.calibrate.validate import plot_validation, validate
+    from commsim.calibrate.validate import validate
+    from commsim.report.plots import plot_validation
     from commsim.units import parse_bytes
 
-    with report.user_errors():
+    with terminal.user_errors():
         spec = _cluster(cluster)
         prof = load_profile(profile)
         measured = read_results(results)
@@ -242,7 +237,7 @@ def validate_cmd(
         if plot:
             plot_validation(checked, plot, f"{spec.name}, {prof.backend}: measured vs predicted")
     if json_out:
-        report.print_json(checked.to_dict() | {"hooks": [h.to_dict() for h in speedups]})
+        terminal.print_json(checked.to_dict() | {"hooks": [h.to_dict() for h in speedups]})
         return
     table = Table(title=f"{spec.name}: predicted vs measured", title_justify="left")
     for col in ("what", "ranks", "span", "size", "measured", "predicted", "error"):
@@ -259,19 +254,19 @@ def validate_cmd(
             fmt_time(r.predicted_s),
             f"{100 * r.error:+.1f}%",
         )
-    report.console.print(table)
+    terminal.console.print(table)
     for kind, label in (("collective", "collectives"), ("ddp-step", "DDP step time")):
         s = checked.summary(kind)
         if s["points"]:
             floor = f" of {fmt_bytes(checked.min_bytes)} and more" if kind == "collective" else ""
-            report.console.print(
+            terminal.console.print(
                 f"{label}{floor}: median |error| {s['median_abs_pct_error']:.1f}%, worst "
                 f"{s['max_abs_pct_error']:.1f}% over {s['points']} points"
             )
     if speedups:
-        report.console.print(_hook_table(speedups))
+        terminal.console.print(_hook_table(speedups))
     if plot:
-        report.console.print(f"plot written to {plot}")
+        terminal.console.print(f"plot written to {plot}")
 
 
 def _hook_table(rows: list[HookRow]) -> Table:

@@ -24,13 +24,13 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from commsim.collectives.group import GroupCost
-from commsim.memory import RECOMPUTE, memory_per_gpu_batch, stage_layers, usable_bytes
 from commsim.specs import GPUSpec
-from commsim.timeline import adam_step_time
+from commsim.step.memory import RECOMPUTE, memory_per_gpu_batch, stage_layers, usable_bytes
+from commsim.step.timeline import adam_step_time
 from commsim.topology.build import Cluster
-from commsim.topology.placement import place
+from commsim.topology.placement import PLACEMENT_KINDS, place
 from commsim.topology.routing import step_time
-from commsim.workload import Workload
+from commsim.workload.model import Workload
 
 ACT_BYTES = 2  # bf16 activations on the wire (tensor-parallel collectives, pipeline sends)
 PARAM_WIRE_BYTES = 2  # bf16 parameters gathered by ZeRO-3 / FSDP
@@ -96,7 +96,6 @@ class Layouts:
 
 ALGORITHMS = ("ring", "tree", "rhd", "hierarchical")
 NCCL_ALGORITHMS = ("ring", "tree")  # what NCCL picks between for all-reduce
-PLACEMENT_KINDS = ("blocked", "interleaved")
 
 
 @dataclass(frozen=True)
@@ -187,7 +186,7 @@ class StepBreakdown:
 
 class HybridModel:
     """Prices layouts of one workload on one cluster: compute from FLOPs, collectives from
-    the graph (one cached GroupCost per distinct group), memory from commsim.memory."""
+    the graph (one cached GroupCost per distinct group), memory from commsim.step.memory."""
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ from itertools import chain
 import numpy as np
 
 from commsim.specs import GPUSpec, Strategy
-from commsim.workload import Workload, layer_times
+from commsim.workload.model import Workload, layer_times
 
 MIB = 2**20
 DDP_FIRST_BUCKET_BYTES = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES

@@ -1,0 +1,289 @@
+"""Calibration data: the JSONL records a measurement appends.
+
+A results file holds one JSON object per line; `kind` says what it is, `run` ties it to
+its run. Every run starts with a `meta` record (backend, world size, where each rank ran,
+versions), then `collective` records (one per op, group and size: the median time over
+repeats and its p10/p90), a `model` and `ddp` records (the data-parallel step per bucket
+size), and an `end` record when it finishes or fails. Files are only ever appended to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from commsim.profile import Op
+from commsim.specs import Compression, SpecError
+
+FORMAT_VERSION = 1  # the `format` of meta records this reader understands
+
+
+class Record(BaseModel):
+    """Fields every record has. Unknown fields are ignored, so newer writers stay readable."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    kind: str
+    run: str = Field(min_length=1)
+
+
+class RankInfo(BaseModel):
+    """Where one rank ran: host (COMMSIM_HOST or hostname), rack (COMMSIM_RACK, if known)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    rank: int = Field(ge=0)
+    host: str
+    rack: str | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+
+
+class MetaRecord(Record):
+    """The start of a run: who measured, with what, where each rank ran."""
+
+    kind: Literal["meta"]
+    format: int = FORMAT_VERSION
+    source: Literal["harness", "nccl-tests"]
+    backend: str
+    world_size: int = Field(ge=1)
+    ranks: list[RankInfo]
+    versions: dict[str, str] = {}
+    timestamp: str = ""
+    file: str | None = None  # the log a record was imported from
+
+    @model_validator(mode="after")
+    def _check(self) -> MetaRecord:
+        if self.format != FORMAT_VERSION:
+            raise ValueError(f"format {self.format} (this commsim reads {FORMAT_VERSION})")
+        if sorted(r.rank for r in self.ranks) != list(range(self.world_size)):
+            raise ValueError(f"ranks must list each of 0..{self.world_size - 1} once")
+        return self
+
+    @property
+    def hosts(self) -> list[str]:
+        """Hosts in order of their first rank."""
+        return list(dict.fromkeys(r.host for r in sorted(self.ranks, key=lambda r: r.rank)))
+
+
+class CollectiveRecord(Record):
+    """One op on one group at one size (nccl-tests' size: all-gather output, reduce-scatter
+    input, all-to-all what a rank sends in all); time_s is the median over repeats of the
+    slowest rank's time; status "unsupported" marks an op the backend lacks."""
+
+    kind: Literal["collective"]
+    op: Op
+    group: list[int] = Field(min_length=1)  # world ranks, in group rank order
+    status: Literal["ok", "unsupported"] = "ok"
+    bytes: float | None = Field(default=None, gt=0)
+    time_s: float | None = Field(default=None, gt=0)
+    p10_s: float | None = None
+    p90_s: float | None = None
+    repeats: int | None = None
+    algbw_Bps: float | None = None
+    busbw_Bps: float | None = None
+    error: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> CollectiveRecord:
+        if self.status == "ok" and (self.bytes is None or self.time_s is None):
+            raise ValueError("a measured collective needs bytes and time_s")
+        if len(set(self.group)) != len(self.group):
+            raise ValueError("group lists a rank twice")
+        return self
+
+
+class LayerRecord(BaseModel):
+    """One layer of the harness model: parameter tensors (registration order), forward
+    FLOPs per sample (a multiply-add is 2), and measured seconds per step (slowest rank)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    tensors: list[int]
+    shapes: list[list[int]] | None = None  # each tensor's shape (older files: none)
+    forward_flops: float = Field(ge=0)
+    forward_s: float = Field(ge=0)
+    backward_s: float = Field(ge=0)
+
+
+class ModelRecord(Record):
+    """The harness's DDP model, layer by layer, as commsim can rebuild it (a Workload)."""
+
+    kind: Literal["model"]
+    name: str
+    batch: int = Field(ge=1)  # samples per rank per step
+    dtype: str = "float32"
+    layers: list[LayerRecord] = Field(min_length=1)
+
+
+class DDPRecord(Record):
+    """One bucket size: compute alone (no_sync: forward, backward, optimizer; no
+    communication) and the full step with DDP's overlapped all-reduces, medians and p10/p90
+    over repeats of the slowest rank; exposed_comm_s = step_s - compute_s."""
+
+    kind: Literal["ddp"]
+    bucket_mb: float = Field(gt=0)
+    first_bucket_mb: float = Field(gt=0)
+    compute_s: float = Field(gt=0)
+    compute_p10_s: float | None = None
+    compute_p90_s: float | None = None
+    optimizer_s: float = Field(ge=0)
+    step_s: float = Field(gt=0)
+    step_p10_s: float | None = None
+    step_p90_s: float | None = None
+    exposed_comm_s: float
+    repeats: int = Field(ge=1)
+    buckets_bytes: list[int] | None = None  # DDP's own bucket sizes, when torch reports them
+    # the comm hook the step ran, spelled as a strategy's compression (older files: none)
+    compression: Compression = "none"
+    error_feedback: bool = False
+    overlap: bool = True  # False: the hook exchanged one bucket at a time after backward
+
+
+class EndRecord(Record):
+    """How a run ended; a failed run says why (which rank, doing what)."""
+
+    kind: Literal["end"]
+    status: Literal["complete", "failed"]
+    message: str = ""
+    elapsed_s: float | None = None
+
+
+RECORD_TYPES: dict[str, type[Record]] = {
+    "meta": MetaRecord,
+    "collective": CollectiveRecord,
+    "model": ModelRecord,
+    "ddp": DDPRecord,
+    "end": EndRecord,
+}
+
+
+@dataclass
+class Run:
+    """Everything one run recorded, and the line of its meta record."""
+
+    meta: MetaRecord
+    line: int
+    collectives: list[tuple[int, CollectiveRecord]] = field(default_factory=list)
+    model: ModelRecord | None = None
+    ddp: list[DDPRecord] = field(default_factory=list)
+    end: EndRecord | None = None
+
+
+@dataclass
+class Results:
+    """The runs of one or more results files, by run id, in file order."""
+
+    files: list[str]
+    runs: dict[str, Run]
+
+    @property
+    def backends(self) -> set[str]:
+        return {r.meta.backend for r in self.runs.values()}
+
+
+def _error_text(e: ValidationError) -> str:
+    err = e.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg
+
+
+def parse_record(data: Any, source: str, line: int) -> Record:
+    """Validate one decoded JSON line as the record its `kind` names."""
+    where = f"line {line}"
+    if not isinstance(data, dict):
+        raise SpecError(source, where, f"expected a JSON object, got {type(data).__name__}")
+    cls = RECORD_TYPES.get(data.get("kind"))  # type: ignore[arg-type]
+    if cls is None:
+        known = ", ".join(RECORD_TYPES)
+        raise SpecError(source, where, f"unknown record kind {data.get('kind')!r} ({known})")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(source, where, f"bad {data['kind']} record: {_error_text(e)}") from None
+
+
+def read_results(paths: str | Path | Iterable[str | Path]) -> Results:
+    """Read results files into runs; any malformed or truncated line is a SpecError naming
+    the file and line (a run killed mid-write leaves its last line cut short)."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    runs: dict[str, Run] = {}
+    for path in paths:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise SpecError(source, "", "file not found") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpecError(source, "", f"cannot read: {e}") from None
+        for n, raw in enumerate(text.splitlines(), start=1):
+            if not raw.strip():
+                continue
+            try:
+                data = json.loads(raw)
+            except json.JSONDecodeError as e:
+                cut = " (truncated line?)" if n == len(text.splitlines()) else ""
+                raise SpecError(source, f"line {n}", f"invalid JSON{cut}: {e.msg}") from None
+            rec = parse_record(data, source, n)
+            _add(runs, rec, source, n)
+    if not runs:
+        raise SpecError(", ".join(map(str, paths)), "", "no measurements in the file")
+    return Results(files=[str(p) for p in paths], runs=runs)
+
+
+def _add(runs: dict[str, Run], rec: Record, source: str, line: int) -> None:
+    """File one record under its run, checking it belongs to a run that began earlier."""
+    where = f"line {line}"
+    if isinstance(rec, MetaRecord):
+        if rec.run in runs:
+            raise SpecError(source, where, f"run {rec.run!r} starts twice (appended twice?)")
+        runs[rec.run] = Run(meta=rec, line=line)
+        return
+    run = runs.get(rec.run)
+    if run is None:
+        raise SpecError(source, where, f"{rec.kind} record of run {rec.run!r} before its meta")
+    if isinstance(rec, CollectiveRecord):
+        bad = [r for r in rec.group if r >= run.meta.world_size]
+        if bad:
+            raise SpecError(
+                source, where, f"group rank {bad[0]} outside world size {run.meta.world_size}"
+            )
+        run.collectives.append((line, rec))
+    elif isinstance(rec, ModelRecord):
+        run.model = rec
+    elif isinstance(rec, DDPRecord):
+        run.ddp.append(rec)
+    elif isinstance(rec, EndRecord):
+        run.end = rec
+
+
+def record_line(record: Mapping[str, Any]) -> str:
+    """One record as a JSON line (infinities and NaNs become null: JSON has neither)."""
+    clean = {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()
+    }
+    return json.dumps(clean, separators=(",", ":")) + "\n"
+
+
+def append_records(path: str | Path, records: Iterable[Mapping[str, Any]]) -> None:
+    """Append records to a results file and fsync: never truncates. A file whose last line
+    was cut short (a killed writer) first gets a newline, so the new records stay whole."""
+    with open(path, "a+b") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+        for rec in records:
+            f.write(record_line(rec).encode())
+        f.flush()
+        os.fsync(f.fileno())

@@ -1,0 +1,1 @@
+"""The `commsim` command line: one module per command group (app holds the top level)."""

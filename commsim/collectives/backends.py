@@ -1,0 +1,30 @@
+"""What each communication backend runs for each collective, by the algorithm names the
+graph evaluator prices (calibrate.fit.GroupModel)."""
+
+from __future__ import annotations
+
+ALGORITHMS: dict[str, dict[str, str]] = {
+    # gloo as torch's ProcessGroupGloo calls it for CPU tensors (ProcessGroupGloo.cpp):
+    "gloo": {
+        "all-reduce": "ring",  # gloo/allreduce.cc: ring reduce-scatter, then ring all-gather
+        "all-gather": "ring",  # gloo/allgather.cc: N-1 ring steps, two segments in flight
+        # ProcessGroupGloo::reduce_scatter_tensor_coalesced: a full all-reduce of the input,
+        # each rank keeps its chunk
+        "reduce-scatter": "allreduce-ring",
+        # gloo/broadcast.cc: binomial tree rooted at the root, not pipelined; a rank posts
+        # all its sends at once, so they share its link
+        "broadcast": "binomial",
+        "all-to-all": "direct",  # gloo/alltoall.cc: every send and receive posted at once
+        "send-recv": "direct",  # each rank sends to the next and receives from the previous
+    },
+    # NCCL: all-reduce by ring or tree, whichever is faster for the size (its tuner's
+    # choice); the rest as in NCCL's ring kernels (src/device/*.h)
+    "nccl": {
+        "all-reduce": "ring|tree",
+        "all-gather": "ring",
+        "reduce-scatter": "ring",
+        "broadcast": "ring",
+        "all-to-all": "direct",
+        "send-recv": "direct",
+    },
+}

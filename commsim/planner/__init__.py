@@ -1,0 +1,1 @@
+"""Searching strategies and sizing clusters: enumerate, filter by memory, rank."""

@@ -1,0 +1,147 @@
+"""Cluster sizing: the best layout per fabric and GPU count, the Pareto front of time to
+train against cost, and the pick for a deadline or a budget."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+
+import numpy as np
+
+from commsim.planner.ddp import plan, strategies
+from commsim.planner.hybrid import plan_hybrid
+from commsim.specs import Scenario
+from commsim.step.prediction import Prediction
+
+
+@dataclass
+class SizingRow:
+    """The best strategy for one fabric and cluster size, and what it costs."""
+
+    fabric: str
+    gpus: int
+    best: Prediction | None  # None: nothing fits or divides the batch
+    note: str = ""
+    fabric_file: str = ""  # the name or path it was given as
+
+    def to_dict(self) -> dict[str, object]:
+        p = self.best
+        out: dict[str, object] = {"fabric": self.fabric, "gpus": self.gpus, "note": self.note}
+        if p:
+            out |= {
+                "strategy": p.strategy.model_dump(),
+                "layout": p.layout,
+                "step_time_s": p.step_time_s,
+                "scaling_efficiency": p.scaling_efficiency,
+                "mfu": p.mfu,
+                "tflops_per_gpu": p.tflops_per_gpu,
+            } | (p.training or {})
+        return out
+
+
+OBJECTIVES = ("time-to-train", "cost", "throughput-per-dollar", "step-time")
+
+
+def size_clusters(
+    scenario: Scenario,
+    source: str,
+    fabrics: Sequence[str],
+    sizes: Sequence[int],
+    gpu: str | None = None,
+    on_progress: Callable[[], None] | None = None,
+) -> list[SizingRow]:
+    """For every fabric and GPU count, the fastest layout that fits (hybrid search for
+    transformers, plain DDP otherwise). A fabric file is a template: it grows to as many
+    nodes as a size needs, and `gpu` swaps its GPU model. The points are independent, so
+    they run on every core, the largest first."""
+    tasks = [(scenario, source, fabric, n, gpu) for fabric in fabrics for n in sizes]
+    for fabric in fabrics:  # bad names fail here, in this process, before any work starts
+        _fabric_spec(fabric, gpu, source)
+    rows: dict[tuple[str, int], SizingRow] = {}
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = [pool.submit(_size_one, *t) for t in sorted(tasks, key=lambda t: -t[3])]
+        for future in as_completed(futures):
+            row = future.result()
+            rows[(row.fabric_file, row.gpus)] = row
+            if on_progress:
+                on_progress()
+    return [rows[(t[2], t[3])] for t in tasks]
+
+
+def _fabric_spec(fabric: str, gpu: str | None, source: str):
+    from commsim import catalog
+    from commsim.specs import ClusterSpec, load_spec
+
+    spec = load_spec(ClusterSpec, catalog.topology_path(fabric, source, "fabric"))
+    if gpu:
+        catalog.gpu(gpu, source, "gpu")
+        spec = spec.model_copy(update={"node": spec.node.model_copy(update={"gpu": gpu})})
+    return spec
+
+
+def _size_one(scenario: Scenario, source: str, fabric: str, n: int, gpu: str | None) -> SizingRow:
+    """One point of the sizing sweep (runs in a worker process)."""
+    from commsim.scenario import resolve
+
+    spec = _fabric_spec(fabric, gpu, source)
+    grown = spec.model_copy(update={"nodes": max(spec.nodes, -(-n // spec.node.gpus_per_node))})
+    setup = resolve(scenario.model_copy(update={"cluster": grown, "gpus": n}), source, check=False)
+    if setup.workload.heads is not None:
+        found = plan_hybrid(setup, {}, keep=1)
+    else:
+        found = plan(
+            setup, strategies(scenario.strategy, bucket_mb=(25.0,), placements=("blocked",))
+        )
+    best = found.ranked[0] if found.ranked else None
+    return SizingRow(spec.name, n, best, "" if best else "; ".join(found.notes), fabric)
+
+
+def objective_value(row: SizingRow, objective: str) -> float:
+    """Smaller is better: seconds to train, money (or GPU-hours without a price), or
+    seconds per step."""
+    p = row.best
+    if p is None:
+        return np.inf
+    t = p.training or {}
+    if objective == "step-time":
+        return p.step_time_s
+    if objective == "time-to-train":
+        return t.get("time_to_train_s", np.inf)
+    cost = t.get("cost") if t.get("cost") is not None else t.get("gpu_hours", np.inf)
+    return cost  # cost and throughput per dollar rank alike: tokens are fixed
+
+
+def pareto_front(rows: Sequence[SizingRow]) -> list[SizingRow]:
+    """Rows no other row beats on both time to train and cost (GPU-hours without a price)."""
+    ok = [r for r in rows if r.best and r.best.training]
+
+    def point(r):
+        return objective_value(r, "time-to-train"), objective_value(r, "cost")
+
+    return sorted(
+        (
+            r
+            for r in ok
+            if not any(
+                point(o)[0] <= point(r)[0] and point(o)[1] <= point(r)[1] and point(o) != point(r)
+                for o in ok
+            )
+        ),
+        key=lambda r: point(r)[0],
+    )
+
+
+def pick_size(
+    rows: Sequence[SizingRow], deadline_s: float | None, budget: float | None
+) -> SizingRow | None:
+    """The smallest cluster that meets the deadline (and the budget, if any); with only a
+    budget, the fastest run within it."""
+    ok = [r for r in rows if r.best and r.best.training]
+    if budget is not None:
+        ok = [r for r in ok if objective_value(r, "cost") <= budget]
+    if deadline_s is not None:
+        ok = [r for r in ok if objective_value(r, "time-to-train") <= deadline_s]
+        return min(ok, key=lambda r: (r.gpus, objective_value(r, "cost")), default=None)
+    return min(ok, key=lambda r: objective_value(r, "time-to-train"), default=None)

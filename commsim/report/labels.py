@@ -1,0 +1,119 @@
+"""How strategies, layouts and compressors are named in tables and titles, and why the
+winner won."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from commsim.units import fmt_time
+
+
+def compression_label(strategy: dict[str, Any]) -> str:
+    """A compressor as a user spells it, with +EF when error feedback is on."""
+    c = strategy["compression"]
+    return c + (" +EF" if strategy["error_feedback"] and c != "none" else "")
+
+
+def describe_strategy(strategy: dict[str, Any]) -> str:
+    """One line: layout (when hybrid), algorithm, bucket, overlap, placement, compression."""
+    s = strategy
+    overlap = "overlap" if s["overlap"] else "no overlap"
+    ep = s.get("ep", 1)
+    layout = (
+        f"tp {s['tp']}, pp {s['pp']}{split_label(s)}, {f'ep {ep}, ' if ep > 1 else ''}"
+        f"zero {s['zero']}, "
+        f"recompute {s['recompute']}, interleave {s['interleave']}, "
+        if (s["tp"], s["pp"], ep, s["zero"], s["recompute"], s["interleave"])
+        != (1, 1, 1, 0, "none", 1)
+        else ""
+    )
+    return (
+        f"{layout}{s['algorithm']}, {s['bucket_mb']:g} MiB, {overlap}, {s['placement']}, "
+        f"compression {compression_label(s)}"
+    )
+
+
+def split_label(s: dict[str, Any]) -> str:
+    """An uneven pipeline split as first/last stage layers, e.g. (5..5); '' when even."""
+    first, last = s.get("first_stage_layers"), s.get("last_stage_layers")
+    if first is None and last is None:
+        return ""
+    return f"({'=' if first is None else first}..{'=' if last is None else last})"
+
+
+def layout_label(c: dict[str, Any]) -> str:
+    """A layout in a few characters: dp64 tp8 pp16 v2 z1 sel mb1."""
+    s, lay = c["strategy"], c["layout"]
+    parts = [f"dp{lay['dp']}"]
+    parts += [f"tp{s['tp']}"] if s["tp"] > 1 else []
+    parts += [f"pp{s['pp']}{split_label(s)}"] if s["pp"] > 1 else []
+    parts += [f"ep{s['ep']}"] if s.get("ep", 1) > 1 else []
+    parts += [f"v{s['interleave']}"] if s["interleave"] > 1 else []
+    parts += [f"z{s['zero']}"] if s["zero"] else []
+    parts += [s["recompute"][:3]] if s["recompute"] != "none" else []
+    return " ".join([*parts, f"mb{lay['micro_batch']}"])
+
+
+# The dimensions a plan explains: label, the strategy keys that change together, the value.
+_DIMENSIONS = (
+    ("tensor parallelism", ("tp",), lambda s: f"tp {s['tp']}"),
+    ("pipeline depth", ("pp",), lambda s: f"pp {s['pp']}"),
+    ("ZeRO stage", ("zero",), lambda s: f"ZeRO {s['zero']}"),
+    ("recomputation", ("recompute",), lambda s: s["recompute"]),
+    ("interleaving", ("interleave",), lambda s: f"v {s['interleave']}"),
+    ("algorithm", ("algorithm",), lambda s: s["algorithm"]),
+    ("bucket size", ("bucket_mb",), lambda s: f"{s['bucket_mb']:g} MiB"),
+    ("overlap", ("overlap",), lambda s: "overlap on" if s["overlap"] else "overlap off"),
+    ("placement", ("placement",), lambda s: s["placement"]),
+    ("compression", ("compression", "error_feedback"), compression_label),
+)
+
+
+def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
+    """Plain sentences on why the best candidate wins: what each alternative dimension costs."""
+    best = candidates[0]
+    s = best["strategy"]
+    lines = [
+        f"Best: {describe_strategy(s)}: step {fmt_time(best['step_time_s'])}, compute "
+        f"{fmt_time(best['compute_s'])}, communication {fmt_time(best['comm_s'])}"
+        + (f" + {fmt_time(best['codec_s'])} encode/decode" if best["codec_s"] else "")
+        + f", of which {fmt_time(best['exposed_comm_s'])} exposed "
+        f"({_pct(best['overlap_ratio'])} hidden).",
+        "  where the step goes: "
+        + ", ".join(
+            f"{label} {fmt_time(best[key])}"
+            for key, label in (
+                ("compute_s", "compute"),
+                ("bubble_s", "pipeline bubble"),
+                ("tp_comm_s", "tensor-parallel comm"),
+                ("ep_comm_s", "expert-parallel all-to-all"),
+                ("pp_comm_s", "pipeline sends"),
+                ("dp_exposed_s", "exposed data-parallel comm"),
+                ("exposed_comm_s", "exposed comm"),
+                ("codec_s", "encode/decode"),
+            )
+            if best.get(key) and not (key == "exposed_comm_s" and "dp_exposed_s" in best)
+        ),
+    ]
+    for label, keys, show in _DIMENSIONS:
+        others = [
+            c
+            for c in candidates
+            if c["strategy"][keys[0]] != s[keys[0]]
+            and all(c["strategy"][k] == s[k] for k in s if k not in keys)
+        ]
+        if not others:
+            continue
+        alt = min(others, key=lambda c: c["step_time_s"])
+        delta = alt["step_time_s"] - best["step_time_s"]
+        value = show(alt["strategy"])
+        lines.append(
+            f"  best other {label} ({value}): +{fmt_time(delta)} per step, exposed comm "
+            f"{fmt_time(alt['exposed_comm_s'])}."
+        )
+    return lines
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"

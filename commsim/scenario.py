@@ -1,0 +1,208 @@
+"""A scenario resolved: its model and cluster names looked up, the graph built, the layout
+checked against the GPUs, the batch and the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from commsim import catalog
+from commsim.profile import apply_profile, load_profile
+from commsim.specs import (
+    ClusterSpec,
+    GPUSpec,
+    Scenario,
+    SpecError,
+    Strategy,
+    load_spec,
+    parse_spec,
+    read_yaml,
+)
+from commsim.topology.build import Cluster, build_cluster
+from commsim.topology.placement import PLACEMENT_KINDS
+from commsim.workload.model import Workload
+from commsim.workload.presets import build_workload
+
+STRATEGY_FIELDS = set(Strategy.model_fields)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A scenario with every name resolved and its cluster built for its GPU count."""
+
+    scenario: Scenario
+    source: str
+    cluster: Cluster
+    gpu: GPUSpec
+    workload: Workload
+
+    @property
+    def n_gpus(self) -> int:
+        return self.scenario.gpus
+
+    def micro_batches(self, strategy: Strategy) -> int:
+        """Micro-batches per step on each data-parallel rank: global / (dp x micro_batch)."""
+        return self.scenario.global_batch // (self.dp(strategy) * self.scenario.micro_batch)
+
+    def dp(self, strategy: Strategy) -> int:
+        return self.n_gpus // (strategy.tp * strategy.pp)
+
+
+def load_scenario(path: str | None, overrides: dict[str, Any]) -> tuple[Scenario, str]:
+    """Read a scenario file (the built-in default when None) and apply CLI overrides."""
+    source = str(path or catalog.DEFAULT_SCENARIO)
+    data = read_yaml(source)
+    if not isinstance(data, dict):
+        raise SpecError(source, "", "expected a mapping of scenario fields")
+    return with_overrides(data, overrides, source), source
+
+
+def with_overrides(data: dict[str, Any], overrides: dict[str, Any], source: str) -> Scenario:
+    """A scenario from plain data with fields replaced (None leaves a field alone).
+
+    Overrides are merged into the plain data before validation, so a bad value is
+    reported like a bad field. Strategy fields (bucket_mb, algorithm, ...) go under
+    `strategy`."""
+    data = dict(data)
+    strategy = dict(data.get("strategy") or {})
+    if any(overrides.get(k) is not None for k in ("model", "cluster", "gpus")):
+        data["name"] = f"{data.get('name', 'scenario')} (changed by flags)"
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in STRATEGY_FIELDS:
+            strategy[key] = value
+        else:
+            data[key] = value
+    data["strategy"] = strategy
+    return parse_spec(Scenario, data, source)
+
+
+def _cluster_spec(scenario: Scenario, source: str) -> ClusterSpec:
+    if isinstance(scenario.cluster, ClusterSpec):
+        return scenario.cluster
+    return load_spec(ClusterSpec, catalog.topology_path(scenario.cluster, source))
+
+
+def _with_profile(spec: ClusterSpec, scenario: Scenario) -> tuple[ClusterSpec, Scenario]:
+    """The cluster with a calibration profile's fitted links, and the scenario with its
+    measured compute efficiency unless the scenario sets one itself."""
+    profile = load_profile(scenario.profile)
+    spec = apply_profile(spec, profile, scenario.profile)
+    if profile.compute and "compute_efficiency" not in scenario.model_fields_set:
+        efficiency = min(1.0, profile.compute.efficiency)
+        scenario = scenario.model_copy(update={"compute_efficiency": efficiency})
+    return spec, scenario
+
+
+def resolve(scenario: Scenario, source: str = "scenario", check: bool = True) -> Setup:
+    """Resolve the model and cluster names, build the graph, and (unless a planner will
+    search the layout itself) check the scenario's layout against GPUs, batch and model."""
+    spec = _cluster_spec(scenario, source)
+    if scenario.profile:
+        spec, scenario = _with_profile(spec, scenario)
+    gpu = catalog.gpu(spec.node.gpu, spec.name, "node.gpu")
+    cluster = build_cluster(spec, scenario.gpus, source)
+    workload = build_workload(scenario.model, scenario.seq_len, source)
+    setup = Setup(scenario, source, cluster, gpu, workload)
+    if check:
+        check_layout(setup, scenario.strategy)
+    return setup
+
+
+def check_layout(setup: Setup, strategy: Strategy) -> None:
+    """The strategy's degrees must fit the GPU count, the batch and the model (SpecError)."""
+    s, w, src = setup.scenario, setup.workload, setup.source
+    if setup.n_gpus % (strategy.tp * strategy.pp):
+        raise SpecError(
+            src,
+            "strategy",
+            f"tp x pp = {strategy.tp} x {strategy.pp} does not "
+            f"divide the {setup.n_gpus} GPUs into data-parallel replicas",
+        )
+    per_step = setup.dp(strategy) * s.micro_batch
+    if s.global_batch % per_step:
+        raise SpecError(
+            src,
+            "global_batch",
+            f"{s.global_batch} is not a multiple of "
+            f"data-parallel degree x micro_batch = {per_step}",
+        )
+    if strategy.data_parallel_only:
+        return
+    if w.heads is None:
+        raise SpecError(
+            src,
+            "strategy",
+            f"{w.name} is not a transformer: only data "
+            "parallelism (tp = pp = 1, zero 0, no recompute) applies",
+        )
+    blocks = sum(layer.name.startswith("block.") for layer in w.layers)
+    if w.heads % strategy.tp:
+        raise SpecError(
+            src,
+            "strategy.tp",
+            f"{strategy.tp} does not divide the model's {w.heads} attention heads",
+        )
+    if strategy.pp > blocks:
+        raise SpecError(src, "strategy.pp", f"{strategy.pp} pipeline stages for {blocks} layers")
+    uneven = strategy.first_stage_layers is not None or strategy.last_stage_layers is not None
+    if uneven:
+        _check_uneven_split(strategy, blocks, src)
+    elif blocks % (strategy.pp * strategy.interleave):
+        raise SpecError(
+            src,
+            "strategy.pp",
+            f"{blocks} layers do not split evenly into "
+            f"pp x interleave = {strategy.pp} x {strategy.interleave} chunks "
+            "(first_stage_layers / last_stage_layers set an uneven split)",
+        )
+    if strategy.interleave > 1 and strategy.pp == 1:
+        raise SpecError(src, "strategy.interleave", "interleaving needs pp > 1")
+    if strategy.interleave > 1 and setup.micro_batches(strategy) < strategy.pp:
+        raise SpecError(
+            src,
+            "strategy.interleave",
+            f"the interleaved schedule runs micro-batches in groups of pp = {strategy.pp}: "
+            f"it needs at least {strategy.pp} per step, this layout has "
+            f"{setup.micro_batches(strategy)} (global_batch / (dp x micro_batch))",
+        )
+    if strategy.ep > 1:
+        if not w.moe:
+            raise SpecError(
+                src, "strategy.ep", f"expert parallelism needs experts; {w.name} has none"
+            )
+        if w.experts % strategy.ep:
+            raise SpecError(
+                src,
+                "strategy.ep",
+                f"{strategy.ep} does not divide the model's {w.experts} experts",
+            )
+        if setup.dp(strategy) % strategy.ep:
+            raise SpecError(
+                src,
+                "strategy.ep",
+                f"{strategy.ep} does not divide the data-parallel degree {setup.dp(strategy)} "
+                "(expert-parallel ranks are taken from the data-parallel group)",
+            )
+    if strategy.placement not in PLACEMENT_KINDS:
+        raise SpecError(
+            src, "strategy.placement", f"hybrid layouts take {' or '.join(PLACEMENT_KINDS)}"
+        )
+
+
+def _check_uneven_split(strategy: Strategy, blocks: int, src: str) -> None:
+    """An uneven split as Megatron-core takes it: pp > 1, no interleaving, and the layers
+    the first / last stage do not take split evenly over the other stages."""
+    field = "strategy.first_stage_layers"
+    if strategy.pp == 1 or strategy.interleave > 1:
+        raise SpecError(src, field, "an uneven split needs pp > 1 and interleave 1")
+    ends = [x for x in (strategy.first_stage_layers, strategy.last_stage_layers) if x]
+    rest, others = blocks - sum(ends), strategy.pp - len(ends)
+    if rest < others or (others == 0 and rest) or (others and rest % others):
+        raise SpecError(
+            src,
+            field,
+            f"{blocks} layers minus {' + '.join(map(str, ends))} on the end stages leave "
+            f"{rest} for the other {others} stages: they must split evenly, at least one each",
+        )

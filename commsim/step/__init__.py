@@ -1,0 +1,1 @@
+"""The training step: one model of compute, communication, memory and their timeline."""

@@ -1,0 +1,149 @@
+"""A predicted step: where its time goes, its throughput figures and its memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from commsim.scenario import Setup
+from commsim.specs import (
+    Strategy,
+)
+from commsim.step.memory import (
+    MemoryBreakdown,
+    usable_bytes,
+)
+from commsim.step.timeline import (
+    Bucket,
+    Event,
+)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A predicted step: where its time goes, its throughput figures, its memory.
+
+    `parts` holds seconds by name (compute_s, forward_s, backward_s, optimizer_s, comm_s,
+    codec_s, exposed_comm_s, and for hybrid layouts bubble_s, tp_comm_s, ep_comm_s, pp_comm_s,
+    dp_comm_s, dp_exposed_s); `buckets` and `events` come from the DDP timeline."""
+
+    strategy: Strategy
+    step_time_s: float
+    parts: dict[str, float]
+    overlap_ratio: float
+    overlap_efficiency: float
+    scaling_efficiency: float
+    mfu: float
+    tflops_per_gpu: float
+    samples_per_s: float
+    tokens_per_s: float | None
+    memory: MemoryBreakdown
+    memory_usable: float  # bytes of HBM a training process may fill
+    layout: dict[str, int] | None = None  # dp, micro_batch, micro_batches
+    training: dict[str, float] | None = None  # time_to_train_s, gpu_hours, cost (given tokens)
+    buckets: tuple[Bucket, ...] = ()
+    events: tuple[Event, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.memory_usable
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.memory
+        return (
+            {
+                "strategy": self.strategy.model_dump(),
+                "layout": self.layout,
+                "step_time_s": self.step_time_s,
+            }
+            | self.parts
+            | {
+                "overlap_ratio": self.overlap_ratio,
+                "overlap_efficiency": self.overlap_efficiency,
+                "scaling_efficiency": self.scaling_efficiency,
+                "mfu": self.mfu,
+                "tflops_per_gpu": self.tflops_per_gpu,
+                "samples_per_s": self.samples_per_s,
+                "tokens_per_s": self.tokens_per_s,
+                "memory": {
+                    "params_bytes": m.params,
+                    "grads_bytes": m.grads,
+                    "optimizer_bytes": m.optimizer,
+                    "activations_bytes": m.activations,
+                    "buffers_bytes": m.buffers,
+                    "total_bytes": m.total,
+                    "usable_bytes": self.memory_usable,
+                    "fits": self.fits,
+                },
+                "training": self.training,
+                "buckets": [
+                    {
+                        "index": b.index,
+                        "bytes": b.bytes,
+                        "layers": len(b.layers),
+                        "tensors": b.tensors,
+                        "ready_s": b.ready_s,
+                        "start_s": b.start_s,
+                        "end_s": b.end_s,
+                        "time_s": b.time_s,
+                    }
+                    for b in self.buckets
+                ],
+            }
+        )
+
+
+def _prediction(
+    setup: Setup,
+    strategy: Strategy,
+    step: float,
+    parts: dict[str, float],
+    overlap_ratio: float,
+    overlap_efficiency: float,
+    single_gpu_step: float,
+    *,
+    mfu: float,
+    hfu: float | None,
+    memory: MemoryBreakdown,
+    buckets=(),
+    events=(),
+) -> Prediction:
+    """The figures every prediction reports, from its step time and parts.
+
+    tflops_per_gpu is hardware FLOP/s per GPU, recomputation included (the Megatron
+    papers' convention); MFU counts model FLOPs only. time to train = tokens / tokens per
+    step x step time; GPU-hours = N x that; cost = GPU-hours x price."""
+    s, n = setup.scenario, setup.n_gpus
+    throughput = s.global_batch / step
+    seq = setup.workload.seq_len
+    training = None
+    if s.tokens and seq:
+        seconds = s.tokens / (s.global_batch * seq) * step
+        gpu_hours = seconds * n / 3600
+        training = {
+            "time_to_train_s": seconds,
+            "gpu_hours": gpu_hours,
+            "cost": gpu_hours * s.price_per_gpu_hour if s.price_per_gpu_hour else None,
+        }
+    return Prediction(
+        strategy=strategy,
+        step_time_s=step,
+        parts=parts,
+        overlap_ratio=overlap_ratio,
+        overlap_efficiency=overlap_efficiency,
+        scaling_efficiency=single_gpu_step / (n * step),
+        mfu=mfu,
+        tflops_per_gpu=(hfu if hfu is not None else mfu) * setup.gpu.peak_flops / 1e12,
+        samples_per_s=throughput,
+        tokens_per_s=throughput * seq if seq else None,
+        memory=memory,
+        memory_usable=usable_bytes(setup.gpu),
+        layout={
+            "dp": setup.dp(strategy),
+            "micro_batch": s.micro_batch,
+            "micro_batches": setup.micro_batches(strategy),
+        },
+        training=training,
+        buckets=buckets,
+        events=events,
+    )

@@ -1,0 +1,96 @@
+"""A model as schedulable layers: parameter tensors and forward FLOPs per sample, and
+their compute time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from commsim.specs import GPUSpec
+
+BACKWARD_FACTOR = 2.0  # backward FLOPs / forward FLOPs
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One schedulable layer: its parameter tensors and forward FLOPs per sample."""
+
+    name: str
+    tensors: tuple[int, ...]  # parameters per tensor, registration order; () without parameters
+    forward_flops: float
+
+    @property
+    def params(self) -> int:
+        return sum(self.tensors)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model as layers in forward (= parameter registration) order."""
+
+    name: str
+    layers: tuple[Layer, ...]
+    seq_len: int | None  # tokens per sample; None for models without a sequence (CNNs)
+    heads: int | None = None  # attention heads of a transformer (activation memory needs them)
+    hidden: int | None = None  # a transformer's hidden size (activation sizes need it)
+    experts: int = 1  # experts per MoE block (1: a dense model)
+    top_k: int = 1  # experts each token is routed to
+    capacity_factor: float = 1.0  # expert buffer / even share of the routed tokens
+    expert_params: int = 0  # parameters of all experts' MLPs in one block (0: dense)
+
+    @property
+    def layer_params(self) -> np.ndarray:
+        return np.array([layer.params for layer in self.layers], dtype=np.int64)
+
+    @cached_property
+    def tensor_params(self) -> np.ndarray:
+        """Parameters per tensor, all layers' tensors in registration order (what DDP buckets)."""
+        return np.array([n for layer in self.layers for n in layer.tensors], dtype=np.int64)
+
+    @cached_property
+    def tensor_layer(self) -> np.ndarray:
+        """Index of the layer each tensor of `tensor_params` belongs to (non-decreasing)."""
+        counts = [len(layer.tensors) for layer in self.layers]
+        return np.repeat(np.arange(len(self.layers)), counts)
+
+    @property
+    def layer_flops(self) -> np.ndarray:
+        """Forward FLOPs per sample, per layer."""
+        return np.array([layer.forward_flops for layer in self.layers], dtype=float)
+
+    @property
+    def params(self) -> int:
+        return int(self.tensor_params.sum())
+
+    @property
+    def forward_flops(self) -> float:
+        """Forward FLOPs per sample."""
+        return sum(layer.forward_flops for layer in self.layers)
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 1
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through: all but the unrouted experts' MLPs."""
+        blocks = sum(layer.name.startswith("block.") for layer in self.layers)
+        idle = self.expert_params * (self.experts - self.top_k) // self.experts
+        return self.params - blocks * idle
+
+    @property
+    def train_flops(self) -> float:
+        """Forward + backward FLOPs per sample (what MFU counts)."""
+        return (1.0 + BACKWARD_FACTOR) * self.forward_flops
+
+
+def layer_times(
+    workload: Workload, gpu: GPUSpec, efficiency: float, micro_batch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds per layer for one micro-batch: FLOPs / (peak * efficiency)."""
+    if not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency must be in (0, 1], got {efficiency:g}")
+    forward = workload.layer_flops * micro_batch / (gpu.peak_flops * efficiency)
+    return forward, BACKWARD_FACTOR * forward

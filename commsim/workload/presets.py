@@ -1,0 +1,221 @@
+"""The named models (published shapes) and building a Workload from a name or a ModelSpec."""
+
+from __future__ import annotations
+
+from commsim.specs import ModelSpec, SpecError
+from commsim.workload.model import Layer, Workload
+from commsim.workload.transformer import _BERT, _GPT, _LLAMA, _Transformer, _transformer
+
+# --- transformers ---------------------------------------------------------------------------
+
+
+# --- ResNet-50 ------------------------------------------------------------------------------
+
+
+def _resnet50() -> Workload:
+    """torchvision resnet50 (v1.5: stride on the 3x3 conv) at 224x224, one layer per module.
+
+    He et al. 2016 (arXiv:1512.03385), torchvision.models.resnet50: 25,557,032 parameters,
+    4.09 GMAC per image. Convs have one tensor (no bias); a batch norm has two of C (weight,
+    bias) and its element-wise FLOPs are not counted. FLOPs = 2 * MACs.
+    """
+    layers: list[Layer] = []
+
+    def conv_bn(conv: str, bn: str, cin: int, cout: int, k: int, out_hw: int) -> None:
+        params = cin * cout * k * k
+        layers.append(Layer(conv, (params,), 2.0 * params * out_hw * out_hw))
+        layers.append(Layer(bn, (cout, cout), 0.0))
+
+    conv_bn("conv1", "bn1", 3, 64, 7, 112)
+    cin, hw = 64, 56  # after the stride-2 max pool
+    for stage, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3)), start=1):
+        out_hw = hw if stage == 1 else hw // 2
+        for b in range(blocks):
+            p = f"layer{stage}.{b}"
+            conv_bn(f"{p}.conv1", f"{p}.bn1", cin, width, 1, hw)
+            conv_bn(f"{p}.conv2", f"{p}.bn2", width, width, 3, out_hw)
+            conv_bn(f"{p}.conv3", f"{p}.bn3", width, 4 * width, 1, out_hw)
+            if b == 0:
+                conv_bn(f"{p}.downsample.0", f"{p}.downsample.1", cin, 4 * width, 1, out_hw)
+            cin, hw = 4 * width, out_hw
+    layers.append(Layer("fc", (cin * 1000, 1000), 2.0 * cin * 1000))
+    return Workload("resnet50", tuple(layers), None)
+
+
+# --- presets and building -------------------------------------------------------------------
+
+_TRANSFORMERS: dict[str, _Transformer] = {
+    # Radford et al. 2019 (GPT-2); HF gpt2-xl config.json: n_layer 48, n_embd 1600, n_head 25,
+    # n_positions 1024, vocab 50257. 1,557,611,200 parameters.
+    "gpt2-xl": _Transformer(
+        layers=48,
+        hidden=1600,
+        heads=25,
+        kv_heads=25,
+        ffn_hidden=6400,
+        gated_mlp=False,
+        vocab=50257,
+        context=1024,
+        style=_GPT,
+    ),
+    # Brown et al. 2020 (arXiv:2005.14165) Table 2.1: 96 layers, d_model 12288, 96 heads,
+    # context 2048; GPT-2's vocabulary and architecture. About 174.6B parameters.
+    "gpt3-175b": _Transformer(
+        layers=96,
+        hidden=12288,
+        heads=96,
+        kv_heads=96,
+        ffn_hidden=49152,
+        gated_mlp=False,
+        vocab=50257,
+        context=2048,
+        style=_GPT,
+    ),
+    # Touvron et al. 2023 (arXiv:2307.09288); HF meta-llama/Llama-2-7b-hf config.json:
+    # hidden 4096, intermediate 11008 (SwiGLU), 32 layers, 32 heads, vocab 32000,
+    # max_position_embeddings 4096 (rotary), untied lm_head. 6,738,415,616 parameters.
+    "llama2-7b": _Transformer(
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=32,
+        ffn_hidden=11008,
+        gated_mlp=True,
+        vocab=32000,
+        context=4096,
+        style=_LLAMA,
+    ),
+    # HF meta-llama/Llama-2-70b-hf config.json: hidden 8192, intermediate 28672, 80 layers,
+    # 64 heads, 8 key-value heads (GQA). 68,976,648,192 parameters.
+    "llama2-70b": _Transformer(
+        layers=80,
+        hidden=8192,
+        heads=64,
+        kv_heads=8,
+        ffn_hidden=28672,
+        gated_mlp=True,
+        vocab=32000,
+        context=4096,
+        style=_LLAMA,
+    ),
+    # Jiang et al. 2024 (arXiv:2401.04088); HF mistralai/Mixtral-8x7B-v0.1 config.json: hidden
+    # 4096, intermediate 14336 (SwiGLU), 32 layers, 32 heads, 8 kv heads, vocab 32000, 8 local
+    # experts, 2 per token, context 32768 (run at 4096 by default), untied head, RMSNorm.
+    # 46,702,792,704 parameters, 12,879,925,248 active. Mixtral trains dropless; the capacity
+    # factor is GShard's / Switch's customary 1.25.
+    "mixtral-8x7b": _Transformer(
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        ffn_hidden=14336,
+        gated_mlp=True,
+        vocab=32000,
+        context=32768,
+        style=_LLAMA,
+        seq_len=4096,
+        experts=8,
+        top_k=2,
+        capacity_factor=1.25,
+    ),
+    # Devlin et al. 2019 (arXiv:1810.04805): L=24, H=1024, A=16; HF bert-large-uncased
+    # config.json: vocab 30522, max_position_embeddings 512, type_vocab_size 2. As
+    # BertForPreTraining: 335,141,888 in BertModel + 1,084,220 in the pretraining heads.
+    "bert-large": _Transformer(
+        layers=24,
+        hidden=1024,
+        heads=16,
+        kv_heads=16,
+        ffn_hidden=4096,
+        gated_mlp=False,
+        vocab=30522,
+        context=512,
+        style=_BERT,
+    ),
+}
+MODEL_NAMES: tuple[str, ...] = (*_TRANSFORMERS, "resnet50")
+
+
+def build_workload(
+    model: ModelSpec | str, seq_len: int | None = None, source: str = "model"
+) -> Workload:
+    """Turn a preset name or a ModelSpec into layers; `seq_len` overrides the model's.
+
+    A transformer ModelSpec that sets nothing but name (and seq_len) names a preset. Otherwise
+    its family follows gated_mlp: gated means LLaMA-style (RMSNorm, no biases, rotary, untied
+    head), plain means GPT-style (LayerNorm, biases, learned positions, tied head). A custom
+    layer is one parameter tensor (none when it has no parameters).
+    """
+    if isinstance(model, str):
+        return _preset(model, seq_len, source)
+    if model.kind == "custom":
+        if not model.custom_layers:
+            raise SpecError(
+                source, "model.custom_layers", "a custom model needs at least one layer"
+            )
+        layers = tuple(
+            Layer(x.name, (x.params,) if x.params else (), x.forward_flops)
+            for x in model.custom_layers
+        )
+        return Workload(model.name, layers, seq_len or model.seq_len)
+    if model.kind == "resnet" or not model.model_fields_set - {"name", "kind", "seq_len"}:
+        return _preset(model.name, seq_len or model.seq_len, source)
+    config = _from_spec(model, seq_len, source)
+    return _transformer(config, model.name, _run_length(config, seq_len, source))
+
+
+def _preset(name: str, seq_len: int | None, source: str) -> Workload:
+    key = name.lower()
+    if key == "resnet50":
+        return _resnet50()
+    if key not in _TRANSFORMERS:
+        known = ", ".join(MODEL_NAMES)
+        raise SpecError(source, "model", f"unknown model {name!r} (known: {known})")
+    config = _TRANSFORMERS[key]
+    return _transformer(config, key, _run_length(config, seq_len, source))
+
+
+def _run_length(config: _Transformer, seq_len: int | None, source: str) -> int:
+    """The run's sequence length: the override or the model's context, within learned positions."""
+    s = seq_len or config.seq_len or config.context
+    if config.style.learned_positions and s > config.context:
+        raise SpecError(
+            source, "seq_len", f"{s} exceeds the model's {config.context} learned positions"
+        )
+    return s
+
+
+def _from_spec(m: ModelSpec, seq_len: int | None, source: str) -> _Transformer:
+    """Check an explicit transformer ModelSpec and fill its defaults."""
+    for field in ("layers", "hidden", "heads", "vocab"):
+        if getattr(m, field) is None:
+            raise SpecError(source, f"model.{field}", "required for a transformer")
+    context = m.seq_len or seq_len
+    if context is None:
+        raise SpecError(source, "model.seq_len", "required (here or in the scenario)")
+    if m.hidden % m.heads:
+        raise SpecError(source, "model.heads", f"{m.heads} does not divide hidden {m.hidden}")
+    kv_heads = m.kv_heads or m.heads
+    if m.heads % kv_heads:
+        raise SpecError(source, "model.kv_heads", f"{kv_heads} does not divide heads {m.heads}")
+    if m.gated_mlp and m.ffn_hidden is None:
+        raise SpecError(source, "model.ffn_hidden", "required with gated_mlp (no standard width)")
+    ffn = m.ffn_hidden or 4 * m.hidden
+    style = _LLAMA if m.gated_mlp else _GPT
+    experts = m.experts or 1
+    if experts > 1 and m.top_k > experts:
+        raise SpecError(source, "model.top_k", f"{m.top_k} exceeds the {experts} experts")
+    return _Transformer(
+        m.layers,
+        m.hidden,
+        m.heads,
+        kv_heads,
+        ffn,
+        m.gated_mlp,
+        m.vocab,
+        context,
+        style,
+        experts=experts,
+        top_k=m.top_k,
+        capacity_factor=m.capacity_factor,
+    )
