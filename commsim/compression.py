@@ -488,14 +488,14 @@ def parse_compressor(spec: str, seed: int = 0) -> Compressor:
     raise ValueError(f"unknown compressor {spec!r}; valid spellings: {SPELLINGS}")
 
 
-def _as_compressor(c: Compressor | str) -> Compressor:
+def as_compressor(c: Compressor | str) -> Compressor:
     return parse_compressor(c) if isinstance(c, str) else c
 
 
 def collective(compressor: Compressor | str) -> str:
     """'all-reduce' when payloads sum inside the collective (per-rank bytes flat in N),
     'all-gather' when every worker must receive every payload (bytes grow with N)."""
-    return _as_compressor(compressor).collective
+    return as_compressor(compressor).collective
 
 
 def bucket_collectives(
@@ -504,7 +504,7 @@ def bucket_collectives(
     """The collectives for one bucket of `bucket_bytes` fp32 gradients among `n_workers`:
     [(op, S)] with S in nccl-tests convention (all-gather: output = N x per-rank payload)."""
     n = math.ceil(bucket_bytes / 4)
-    return _as_compressor(compressor).collectives(n, n_workers)
+    return as_compressor(compressor).collectives(n, n_workers)
 
 
 class ErrorFeedback:
@@ -512,7 +512,7 @@ class ErrorFeedback:
     nothing is lost, only delayed (Seide et al. 2014; Stich et al. 2018)."""
 
     def __init__(self, compressor: Compressor | str):
-        self.compressor = _as_compressor(compressor)
+        self.compressor = as_compressor(compressor)
         self.residuals: dict[tuple[int, int], np.ndarray] = {}
 
     def _apply(
@@ -549,7 +549,7 @@ def measure(compressor: Compressor | str, g: np.ndarray, repeats: int = 5) -> di
     """Wire ratio, contraction delta = 1 - ||C(g) - g||^2 / ||g||^2, and this machine's
     encode/decode seconds per MB (1e6 bytes) of fp32 input, median of `repeats`. Uses a
     fresh instance, so PowerSGD runs its single power iteration from a random Q."""
-    c = parse_compressor(_as_compressor(compressor).spec)
+    c = parse_compressor(as_compressor(compressor).spec)
     g = np.asarray(g, np.float32)
     payload = c.compress(g)
     err = c.decompress(payload, g.shape).astype(np.float64) - g

@@ -79,7 +79,7 @@ def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
         f"{fmt_time(best['compute_s'])}, communication {fmt_time(best['comm_s'])}"
         + (f" + {fmt_time(best['codec_s'])} encode/decode" if best["codec_s"] else "")
         + f", of which {fmt_time(best['exposed_comm_s'])} exposed "
-        f"({_pct(best['overlap_ratio'])} hidden).",
+        f"({pct(best['overlap_ratio'])} hidden).",
         "  where the step goes: "
         + ", ".join(
             f"{label} {fmt_time(best[key])}"
@@ -115,5 +115,5 @@ def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
     return f"{100 * x:.1f}%"

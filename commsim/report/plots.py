@@ -10,7 +10,7 @@ import numpy as np
 
 from commsim.calibrate.validate import Validation
 from commsim.files import write_atomic
-from commsim.report.labels import _pct
+from commsim.report.labels import pct
 from commsim.specs import SpecError
 from commsim.units import fmt_time
 
@@ -46,7 +46,7 @@ def plot_timeline(pred: dict[str, Any], events: Sequence[Any], path: str, title:
     ax.set_xlabel("time (s)")
     ax.set_title(
         f"{title}: step {fmt_time(pred['step_time_s'])}, exposed comm "
-        f"{fmt_time(pred['exposed_comm_s'])}, overlap {_pct(pred['overlap_ratio'])}"
+        f"{fmt_time(pred['exposed_comm_s'])}, overlap {pct(pred['overlap_ratio'])}"
     )
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
     ax.legend(handles, list(colors), loc="upper left", ncols=4, fontsize=8)
@@ -208,7 +208,7 @@ def plot_pipeline(pred: dict[str, Any], events: Sequence[Any], path: str, title:
     cut = f" (stages 8-{p - 9} not drawn)" if p > 16 else ""
     ax.set_title(
         f"{title}: {p} stages{cut}, step {fmt_time(pred['step_time_s'])}, bubble "
-        f"{fmt_time(pred['bubble_s'])} ({_pct(pred['bubble_s'] / pred['step_time_s'])})"
+        f"{fmt_time(pred['bubble_s'])} ({pct(pred['bubble_s'] / pred['step_time_s'])})"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -8,9 +8,9 @@ from typing import Any
 from rich.table import Table
 
 from commsim.report.labels import (
-    _pct,
     compression_label,
     layout_label,
+    pct,
 )
 from commsim.units import fmt_bytes, fmt_rate, fmt_time
 
@@ -77,10 +77,10 @@ def step_table(title: str, pred: dict[str, Any]) -> Table:
             fmt_time(pred["exposed_comm_s"]),
             "communication not hidden under compute",
         ),
-        ("overlap ratio", _pct(pred["overlap_ratio"]), "1 - exposed / comm"),
-        ("overlap efficiency", _pct(pred["overlap_efficiency"]), "T_comp / max(T_comp, T_comm)"),
-        ("scaling efficiency", _pct(pred["scaling_efficiency"]), "thr(N) / (N thr(1))"),
-        ("MFU", _pct(pred["mfu"]), "model FLOP/s / (N peak), recomputation not counted"),
+        ("overlap ratio", pct(pred["overlap_ratio"]), "1 - exposed / comm"),
+        ("overlap efficiency", pct(pred["overlap_efficiency"]), "T_comp / max(T_comp, T_comm)"),
+        ("scaling efficiency", pct(pred["scaling_efficiency"]), "thr(N) / (N thr(1))"),
+        ("MFU", pct(pred["mfu"]), "model FLOP/s / (N peak), recomputation not counted"),
         (
             "TFLOP/s per GPU",
             f"{pred['tflops_per_gpu']:.1f}",
@@ -187,7 +187,7 @@ def plan_table(title: str, candidates: Sequence[dict[str, Any]], top: int) -> Ta
             fmt_time(c["exposed_comm_s"]),
             fmt_time(c.get("bubble_s", 0.0)),
             f"{c['memory']['total_bytes'] / 1e9:.1f} GB",
-            _pct(c["mfu"]),
+            pct(c["mfu"]),
             f"+{100 * (c['step_time_s'] / best - 1):.1f}%",
         )
     return table
@@ -248,8 +248,8 @@ def convergence_table(rows: Sequence[dict[str, Any]], steps: int, workers: int) 
         table.add_row(
             r["compressor"],
             "on" if r["error_feedback"] else "off",
-            _pct(r["test_accuracy"]),
-            _pct(r["accuracy_retained"]),
+            pct(r["test_accuracy"]),
+            pct(r["accuracy_retained"]),
             f"{r['test_loss']:.4f}",
             f"{r['final_train_loss']:.4f}",
             f"{r['wire_bytes_per_step']:,}",
@@ -295,8 +295,8 @@ def sizing_table(rows: Sequence[Any], front: Sequence[Any], pick: Any, title: st
             f"{t.get('time_to_train_s', 0) / 86400:.1f} d",
             f"{t.get('gpu_hours', 0):,.0f}",
             f"{t['cost']:,.0f}" if t.get("cost") is not None else "",
-            _pct(p.scaling_efficiency),
-            _pct(p.mfu),
+            pct(p.scaling_efficiency),
+            pct(p.mfu),
             mark,
         )
     return table
@@ -325,7 +325,7 @@ def _claim_figure(metric: str, value: float, ratio: bool) -> str:
     if metric.endswith("_s"):
         return fmt_time(value)
     if metric in PERCENT_METRICS:
-        return _pct(value)
+        return pct(value)
     return f"{value:.3g}"
 
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from commsim.collectives.alphabeta import ALGORITHMS
 from commsim.collectives.group import GroupCost
-from commsim.compression import Compressor, _as_compressor, parse_compressor
+from commsim.compression import Compressor, as_compressor, parse_compressor
 from commsim.scenario import Setup
 from commsim.specs import (
     GPUSpec,
@@ -18,7 +18,7 @@ from commsim.step.memory import (
     ParallelLayout,
     memory_per_gpu,
 )
-from commsim.step.prediction import Prediction, _prediction
+from commsim.step.prediction import Prediction, prediction
 from commsim.step.timeline import (
     DTYPE_BYTES,
     AllReduceTime,
@@ -142,7 +142,7 @@ def _metrics(setup: Setup, strategy: Strategy, report: StepReport) -> Prediction
         "codec_s": r.codec_s,
         "exposed_comm_s": r.exposed_comm_s,
     }
-    return _prediction(
+    return prediction(
         setup,
         strategy,
         r.step_time_s,
@@ -174,7 +174,7 @@ def encode_decode_seconds(
 ) -> tuple[float, float]:
     """GPU seconds to encode one bucket and decode the N workers' result: HBM bytes at the
     peak bandwidth, plus matmul FLOPs at the fp32 (TF32) tensor peak."""
-    c = _as_compressor(compressor)
+    c = as_compressor(compressor)
     enc_b, dec_b = c.hbm_bytes(n_elements, n_workers)
     if error_feedback:
         enc_b += EF_BYTES_PER_ELT * n_elements

@@ -16,7 +16,7 @@ from commsim.step.memory import (
 from commsim.step.parallel import ALGORITHMS as HYBRID_ALGORITHMS
 from commsim.step.parallel import NCCL_ALGORITHMS, HybridModel, Layouts
 from commsim.step.pipeline import pipeline_events
-from commsim.step.prediction import Prediction, _prediction
+from commsim.step.prediction import Prediction, prediction
 from commsim.step.timeline import (
     DTYPE_BYTES,
     Event,
@@ -125,7 +125,7 @@ def hybrid_prediction(
         first_layers=strategy.split_layers[0],
         last_layers=strategy.split_layers[1],
     )
-    return _prediction(
+    return prediction(
         setup,
         strategy,
         b["step"],

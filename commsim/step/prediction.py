@@ -93,7 +93,7 @@ class Prediction:
         )
 
 
-def _prediction(
+def prediction(
     setup: Setup,
     strategy: Strategy,
     step: float,

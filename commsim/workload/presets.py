@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from commsim.specs import ModelSpec, SpecError
 from commsim.workload.model import Layer, Workload
-from commsim.workload.transformer import _BERT, _GPT, _LLAMA, _Transformer, _transformer
+from commsim.workload.transformer import BERT, GPT, LLAMA, TransformerShape, transformer_layers
 
 # --- transformers ---------------------------------------------------------------------------
 
@@ -44,10 +44,10 @@ def _resnet50() -> Workload:
 
 # --- presets and building -------------------------------------------------------------------
 
-_TRANSFORMERS: dict[str, _Transformer] = {
+_TRANSFORMERS: dict[str, TransformerShape] = {
     # Radford et al. 2019 (GPT-2); HF gpt2-xl config.json: n_layer 48, n_embd 1600, n_head 25,
     # n_positions 1024, vocab 50257. 1,557,611,200 parameters.
-    "gpt2-xl": _Transformer(
+    "gpt2-xl": TransformerShape(
         layers=48,
         hidden=1600,
         heads=25,
@@ -56,11 +56,11 @@ _TRANSFORMERS: dict[str, _Transformer] = {
         gated_mlp=False,
         vocab=50257,
         context=1024,
-        style=_GPT,
+        style=GPT,
     ),
     # Brown et al. 2020 (arXiv:2005.14165) Table 2.1: 96 layers, d_model 12288, 96 heads,
     # context 2048; GPT-2's vocabulary and architecture. About 174.6B parameters.
-    "gpt3-175b": _Transformer(
+    "gpt3-175b": TransformerShape(
         layers=96,
         hidden=12288,
         heads=96,
@@ -69,12 +69,12 @@ _TRANSFORMERS: dict[str, _Transformer] = {
         gated_mlp=False,
         vocab=50257,
         context=2048,
-        style=_GPT,
+        style=GPT,
     ),
     # Touvron et al. 2023 (arXiv:2307.09288); HF meta-llama/Llama-2-7b-hf config.json:
     # hidden 4096, intermediate 11008 (SwiGLU), 32 layers, 32 heads, vocab 32000,
     # max_position_embeddings 4096 (rotary), untied lm_head. 6,738,415,616 parameters.
-    "llama2-7b": _Transformer(
+    "llama2-7b": TransformerShape(
         layers=32,
         hidden=4096,
         heads=32,
@@ -83,11 +83,11 @@ _TRANSFORMERS: dict[str, _Transformer] = {
         gated_mlp=True,
         vocab=32000,
         context=4096,
-        style=_LLAMA,
+        style=LLAMA,
     ),
     # HF meta-llama/Llama-2-70b-hf config.json: hidden 8192, intermediate 28672, 80 layers,
     # 64 heads, 8 key-value heads (GQA). 68,976,648,192 parameters.
-    "llama2-70b": _Transformer(
+    "llama2-70b": TransformerShape(
         layers=80,
         hidden=8192,
         heads=64,
@@ -96,14 +96,14 @@ _TRANSFORMERS: dict[str, _Transformer] = {
         gated_mlp=True,
         vocab=32000,
         context=4096,
-        style=_LLAMA,
+        style=LLAMA,
     ),
     # Jiang et al. 2024 (arXiv:2401.04088); HF mistralai/Mixtral-8x7B-v0.1 config.json: hidden
     # 4096, intermediate 14336 (SwiGLU), 32 layers, 32 heads, 8 kv heads, vocab 32000, 8 local
     # experts, 2 per token, context 32768 (run at 4096 by default), untied head, RMSNorm.
     # 46,702,792,704 parameters, 12,879,925,248 active. Mixtral trains dropless; the capacity
     # factor is GShard's / Switch's customary 1.25.
-    "mixtral-8x7b": _Transformer(
+    "mixtral-8x7b": TransformerShape(
         layers=32,
         hidden=4096,
         heads=32,
@@ -112,7 +112,7 @@ _TRANSFORMERS: dict[str, _Transformer] = {
         gated_mlp=True,
         vocab=32000,
         context=32768,
-        style=_LLAMA,
+        style=LLAMA,
         seq_len=4096,
         experts=8,
         top_k=2,
@@ -121,7 +121,7 @@ _TRANSFORMERS: dict[str, _Transformer] = {
     # Devlin et al. 2019 (arXiv:1810.04805): L=24, H=1024, A=16; HF bert-large-uncased
     # config.json: vocab 30522, max_position_embeddings 512, type_vocab_size 2. As
     # BertForPreTraining: 335,141,888 in BertModel + 1,084,220 in the pretraining heads.
-    "bert-large": _Transformer(
+    "bert-large": TransformerShape(
         layers=24,
         hidden=1024,
         heads=16,
@@ -130,7 +130,7 @@ _TRANSFORMERS: dict[str, _Transformer] = {
         gated_mlp=False,
         vocab=30522,
         context=512,
-        style=_BERT,
+        style=BERT,
     ),
 }
 MODEL_NAMES: tuple[str, ...] = (*_TRANSFORMERS, "resnet50")
@@ -161,7 +161,7 @@ def build_workload(
     if model.kind == "resnet" or not model.model_fields_set - {"name", "kind", "seq_len"}:
         return _preset(model.name, seq_len or model.seq_len, source)
     config = _from_spec(model, seq_len, source)
-    return _transformer(config, model.name, _run_length(config, seq_len, source))
+    return transformer_layers(config, model.name, _run_length(config, seq_len, source))
 
 
 def _preset(name: str, seq_len: int | None, source: str) -> Workload:
@@ -172,10 +172,10 @@ def _preset(name: str, seq_len: int | None, source: str) -> Workload:
         known = ", ".join(MODEL_NAMES)
         raise SpecError(source, "model", f"unknown model {name!r} (known: {known})")
     config = _TRANSFORMERS[key]
-    return _transformer(config, key, _run_length(config, seq_len, source))
+    return transformer_layers(config, key, _run_length(config, seq_len, source))
 
 
-def _run_length(config: _Transformer, seq_len: int | None, source: str) -> int:
+def _run_length(config: TransformerShape, seq_len: int | None, source: str) -> int:
     """The run's sequence length: the override or the model's context, within learned positions."""
     s = seq_len or config.seq_len or config.context
     if config.style.learned_positions and s > config.context:
@@ -185,7 +185,7 @@ def _run_length(config: _Transformer, seq_len: int | None, source: str) -> int:
     return s
 
 
-def _from_spec(m: ModelSpec, seq_len: int | None, source: str) -> _Transformer:
+def _from_spec(m: ModelSpec, seq_len: int | None, source: str) -> TransformerShape:
     """Check an explicit transformer ModelSpec and fill its defaults."""
     for field in ("layers", "hidden", "heads", "vocab"):
         if getattr(m, field) is None:
@@ -201,11 +201,11 @@ def _from_spec(m: ModelSpec, seq_len: int | None, source: str) -> _Transformer:
     if m.gated_mlp and m.ffn_hidden is None:
         raise SpecError(source, "model.ffn_hidden", "required with gated_mlp (no standard width)")
     ffn = m.ffn_hidden or 4 * m.hidden
-    style = _LLAMA if m.gated_mlp else _GPT
+    style = LLAMA if m.gated_mlp else GPT
     experts = m.experts or 1
     if experts > 1 and m.top_k > experts:
         raise SpecError(source, "model.top_k", f"{m.top_k} exceeds the {experts} experts")
-    return _Transformer(
+    return TransformerShape(
         m.layers,
         m.hidden,
         m.heads,

@@ -9,7 +9,7 @@ from commsim.workload.model import Layer, Workload
 
 
 @dataclass(frozen=True)
-class _Style:
+class Style:
     """What a transformer family adds around its matmuls, and its parameters' registration order."""
 
     # block tensor order of HF GPT2Block, LlamaDecoderLayer or BertLayer; "bert" also means token
@@ -21,18 +21,18 @@ class _Style:
     tied_head: bool  # the LM head reuses the token-embedding matrix
 
 
-_GPT = _Style(layout="gpt", bias=True, norm=2, learned_positions=True, tied_head=True)
+GPT = Style(layout="gpt", bias=True, norm=2, learned_positions=True, tied_head=True)
 
 
-_LLAMA = _Style(layout="llama", bias=False, norm=1, learned_positions=False, tied_head=False)
+LLAMA = Style(layout="llama", bias=False, norm=1, learned_positions=False, tied_head=False)
 
 
-_BERT = _Style(layout="bert", bias=True, norm=2, learned_positions=True, tied_head=True)
+BERT = Style(layout="bert", bias=True, norm=2, learned_positions=True, tied_head=True)
 
 
 @dataclass(frozen=True)
-class _Transformer:
-    """A transformer's shape; `_transformer` turns it into layers."""
+class TransformerShape:
+    """A transformer's shape; `transformer_layers` turns it into layers."""
 
     layers: int
     hidden: int
@@ -42,14 +42,14 @@ class _Transformer:
     gated_mlp: bool
     vocab: int
     context: int  # the model's context length (size of a learned position table)
-    style: _Style
+    style: Style
     experts: int = 1  # > 1: every block's MLP is that many experts behind a router
     top_k: int = 1
     capacity_factor: float = 1.0
     seq_len: int | None = None  # the default run length when shorter than the context
 
 
-def _transformer(c: _Transformer, name: str, seq_len: int) -> Workload:
+def transformer_layers(c: TransformerShape, name: str, seq_len: int) -> Workload:
     """Layer list of a transformer run on sequences of `seq_len` tokens, tensors as HF registers.
 
     Block forward FLOPs = 2*s*(matmul params) + 4*s^2*h: the QK^T and AV products over the
