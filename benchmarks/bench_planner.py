@@ -15,8 +15,7 @@ import numpy as np
 
 from commsim.planner.search import enumerate_layouts, search
 from commsim.scenario import load_scenario, resolve
-from commsim.step.hybrid import hybrid_model
-from commsim.step.parallel import Layouts
+from commsim.step.predict import step_model
 
 SWEEP = [
     "plan",
@@ -52,17 +51,19 @@ def layouts_per_second(gpus: int, cluster: str) -> None:
         },
     )
     setup = resolve(scenario, source, check=False)
-    model = hybrid_model(setup, scenario.strategy)
+    model = step_model(setup)
     layouts = enumerate_layouts(setup)
     t0 = time.perf_counter()
-    search(setup, model, layouts)  # cold: every distinct group priced on the graph
+    found = search(model, layouts)  # cold: every distinct group priced on the graph
     cold = time.perf_counter() - t0
-    big = Layouts(*(np.tile(getattr(layouts, f), 20) for f in Layouts.__dataclass_fields__))
+    model.evaluate(layouts)  # the layouts that do not fit too: search skips them
+    big = layouts.take(np.tile(np.arange(len(layouts)), 20))
     t0 = time.perf_counter()
     model.evaluate(big)  # warm: group costs cached, the vectorised arithmetic alone
     warm = time.perf_counter() - t0
     print(
-        f"{cluster} {gpus:>6} GPUs: {len(layouts):>6} layouts, cold {cold:6.2f} s "
+        f"{cluster} {gpus:>6} GPUs: {len(layouts):>6} layouts ({len(found.fitting)} fit), "
+        f"cold {cold:6.2f} s "
         f"({len(layouts) / cold:>9,.0f}/s), warm {len(big):>7} layouts in {warm:.3f} s "
         f"({len(big) / warm:>11,.0f}/s)"
     )
@@ -72,7 +73,9 @@ def main() -> None:
     for gpus in (1024, 16384):
         layouts_per_second(gpus, "dgx-h100-ib")
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "commsim.cli", *SWEEP], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "commsim.cli.app", *SWEEP], check=True, capture_output=True
+    )
     print(f"sizing sweep (14 points, 2 fabrics): {time.perf_counter() - t0:.1f} s wall")
 
 

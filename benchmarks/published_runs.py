@@ -2,7 +2,7 @@
 
 Each run of benchmarks/published_runs.yaml (a paper's model, GPU count, cluster, batch and
 parallel layout, and the achieved throughput it reports) becomes a commsim Scenario; the
-hybrid step model (commsim.step.parallel, through commsim.step.predict) predicts its step, and the
+step model (commsim.step.model, through commsim.step.predict) predicts its step, and the
 table sets the prediction beside the reported figure, like for like:
 
   counts: hardware  the paper's TFLOP/s per GPU count the recomputed forward (Megatron's

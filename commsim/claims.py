@@ -22,10 +22,9 @@ from commsim import catalog
 from commsim.compression import parse_compressor
 from commsim.scenario import Setup, resolve, with_overrides
 from commsim.specs import Check, Claim, SpecError, read_yaml
-from commsim.step.ddp import bucket_sync_time, gradient_sync_cost
-from commsim.step.predict import predict
+from commsim.step.layouts import DTYPE_BYTES
+from commsim.step.predict import predict, step_model, strategy_layouts
 from commsim.step.prediction import Prediction
-from commsim.step.timeline import DTYPE_BYTES
 from commsim.whatif import metric
 
 SEED_DIR = catalog.SCENARIO_DIR / "seeds"
@@ -157,8 +156,11 @@ def _metric(
         if not strategy.data_parallel_only:
             raise SpecError(source, where, f"{check.metric} is defined for data parallelism")
         size = check.bytes or gradient
-        cost = gradient_sync_cost(setup, strategy)
-        seconds = float(bucket_sync_time(setup, strategy, cost)(np.array([size]))[0])
+        layouts = strategy_layouts(setup, [strategy])
+        costs = step_model(setup).bucket_costs(
+            layouts.row(0), np.array([size]), np.array([False]), int(layouts.grad_bytes[0])
+        )
+        seconds = float(costs.network[0])
         if check.metric == "sync_s":
             return seconds
         n = setup.n_gpus

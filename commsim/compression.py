@@ -33,7 +33,7 @@ INT8_CHUNK = 2048  # elements per fp32 scale: the block size of Dettmers et al. 
 SECTOR = 32  # bytes: the DRAM access granularity of NVIDIA GPUs (CUDA Best Practices Guide,
 # "Coalesced access to global memory": accesses are serviced in 32-byte sectors)
 RADIX_PASSES = 4  # torch.topk on large slices (mbtopk in aten/.../TensorTopK.cu): RADIX_BITS = 8,
-# the local decode happens in registers, fused)
+# so 32-bit keys take 4 digit-histogram passes over the input
 
 Payload = Any  # each compressor's own tuple of numpy arrays; see compress()
 

@@ -130,6 +130,13 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
         )
     if strategy.data_parallel_only:
         return
+    if strategy.compression != "none":
+        raise SpecError(
+            src,
+            "strategy.compression",
+            "a DDP comm hook compresses plain data parallelism only (tp = pp = ep = 1, "
+            "zero 0, no recomputation)",
+        )
     if w.heads is None:
         raise SpecError(
             src,

@@ -156,6 +156,7 @@ def _compressor(spelling: str) -> str:
 Compression = Annotated[str, AfterValidator(_compressor)]
 Algorithm = Literal["auto", "nccl", "ring", "tree", "rhd", "ps", "hierarchical"]
 Placement = Literal["blocked", "interleaved", "topology-aware"]
+GradDtype = Literal["fp32", "fp16", "bf16"]
 
 
 class Strategy(Spec):
@@ -180,7 +181,7 @@ class Strategy(Spec):
     bucket_mb: float = Field(default=25.0, gt=0)  # DDP bucket_cap_mb (MiB)
     first_bucket_mb: float = Field(default=1.0, gt=0)  # DDP's small first bucket (MiB)
     overlap: bool = True
-    grad_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"  # DDP all-reduces fp32 grads by default
+    grad_dtype: GradDtype = "fp32"  # DDP all-reduces fp32 grads by default
     ps_shards: int = Field(default=1, ge=1)
     compression: Compression = "none"  # what a DDP comm hook does to each bucket
     error_feedback: bool = False  # keep what compression dropped and add it next step

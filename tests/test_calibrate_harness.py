@@ -130,7 +130,7 @@ def test_local_run_then_fit_and_validate(tmp_path):
     assert [d["bucket_mb"] for d in ddp] == [0.05, 1.0]
     # DDP's own buckets match commsim's model of them
     from commsim.calibrate.validate import harness_workload
-    from commsim.step.timeline import MIB, assign_buckets
+    from commsim.step.buckets import MIB, assign_buckets
 
     workload = harness_workload(read_results(out).runs[meta["run"]].model)
     for d in ddp:

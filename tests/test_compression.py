@@ -19,7 +19,7 @@ from commsim.compression import (
     parse_compressor,
     synthetic_gradients,
 )
-from commsim.step.ddp import encode_decode_seconds
+from commsim.step.sync import encode_decode_seconds
 
 ALL = [
     "none",

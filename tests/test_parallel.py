@@ -15,9 +15,10 @@ from commsim.collectives.group import GroupCost
 from commsim.planner.search import enumerate_layouts
 from commsim.scenario import load_scenario, resolve
 from commsim.specs import ModelSpec
-from commsim.step.memory import stage_layers
-from commsim.step.parallel import HybridModel, Layouts, Shape, balanced_ends
+from commsim.step.layouts import GRAD_DTYPES, Layouts
+from commsim.step.model import StepModel
 from commsim.step.predict import predict
+from commsim.step.shape import Shape, balanced_ends, stage_layers
 from commsim.workload.presets import build_workload
 
 # A small GPT: 8 layers, h = 512, 8 heads, sequence 256, vocabulary 1000.
@@ -35,29 +36,13 @@ def _model(nodes=4, gpn=8, n=32, batch=64, **cluster):
         switch_latency="0s",
         **cluster,
     )
-    return HybridModel(build_workload(MODEL), c, GPU, n, batch, efficiency=0.5, grad_bytes=2)
+    return StepModel(build_workload(MODEL), c, GPU, n, batch, efficiency=0.5)
 
 
 def _layout(**kw):
-    base = dict(
-        dp=32,
-        tp=1,
-        pp=1,
-        ep=1,
-        micro_batch=1,
-        micro_batches=2,
-        zero=0,
-        recompute=0,
-        interleave=1,
-        bucket_mb=1e6,
-        overlap=False,
-        algorithm=0,
-        placement=0,
-        first_layers=-1,
-        last_layers=-1,
-    )
-    base.update(kw)
-    return Layouts(**{k: np.atleast_1d(np.array(v)) for k, v in base.items()})
+    """One layout of bf16 gradients in one bucket (both caps huge), overlap off, ring."""
+    base = dict(dp=32, micro_batches=2, bucket_mb=1e6, first_bucket_mb=1e6, overlap=False)
+    return Layouts.build(**base | {"grad_dtype": GRAD_DTYPES.index("bf16")} | kw)
 
 
 def test_ddp_sends_twice_the_gradient_bytes_through_a_ring():
@@ -68,6 +53,7 @@ def test_ddp_sends_twice_the_gradient_bytes_through_a_ring():
     # 2 (N-1)/N bytes per byte at the ring's bus bandwidth: check against GroupCost directly
     a, slope = GroupCost(hm.cluster, np.arange(32)).affine("all-reduce", "ring")
     assert b["dp_comm"] == pytest.approx(a + slope * grads)
+    assert b["dp_exposed"] == pytest.approx(b["dp_comm"])  # overlap off: after the backward
     # 8 NICs x 25 GB/s per node: bus bandwidth 200 GB/s, so slope = 2 (31/32) / 200e9
     assert slope == pytest.approx(2 * 31 / 32 / 200e9, rel=1e-6)
 
@@ -169,7 +155,7 @@ def _moe(cluster=None, n=32):
     c = cluster or make_cluster(
         nodes=4, gpus_per_node=8, nics=8, nic_bw="200Gbps", link_latency="0s", switch_latency="0s"
     )
-    return HybridModel(build_workload(MOE), c, GPU, n, 64, efficiency=0.5, grad_bytes=2)
+    return StepModel(build_workload(MOE), c, GPU, n, 64, efficiency=0.5)
 
 
 def test_four_all_to_alls_per_moe_layer_per_micro_batch():
@@ -327,13 +313,16 @@ def test_search_offers_the_balanced_split_where_layers_do_not_divide():
     assert json.loads(result.output)["strategy"]["first_stage_layers"] == first
 
 
-def test_predict_runs_auto_and_nccl_as_the_faster_of_ring_and_tree():
+def test_auto_takes_the_fastest_algorithm_of_every_collective():
+    # auto picks, for every collective and size, the fastest algorithm its group can run:
+    # never slower than any one algorithm for all of them; nccl picks as NCCL's tuner does
     kw = {"model": "gpt3-175b", "cluster": "dgx-a100-ib", "gpus": 256, "global_batch": 512}
     kw |= {"seq_len": 2048, "tp": 8, "pp": 8, "recompute": "full"}
     steps = {}
-    for alg in ("ring", "tree", "auto", "nccl"):
+    for alg in ("ring", "tree", "rhd", "auto", "nccl"):
         sc, src = load_scenario(None, kw | {"algorithm": alg})
         p = predict(resolve(sc, src))
-        steps[alg] = (p.step_time_s, p.strategy.algorithm)
-    fastest = min(("ring", "tree"), key=lambda a: steps[a][0])
-    assert steps["auto"] == steps["nccl"] == (steps[fastest][0], fastest)
+        assert p.strategy.algorithm == alg
+        steps[alg] = p.step_time_s
+    assert steps["auto"] <= min(steps["ring"], steps["tree"], steps["rhd"]) * (1 + 1e-12)
+    assert steps["auto"] <= steps["nccl"] <= max(steps["ring"], steps["tree"]) * (1 + 1e-12)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import pytest
 from conftest import make_cluster
 
 from commsim import catalog
 from commsim.report.plots import plot_pipeline
 from commsim.specs import ModelSpec
-from commsim.step.parallel import HybridModel, Layouts
+from commsim.step.layouts import Layouts
+from commsim.step.model import StepModel
 from commsim.step.pipeline import (
     chunk_times,
     event_kind,
@@ -236,11 +236,8 @@ def test_against_the_hybrid_model():
     # sends the end stages do not make
     spec = ModelSpec(name="toy", layers=8, hidden=512, heads=8, vocab=1000, seq_len=256)
     cluster = make_cluster(nodes=4, gpus_per_node=8, nics=8, nic_bw="200Gbps")
-    hm = HybridModel(build_workload(spec), cluster, catalog.GPUS["a100-80gb"], 32, 64, 0.5)
-    row = dict(dp=8, tp=1, pp=4, ep=1, micro_batch=1, micro_batches=8, zero=1, recompute=0)
-    row |= dict(interleave=1, bucket_mb=25.0, overlap=True, algorithm=0, placement=0)
-    row |= dict(first_layers=-1, last_layers=-1)
-    layouts = Layouts(**{k: np.atleast_1d(np.array(v)) for k, v in row.items()})
+    hm = StepModel(build_workload(spec), cluster, catalog.GPUS["a100-80gb"], 32, 64, 0.5)
+    layouts = Layouts.build(dp=8, pp=4, micro_batches=8, zero=1)
     parts = hm.evaluate(layouts).row(0)
     events = pipeline_events(layouts.row(0), parts)
     send = parts["pp_comm"] / (2 * 8)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from commsim.planner.ddp import COMPRESSIONS, plan, strategies
+from commsim.planner.plan import plan
 from commsim.scenario import load_scenario, resolve
 from commsim.specs import SpecError
 from commsim.step.predict import predict
@@ -51,15 +51,24 @@ def test_batch_must_divide():
         _setup(global_batch=100)
 
 
+# plain data parallelism at the scenario's micro-batch: what DDP users tune
+DDP_ONLY = {"tp", "pp", "ep", "zero", "recompute", "interleave", "micro_batch"}
+
+
+def _plan(setup, **pins):
+    """plan() of plain DDP with `pins` held (the other DDP dimensions searched)."""
+    base = setup.scenario.strategy.model_copy(update=pins)
+    return plan(setup, base, DDP_ONLY | set(pins))
+
+
 def test_plan_ranks_and_drops_duplicate_orders():
     setup = _setup()
-    cands = strategies(setup.scenario.strategy, bucket_mb=(25.0,))
-    result = plan(setup, cands)
+    result = _plan(setup, bucket_mb=25.0, compression="none")
     times = [p.step_time_s for p in result.ranked]
     assert times == sorted(times)
-    # topology-aware equals blocked on a packed allocation: its rows are left out, noted
+    # topology-aware equals blocked on a packed allocation: it is not searched, and noted
     assert {p.strategy.placement for p in result.ranked} == {"blocked", "interleaved"}
-    assert result.skipped == len(cands) - len(result.ranked) == 5 * 2
+    assert result.searched == len(result.ranked) == 5 * 2 * 2  # algorithms, placements, overlap
     assert any("topology-aware" in n for n in result.notes)
     # the blocked ring beats the interleaved ring on every setting
     ring = {
@@ -72,11 +81,10 @@ def test_plan_ranks_and_drops_duplicate_orders():
 
 def test_plan_leaves_out_whole_node_algorithms_on_partial_nodes():
     setup = _setup(gpus=20, global_batch=40)
-    result = plan(
-        setup,
-        strategies(setup.scenario.strategy, bucket_mb=(25.0,), placements=("blocked",)),
-    )
+    result = _plan(setup, bucket_mb=25.0, placement="blocked", compression="none")
     assert {p.strategy.algorithm for p in result.ranked} == {"ring", "rhd", "ps"}
+    assert result.skipped == 2 * 2  # tree and hierarchical, overlap on and off
+    assert any("whole nodes" in n for n in result.notes)
 
 
 @pytest.mark.parametrize(
@@ -93,17 +101,11 @@ def test_planner_compresses_on_a_slow_fabric_not_on_nvlink(cluster, gpus, expect
         global_batch=8 * gpus,
         micro_batch=8,
     )
-    cands = strategies(
-        setup.scenario.strategy,
-        algorithms=("ring",),
-        bucket_mb=(25.0,),
-        placements=("blocked",),
-        compressions=COMPRESSIONS,
-    )
-    best = plan(setup, cands).ranked[0]
+    result = _plan(setup, algorithm="ring", bucket_mb=25.0, placement="blocked")
+    best = result.ranked[0]
     assert (best.strategy.compression != "none") == expect_compression
     if not expect_compression:  # on NVLink every codec costs more GPU time than it saves
-        slower = [p for p in plan(setup, cands).ranked if p.strategy.overlap][1:]
+        slower = [p for p in result.ranked if p.strategy.overlap][1:]
         assert all(p.parts["codec_s"] > 0 for p in slower)
 
 
@@ -124,6 +126,6 @@ def test_compression_codec_counts_as_communication():
 
 def test_plan_drops_what_does_not_fit_and_says_why():
     setup = _setup(micro_batch=4)  # GPT-2 XL, 4 x 1024 tokens of activations: over 40 GB
-    result = plan(setup, strategies(setup.scenario.strategy, bucket_mb=(25.0,)))
-    assert result.ranked == [] and result.skipped == 5 * 2 * 3
+    result = _plan(setup, bucket_mb=25.0, compression="none")
+    assert result.ranked == [] and result.skipped == result.searched == 5 * 2 * 2
     assert any("do not fit in GPU memory" in n and "activations" in n for n in result.notes)

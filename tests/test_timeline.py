@@ -4,17 +4,46 @@ import numpy as np
 import pytest
 
 from commsim.catalog import gpu
-from commsim.planner.ddp import BUCKET_MB
+from commsim.planner.search import DDP_BUCKETS_MB
 from commsim.specs import Strategy
-from commsim.step.timeline import (
-    MIB,
-    adam_step_time,
-    assign_buckets,
-    schedule_streams,
-    simulate_step,
-)
+from commsim.step.buckets import MIB, assign_buckets, stage_buckets
+from commsim.step.layouts import DTYPE_BYTES
+from commsim.step.predict import ddp_timeline
+from commsim.step.sync import BucketCosts
+from commsim.step.timeline import adam_step_time, schedule_streams
 from commsim.workload.model import layer_times
 from commsim.workload.presets import build_workload
+
+
+def simulate_step(w, gpu_, strategy, sync, efficiency=0.5):
+    """One DDP step of `w` by the step model's bucket rule and DDP timeline, network seconds
+    of each bucket from `sync` (bucket bytes -> seconds)."""
+    g = DTYPE_BYTES[strategy.grad_dtype]
+    forward, backward = layer_times(w, gpu_, efficiency, 1)
+    plan = stage_buckets(
+        w,
+        "only",
+        0,
+        1,
+        1,
+        g,
+        strategy.bucket_mb * MIB,
+        strategy.first_bucket_mb * MIB,
+        tuple(backward.tolist()),
+    )
+    none = np.zeros(len(plan))
+    costs = BucketCosts(np.asarray(sync(plan.bytes), dtype=float), none, none)
+    return ddp_timeline(
+        w,
+        forward,
+        backward,
+        plan,
+        costs,
+        g,
+        overlap=strategy.overlap,
+        accum_steps=1,
+        optimizer_s=adam_step_time(w.params, gpu_, g),
+    )
 
 
 def zero_cost(sizes):
@@ -246,7 +275,7 @@ def test_bucket_cap_changes_gpt2_xl_buckets():
     w, a100 = build_workload("gpt2-xl"), gpu("a100")
     counts = {
         mb: len(simulate_step(w, a100, Strategy(bucket_mb=mb), zero_cost, efficiency=0.5).buckets)
-        for mb in BUCKET_MB
+        for mb in DDP_BUCKETS_MB
     }
     # 1 MiB: each of a block's 4 weight matrices (>= 9.8 MiB) closes a bucket, then wpe, wte:
     # 48 * 4 + 2. 25 MiB: 3 a block (c_proj joins c_attn, as above), then the embedding.

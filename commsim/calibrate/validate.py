@@ -23,8 +23,10 @@ from commsim.calibrate.records import DDPRecord, ModelRecord, Results
 from commsim.compression import parse_compressor
 from commsim.profile import Profile, apply_profile
 from commsim.specs import ClusterSpec, GPUSpec, SpecError
-from commsim.step.ddp import encode_decode_seconds
-from commsim.step.timeline import MIB, StepReport, assign_buckets, schedule_streams
+from commsim.step.buckets import MIB, stage_buckets
+from commsim.step.predict import ddp_timeline
+from commsim.step.sync import BucketCosts, allreduce_costs, compressed_costs
+from commsim.step.timeline import StepReport
 from commsim.topology.build import build_cluster
 from commsim.workload.model import Layer, Workload
 
@@ -108,53 +110,67 @@ def codec_gpu(spec: ClusterSpec, profile: Profile | None) -> GPUSpec:
 def predict_ddp(
     group: GroupModel, model: ModelRecord, ddp: DDPRecord, algorithm: str, gpu: GPUSpec
 ) -> StepReport:
-    """The predicted data-parallel step of the harness model for one bucket size and comm hook.
+    """The predicted data-parallel step of the harness model for one bucket size and comm hook,
+    by the step model's own DDP timeline (step.predict.ddp_timeline) and bucket rule.
 
     Per-layer forward and backward times are the harness's measured ones scaled so they
-    sum to the measured compute alone (minus the optimizer); each bucket runs its hook's
-    collectives (plain: one all-reduce) in `algorithm` on the group's GPUs, plus the hook's
-    encode/decode priced on `gpu`; the optimizer runs after the last exchange."""
+    sum to the measured compute alone (minus the optimizer); they also set when each bucket
+    is ready. Each bucket runs its hook's collectives (plain: one all-reduce) in `algorithm`
+    on the group's GPUs, plus the hook's encode/decode priced on `gpu`; the optimizer runs
+    after the last exchange."""
     workload = harness_workload(model)
     fwd = np.array([x.forward_s for x in model.layers])
     bwd = np.array([x.backward_s for x in model.layers])
     scale = max(ddp.compute_s - ddp.optimizer_s, 0.0) / float(fwd.sum() + bwd.sum())
-    elt = float(DTYPE_BYTES.get(model.dtype, 4))
-    tensor_bytes = workload.tensor_params * elt
-    buckets = assign_buckets(tensor_bytes, ddp.bucket_mb * MIB, ddp.first_bucket_mb * MIB)
+    elt = int(DTYPE_BYTES.get(model.dtype, 4))
+    buckets = stage_buckets(
+        workload,
+        "only",
+        0,
+        1,
+        1,
+        elt,
+        ddp.bucket_mb * MIB,
+        ddp.first_bucket_mb * MIB,
+        tuple(bwd.tolist()),
+    )
     n = len(group.gpus)
-    compressor = parse_compressor(ddp.compression)
-    hooked = ddp.compression != "none" and n > 1
 
-    shapes = [list(s) for x in model.layers for s in (x.shapes or [])]
+    def price(op, alg, sizes, expert):
+        return np.array([group.time(op, alg, s) for s in sizes])
 
-    def sync(sizes: np.ndarray) -> np.ndarray:
-        if not hooked:
-            return np.array([group.time("all-reduce", algorithm, s) for s in sizes])
-        if len(shapes) == len(tensor_bytes):  # the hook sees the bucket's tensors
-            plans = [compressor.tensor_collectives([shapes[i] for i in b], n) for b in buckets]
-        else:  # an older file without shapes: the bucket as one flat vector
-            plans = [compressor.collectives(int(s / elt), n) for s in sizes]
-        return np.array([sum(group.time(op, algorithm, s) for op, s in p) for p in plans])
-
-    def codec(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        pairs = [
-            encode_decode_seconds(compressor, int(s / elt), gpu, n, ddp.error_feedback)
-            for s in sizes
-        ]
-        enc, dec = np.array(pairs, dtype=float).reshape(-1, 2).T
-        return enc, dec
-
-    return schedule_streams(
+    if ddp.compression == "none" or n == 1:
+        network = allreduce_costs(price, algorithm, buckets.bytes, buckets.expert, 0, elt)
+        costs = BucketCosts(network, np.zeros(len(buckets)), np.zeros(len(buckets)))
+    else:
+        compressor = parse_compressor(ddp.compression)
+        shapes = [list(s) for x in model.layers for s in (x.shapes or [])]
+        per_tensor = None
+        if len(shapes) == workload.tensor_params.size:  # the hook sees the bucket's tensors
+            per_tensor = [
+                compressor.tensor_collectives([shapes[i] for i in b], n) for b in buckets.tensors
+            ]
+        costs = compressed_costs(
+            price,
+            algorithm,
+            lambda op: (algorithm,),
+            compressor,
+            buckets.bytes / elt,
+            n,
+            gpu,
+            ddp.error_feedback,
+            per_tensor,
+        )
+    return ddp_timeline(
+        workload,
         fwd * scale,
         bwd * scale,
-        tensor_bytes,
         buckets,
-        sync,
-        tensor_layer=workload.tensor_layer,
+        costs,
+        elt,
         overlap=ddp.overlap,
+        accum_steps=1,
         optimizer_s=ddp.optimizer_s,
-        names=[layer.name for layer in workload.layers],
-        codec_time=codec if hooked else None,
     )
 
 

@@ -17,8 +17,7 @@ from commsim.cli.calibrate import calibrate_app
 from commsim.cli.testbed import testbed_app
 from commsim.collectives.alphabeta import ALGORITHMS, bus_factor
 from commsim.collectives.group import GroupCost
-from commsim.planner.ddp import bandwidth_sweep
-from commsim.planner.hybrid import plan_all
+from commsim.planner.plan import plan
 from commsim.planner.sizing import (
     OBJECTIVES,
     objective_value,
@@ -26,6 +25,7 @@ from commsim.planner.sizing import (
     pick_size,
     size_clusters,
 )
+from commsim.planner.sweep import bandwidth_sweep
 from commsim.profile import apply_profile, load_profile
 from commsim.report import labels, plots, tables, terminal
 from commsim.scenario import Setup, load_scenario, resolve
@@ -345,7 +345,9 @@ def plan_cmd(
         if micro_batch is not None:
             pinned.add("micro_batch")
         with _progress(1, "planning") as bar:
-            result = plan_all(setup, base, pinned, on_progress=lambda: bar.advance(0))
+            result = plan(
+                setup, base, pinned, on_progress=lambda n, of: bar.update(0, completed=n, total=of)
+            )
         sweep = None
         if plot and result.ranked and result.ranked[0].strategy.data_parallel_only:
             sweep = bandwidth_sweep(setup, result.ranked[0].strategy)
@@ -381,8 +383,8 @@ def plan_cmd(
     terminal.console.print(
         tables.plan_table(
             f"{s.name}: {setup.workload.name}, {s.gpus} GPUs of {setup.cluster.spec.name}, "
-            f"global batch {s.global_batch}: {len(docs)} strategies ranked "
-            f"({result.skipped} left out)",
+            f"global batch {s.global_batch}: {result.searched - result.skipped} of "
+            f"{result.searched} layouts ranked",
             docs,
             top,
         )

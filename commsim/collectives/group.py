@@ -18,6 +18,10 @@ from commsim.collectives.nccl import nccl_like_choice
 from commsim.collectives.schedule import graph_time
 from commsim.topology.build import Cluster
 
+# (op, algorithm) whose schedules are pipelined: their chunk count, so their time's shape,
+# changes with the size (alphabeta.pipeline_chunks)
+PIPELINED = {("all-reduce", "tree"), ("broadcast", "ring")}
+
 
 def _ranks_per_node(cluster: Cluster, gpus: np.ndarray) -> int:
     """g when the ranks come in runs of g consecutive ranks on one node each (the last run
@@ -69,16 +73,25 @@ class GroupCost:
         whole_nodes = self.n % self.gpus_per_node == 0
         return tuple(a for a in ALGORITHMS[op] if whole_nodes or a not in ("tree", "hierarchical"))
 
-    def _interpolated(self, op: str, algorithm: str, size: float) -> float:
-        """Graph time at `size` from the powers of two around it (exact at a power of two)."""
-        if size <= 1.0:
-            return self._graph_time(op, algorithm, size)
-        lo = 2.0 ** np.floor(np.log2(size))
-        t_lo = self._graph_time(op, algorithm, lo)
-        if size == lo:
-            return t_lo
-        t_hi = self._graph_time(op, algorithm, 2 * lo)
-        return t_lo + (t_hi - t_lo) * (size - lo) / lo
+    def _times(self, op: str, algorithm: str, sizes: np.ndarray) -> np.ndarray:
+        """Graph time of one algorithm at each size. Unpipelined schedules are affine in the
+        size (see the module docstring): two cached graph evaluations give every size. A
+        pipelined one (tree, ring broadcast) is interpolated between the powers of two
+        around each size (exact at a power of two), each evaluated once and cached."""
+        if (op, algorithm) not in PIPELINED:
+            intercept, slope = self.affine(op, algorithm)
+            return intercept + slope * sizes
+        out = np.empty(sizes.shape)
+        tiny = sizes <= 1.0
+        for i in np.nonzero(tiny)[0]:
+            out[i] = self._graph_time(op, algorithm, sizes[i])
+        big = sizes[~tiny]
+        lo = 2.0 ** np.floor(np.log2(big))
+        points = np.unique(np.concatenate([lo, 2 * lo]))
+        at = np.array([self._graph_time(op, algorithm, float(x)) for x in points])
+        t_lo, t_hi = at[np.searchsorted(points, lo)], at[np.searchsorted(points, 2 * lo)]
+        out[~tiny] = t_lo + (t_hi - t_lo) * (big - lo) / lo
+        return out
 
     def nccl_choice(self, op: str, sizes: np.ndarray) -> list[str]:
         """The algorithm NCCL runs for each size: for all-reduce on whole nodes its tuner's
@@ -105,12 +118,15 @@ class GroupCost:
         'nccl' what NCCL's tuner would pick)."""
         sizes = np.atleast_1d(np.asarray(sizes, dtype=float))
         if algorithm == "nccl":
-            names = self.nccl_choice(op, sizes)
-            times = [self._interpolated(op, a, s) for a, s in zip(names, sizes, strict=True)]
-            return np.array(times), names
+            names = np.array(self.nccl_choice(op, sizes))
+            times = np.empty(sizes.shape)
+            for name in np.unique(names):
+                mine = names == name
+                times[mine] = self._times(op, str(name), sizes[mine])
+            return times, names.tolist()
         candidates = self.algorithms(op) if algorithm == "auto" else (algorithm,)
         check_algorithm(op, candidates[0])
-        table = np.array([[self._interpolated(op, a, s) for s in sizes] for a in candidates])
+        table = np.array([self._times(op, a, sizes) for a in candidates])
         best = np.argmin(table, axis=0)
         return table[best, np.arange(sizes.size)], [candidates[i] for i in best]
 

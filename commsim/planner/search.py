@@ -1,10 +1,13 @@
-"""Enumerate data x tensor x pipeline layouts of a transformer and price them all at once.
+"""Enumerate every layout a model and batch allow and price them all at once.
 
-Every combination of tensor-parallel degree (inside a node unless pinned higher), pipeline
-stages, expert-parallel degree (MoE models only), micro-batch size, ZeRO stage,
-recomputation, interleaving, gradient bucket, algorithm, placement and overlap that the
-model and batch allow becomes one entry of numpy arrays; commsim.step.parallel prices them in
-one pass, memory drops what does not fit.
+Model-parallel shapes (tensor-parallel degree inside a node unless pinned higher, pipeline
+stages and their split, expert parallelism for MoE models, micro-batch, interleaving) times
+how the step is run: ZeRO stage and recomputation, and the data-parallel sync (bucket,
+algorithm, placement, overlap, and for plain data parallelism a DDP comm hook's
+compression). Plain data parallelism is searched in more detail (every bucket cap,
+algorithm, placement and compressor), the way a DDP user tunes it; model-parallel layouts
+with NCCL's two all-reduces and two bucket caps. Memory drops what does not fit before the
+step model (step.model) prices the rest in one pass.
 """
 
 from __future__ import annotations
@@ -15,128 +18,212 @@ from typing import Any
 
 import numpy as np
 
+from commsim.collectives.alphabeta import ALGORITHMS as OP_ALGORITHMS
 from commsim.scenario import Setup
+from commsim.specs import Strategy
+from commsim.step.layouts import ALGORITHMS, GRAD_DTYPES, Layouts
 from commsim.step.memory import RECOMPUTE
-from commsim.step.parallel import (
-    ALGORITHMS,
-    NCCL_ALGORITHMS,
-    HybridModel,
-    Layouts,
-    Shape,
-    StepBreakdown,
-    balanced_ends,
-)
-from commsim.topology.placement import PLACEMENT_KINDS
-from commsim.workload.model import Workload
+from commsim.step.model import StepBreakdown, StepModel
+from commsim.step.shape import Shape, balanced_ends
+from commsim.topology.placement import PLACEMENTS, place
 
 MICRO_BATCHES = (1, 2, 4, 8)
 EXPERT_PARALLEL = (1, 2, 4, 8)  # searched where they divide the experts and dp
 ZERO_STAGES = (0, 1, 2, 3)
 INTERLEAVES = (1, 2, 4)
-BUCKETS_MB = (25.0, 200.0)
-SEARCHED_PLACEMENTS = ("blocked",)  # interleaved only ever loses; the DDP search shows it
+BUCKETS_MB = (25.0, 200.0)  # model-parallel layouts
+DDP_BUCKETS_MB = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0)  # DDP bucket_cap_mb choices
+NCCL_ALGORITHMS = ("ring", "tree")  # what NCCL picks between for all-reduce
+# One of each kind: half precision, 8-bit, sparse (+ 8-bit values), low rank, 1-bit.
+COMPRESSIONS = ("none", "fp16", "int8", "topk:0.01", "topk:0.05+int8", "powersgd:4", "sign")
+LOSSLESS_ENOUGH = ("none", "fp16", "bf16")  # everything else is searched with error feedback
+CHUNK = 50_000  # layouts priced per pass (bounds memory; a progress bar counts them)
 
 
 @dataclass(frozen=True)
 class SearchResult:
-    """All layouts searched, their prices, and the fitting ones best first."""
+    """All layouts searched, the prices of those that fit, and those best first."""
 
     layouts: Layouts
-    breakdown: StepBreakdown
-    ranked: np.ndarray  # indices of fitting layouts, best first
-    dropped: int  # layouts that do not fit in GPU memory
+    fitting: np.ndarray  # indices (into layouts) of the layouts that fit in memory
+    breakdown: StepBreakdown  # of layouts.take(fitting)
+    ranked: np.ndarray  # indices into `fitting` of the runnable ones, best first
+    memory: np.ndarray  # bytes per GPU of every layout
 
     @property
     def searched(self) -> int:
         return len(self.layouts)
+
+    @property
+    def dropped(self) -> int:
+        """Layouts that do not fit in GPU memory."""
+        return self.searched - len(self.fitting)
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_layouts(setup: Setup, pins: dict[str, Any] | None = None) -> Layouts:
-    """Every valid layout of the setup's model on its GPUs; `pins` fixes dimensions
-    (tp, pp, ep, zero, recompute, interleave, micro_batch, bucket_mb, algorithm, placement,
-    overlap) to one value each."""
-    pins = {k: v for k, v in (pins or {}).items() if v is not None}
+def _choices(pins: dict[str, Any], name: str, default) -> list:
+    return [pins[name]] if name in pins else list(default)
+
+
+def model_parallel_shapes(setup: Setup, pins: dict[str, Any]) -> list[tuple]:
+    """(dp, tp, pp, ep, micro_batch, micro_batches, interleave, first, last) of every way the
+    model and batch split over the GPUs; a model without blocks runs data-parallel only."""
     s, w, n = setup.scenario, setup.workload, setup.n_gpus
-    blocks = sum(layer.name.startswith("block.") for layer in w.layers)
+    blocks = Shape.of(w).blocks
     gpn = setup.cluster.gpus_per_node
-    tps = [pins["tp"]] if "tp" in pins else [t for t in (1, 2, 4, 8, 16) if t <= gpn]
-    combos = []
+    default_mb = sorted({*MICRO_BATCHES, s.micro_batch}) if blocks else [s.micro_batch]
+    mbs = _choices(pins, "micro_batch", default_mb)
+    tps = _choices(pins, "tp", [t for t in (1, 2, 4, 8, 16) if t <= gpn] if blocks else [1])
+    out = []
     for tp in tps:
-        if n % tp or w.heads % tp:
+        if n % tp or (blocks and w.heads % tp):
             continue
-        pps = [pins["pp"]] if "pp" in pins else _divisors(n // tp)
-        for pp in pps:
-            if (n // tp) % pp or pp > blocks:
+        for pp in _choices(pins, "pp", _divisors(n // tp) if blocks else [1]):
+            if (n // tp) % pp or (blocks and pp > blocks):
                 continue
-            splits = pipeline_splits(w, blocks, pp, pins)
+            splits = pipeline_splits(setup, blocks, pp, pins)
             dp = n // (tp * pp)
-            eps = [pins["ep"]] if "ep" in pins else EXPERT_PARALLEL if w.moe else (1,)
-            for ep, b in itertools.product(
-                [e for e in eps if e == 1 or (w.moe and w.experts % e == 0 and dp % e == 0)],
-                [pins["micro_batch"]] if "micro_batch" in pins else MICRO_BATCHES,
-            ):
+            eps = _choices(pins, "ep", EXPERT_PARALLEL if w.moe else (1,))
+            eps = [e for e in eps if e == 1 or (w.moe and w.experts % e == 0 and dp % e == 0)]
+            for ep, b in itertools.product(eps, mbs):
                 if s.global_batch % (dp * b):
                     continue
                 m = s.global_batch // (dp * b)
-                vs = [pins["interleave"]] if "interleave" in pins else INTERLEAVES
+                vs = _choices(pins, "interleave", INTERLEAVES if blocks else (1,))
                 for v, (first, last) in itertools.product(vs, splits):
                     # interleaving: pp > 1, and micro-batches in groups of pp (check_layout);
                     # an even split must divide, an uneven one runs without interleaving
                     even = first < 0 and last < 0
-                    if (v > 1 and (pp == 1 or m < pp or not even)) or (even and blocks % (pp * v)):
+                    if (v > 1 and (pp == 1 or m < pp or not even)) or (
+                        even and blocks and blocks % (pp * v)
+                    ):
                         continue
-                    combos.append((dp, tp, pp, ep, b, m, v, first, last))
-    grid = {
-        "zero": [pins["zero"]] if "zero" in pins else ZERO_STAGES,
-        "recompute": [RECOMPUTE.index(pins["recompute"])]
-        if "recompute" in pins
-        else range(len(RECOMPUTE)),
-        "bucket_mb": [pins["bucket_mb"]] if "bucket_mb" in pins else BUCKETS_MB,
-        "algorithm": [ALGORITHMS.index(pins["algorithm"])]
-        if "algorithm" in pins
-        else [ALGORITHMS.index(a) for a in NCCL_ALGORITHMS],  # hierarchical: the DDP search
-        "placement": [PLACEMENT_KINDS.index(pins["placement"])]
-        if "placement" in pins
-        else [PLACEMENT_KINDS.index(p) for p in SEARCHED_PLACEMENTS],
-        "overlap": [pins["overlap"]] if "overlap" in pins else (True, False),
-    }
-    rows = [c + g for c in combos for g in itertools.product(*grid.values())]
-    names = ("dp", "tp", "pp", "ep", "micro_batch", "micro_batches", "interleave")
-    names += ("first_layers", "last_layers", *grid)
-    cols = np.array(rows, dtype=float).T if rows else np.zeros((len(names), 0))
-    arrays = dict(zip(names, cols, strict=True))
-    return Layouts(
-        **{
-            k: arrays[k].astype(bool if k == "overlap" else float if k == "bucket_mb" else int)
-            for k in Layouts.__dataclass_fields__
-        }
-    )
+                    out.append((dp, tp, pp, ep, b, m, v, first, last))
+    return out
 
 
 def pipeline_splits(
-    w: Workload, blocks: int, pp: int, pins: dict[str, Any]
+    setup: Setup, blocks: int, pp: int, pins: dict[str, Any]
 ) -> list[tuple[int, int]]:
     """(first, last) stage layer counts to try at pp stages, -1 for an even split: the pinned
     ones, else the even split where the layers divide and, for pp > 1, the uneven split that
-    balances the embedding and head stages (parallel.balanced_ends) where it differs."""
+    balances the embedding and head stages (shape.balanced_ends) where it differs."""
     if "first_stage_layers" in pins or "last_stage_layers" in pins:
         return [(pins.get("first_stage_layers", -1), pins.get("last_stage_layers", -1))]
-    out = [(-1, -1)] if blocks % pp == 0 else []
+    out = [(-1, -1)] if pp == 1 or blocks % pp == 0 else []
     if pp > 1:
-        sh = Shape.of(w)
+        sh = Shape.of(setup.workload)
         first, last = balanced_ends(blocks, pp, sh.block_flops, sh.pre_flops, sh.post_flops)
         if not (blocks % pp == 0 and first == last == blocks // pp):
             out.append((first, last))
     return out
 
 
-def search(setup: Setup, model: HybridModel, layouts: Layouts) -> SearchResult:
-    """Price every layout, drop those that do not fit, rank the rest by step time."""
-    b = model.evaluate(layouts)
-    fitting = np.nonzero(b.fits & np.isfinite(b.step))[0]
-    ranked = fitting[np.argsort(b.step[fitting], kind="stable")]
-    return SearchResult(layouts, b, ranked, int((~b.fits).sum()))
+def distinct_placements(setup: Setup) -> tuple[list[str], dict[str, str]]:
+    """The placements that give different rank orders here, and the others: which one each
+    repeats (on a freshly packed allocation topology-aware is blocked)."""
+    orders: dict[str, np.ndarray] = {}
+    same: dict[str, str] = {}
+    for p in PLACEMENTS:
+        order = place(setup.cluster, setup.n_gpus, p)
+        twin = next((q for q, o in orders.items() if np.array_equal(o, order)), None)
+        if twin:
+            same[p] = twin
+        else:
+            orders[p] = order
+    return list(orders), same
+
+
+def sync_grids(setup: Setup, base: Strategy, pins: dict[str, Any]) -> tuple[list, list]:
+    """(plain DDP rows, model-parallel rows) of sync choices: (zero, recompute, bucket,
+    algorithm, placement, overlap, compression, error feedback)."""
+    placements, _ = distinct_placements(setup)
+    overlap = _choices(pins, "overlap", (True, False))
+    ef = [pins["error_feedback"]] if "error_feedback" in pins else None
+    plain = [
+        (0, 0, b, a, p, o, c, e)
+        for b, a, p, o, c in itertools.product(
+            _choices(pins, "bucket_mb", DDP_BUCKETS_MB),
+            _choices(pins, "algorithm", OP_ALGORITHMS["all-reduce"]),
+            _choices(pins, "placement", placements),
+            overlap,
+            _choices(pins, "compression", COMPRESSIONS),
+        )
+        for e in (ef or [c not in LOSSLESS_ENOUGH])
+    ]
+    model = []
+    if "compression" not in pins or pins["compression"] == "none":
+        model = [
+            (z, r, b, a, p, o, "none", False)
+            for z, r, b, a, p, o in itertools.product(
+                _choices(pins, "zero", ZERO_STAGES),
+                [RECOMPUTE.index(pins["recompute"])] if "recompute" in pins else range(3),
+                _choices(pins, "bucket_mb", BUCKETS_MB),
+                _choices(pins, "algorithm", NCCL_ALGORITHMS),
+                _choices(pins, "placement", ("blocked",)),
+                overlap,
+            )
+        ]
+    return plain, model
+
+
+def enumerate_layouts(
+    setup: Setup, pins: dict[str, Any] | None = None, base: Strategy | None = None
+) -> Layouts:
+    """Every valid layout of the setup's model on its GPUs; `pins` fixes strategy fields
+    (and micro_batch) to one value each; `base` gives the fields never searched
+    (first bucket, PS shards, gradient dtype)."""
+    pins = {k: v for k, v in (pins or {}).items() if v is not None}
+    base = base or setup.scenario.strategy
+    if "zero" in pins and pins["zero"] or "recompute" in pins and pins["recompute"] != "none":
+        pins.setdefault("compression", "none")  # only plain data parallelism compresses
+    plain_sync, model_sync = sync_grids(setup, base, pins)
+    plain_zero = pins.get("zero", 0) == 0 and pins.get("recompute", "none") == "none"
+    first_algorithm = model_sync[0][3] if model_sync else None
+    rows = []
+    for shape in model_parallel_shapes(setup, pins):
+        dp, tp, pp, ep, b, m, v, first, last = shape
+        plain = tp == pp == ep == v == 1
+        for sync in model_sync:
+            if plain and sync[0] == 0 and sync[1] == 0:
+                continue  # plain DDP: the DDP grid below
+            if tp == 1 and sync[0] > 0 and sync[3] != first_algorithm:
+                continue  # no all-reduce left (ZeRO's are reduce-scatters): one algorithm
+            rows.append(shape + sync)
+        if plain and plain_zero:
+            rows += [shape + sync for sync in plain_sync]
+    compressions = tuple(dict.fromkeys(["none", *(r[15] for r in rows)]))
+    names = ("dp", "tp", "pp", "ep", "micro_batch", "micro_batches", "interleave")
+    names += ("first_layers", "last_layers", "zero", "recompute", "bucket_mb", "algorithm")
+    names += ("placement", "overlap", "compression", "error_feedback")
+    cols = {n: [r[k] for r in rows] for k, n in enumerate(names)}
+    cols["algorithm"] = [ALGORITHMS.index(a) for a in cols["algorithm"]]
+    cols["placement"] = [PLACEMENTS.index(p) for p in cols["placement"]]
+    cols["compression"] = [compressions.index(c) for c in cols["compression"]]
+    return Layouts.build(
+        compressions,
+        **cols,
+        first_bucket_mb=base.first_bucket_mb,
+        ps_shards=base.ps_shards,
+        grad_dtype=GRAD_DTYPES.index(base.grad_dtype),
+    )
+
+
+def search(model: StepModel, layouts: Layouts, on_progress=None) -> SearchResult:
+    """Drop the layouts that do not fit in GPU memory, price the rest (in chunks, calling
+    on_progress(done, total) after each), rank the runnable ones by step time (a layout
+    whose algorithm cannot run on its groups costs inf)."""
+    memory = model.memory(layouts)
+    fitting = np.nonzero(memory <= model.usable)[0]
+    parts = []
+    for lo in range(0, len(fitting), CHUNK):
+        parts.append(model.evaluate(layouts.take(fitting[lo : lo + CHUNK])))
+        if on_progress:
+            on_progress(min(lo + CHUNK, len(fitting)), len(fitting))
+    breakdown = StepBreakdown.concat(parts) if parts else model.evaluate(layouts.take(fitting))
+    runnable = np.nonzero(np.isfinite(breakdown.step))[0]
+    ranked = runnable[np.argsort(breakdown.step[runnable], kind="stable")]
+    return SearchResult(layouts, fitting, breakdown, ranked, memory)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commsim.planner.ddp import plan, strategies
-from commsim.planner.hybrid import plan_hybrid
+from commsim.planner.plan import plan
+from commsim.scenario import resolve
 from commsim.specs import Scenario
 from commsim.step.prediction import Prediction
 
@@ -83,17 +83,12 @@ def _fabric_spec(fabric: str, gpu: str | None, source: str):
 
 def _size_one(scenario: Scenario, source: str, fabric: str, n: int, gpu: str | None) -> SizingRow:
     """One point of the sizing sweep (runs in a worker process)."""
-    from commsim.scenario import resolve
-
     spec = _fabric_spec(fabric, gpu, source)
     grown = spec.model_copy(update={"nodes": max(spec.nodes, -(-n // spec.node.gpus_per_node))})
     setup = resolve(scenario.model_copy(update={"cluster": grown, "gpus": n}), source, check=False)
-    if setup.workload.heads is not None:
-        found = plan_hybrid(setup, {}, keep=1)
-    else:
-        found = plan(
-            setup, strategies(scenario.strategy, bucket_mb=(25.0,), placements=("blocked",))
-        )
+    # a cluster's size is what is asked: gradient compression is left to `plan` proper
+    base = scenario.strategy.model_copy(update={"compression": "none", "error_feedback": False})
+    found = plan(setup, base, {"compression"}, keep=1)
     best = found.ranked[0] if found.ranked else None
     return SizingRow(spec.name, n, best, "" if best else "; ".join(found.notes), fabric)
 

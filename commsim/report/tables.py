@@ -68,7 +68,7 @@ def step_table(title: str, pred: dict[str, Any]) -> Table:
                 ("dp_comm_s", "data-parallel comm", "gradient sync / ZeRO collectives"),
                 ("dp_exposed_s", "  of it exposed", "not hidden under backward"),
             )
-            if key in pred
+            if pred.get(key)  # a part the layout does not have (or that costs nothing)
         ),
         ("communication", fmt_time(pred["comm_s"]), "sum of collectives"),
         ("encode/decode", fmt_time(pred["codec_s"]), "compression on the compute stream"),

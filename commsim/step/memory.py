@@ -18,6 +18,7 @@ from typing import Literal
 import numpy as np
 
 from commsim.specs import GPUSpec
+from commsim.step.shape import stage_layers
 from commsim.workload.model import Workload
 
 PARAM_BYTES = 2  # fp16/bf16 weights (ZeRO Sec. 3.1)
@@ -213,21 +214,6 @@ def _buffers(zero, bucket_mb, grad_bytes, largest_layer):
     # largest layer gathered twice (computing, prefetching) and its gradient before reduce-scatter.
     gathered = (2 * PARAM_BYTES + grad_bytes) * largest_layer
     return WORKSPACE_BYTES + np.where(zero >= 3, gathered, 2.0 * bucket_mb * MIB)
-
-
-def stage_layers(blocks: int, pp, first, last) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Transformer layers on the first, a middle and the last pipeline stage. first / last:
-    Megatron-core's --decoder-first- / --decoder-last-pipeline-num-layers (-1: not set);
-    the other stages split the rest evenly (check_layout makes it divide). A middle stage
-    exists when pp > 2; with pp = 1 the one stage holds every layer."""
-    pp, first, last = (np.asarray(x) for x in (pp, first, last))
-    f_set, l_set = first >= 0, last >= 0
-    pinned = np.where(f_set, first, 0) + np.where(l_set, last, 0)
-    shared = np.maximum(pp - f_set - l_set, 1)  # stages splitting the rest
-    rest = np.ceil((blocks - pinned) / shared)
-    k_first = np.where(f_set, first, rest)
-    k_last = np.where(l_set & (pp > 1), last, np.where(pp > 1, rest, k_first))
-    return k_first, np.where(pp > 2, rest, 0.0), k_last
 
 
 def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):

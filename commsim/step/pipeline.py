@@ -143,7 +143,10 @@ def pipeline_events(layout: dict, parts: dict) -> list[Event]:
     "stage k zero3" (prefetched gathers) and "stage k dp" (sync hidden under backward)."""
     p, m, v = layout["pp"], layout["micro_batches"], layout["interleave"]
     t = chunk_times(layout, parts)
-    ops = simulate(p, m, v, t)
+    ops = simulate(p, m, v, t)  # sorted by stage, then start
+    by_stage: list[list[Op]] = [[] for _ in range(p)]
+    for op in ops:
+        by_stage[op.stage].append(op)
     events: list[Event] = []
     # ZeRO-3 gathers: as late as possible ahead of their op, one at a time per stage; the
     # step starts with whatever cannot hide, which the model counts in dp_exposed
@@ -151,7 +154,7 @@ def pipeline_events(layout: dict, parts: dict) -> list[Event]:
     if t.gather > 0:
         for k in range(p):
             ready = float("inf")
-            for op in reversed([o for o in ops if o.stage == k]):
+            for op in reversed(by_stage[k]):
                 ready = min(op.start, ready) - t.gather
                 gathers.append((op, ready))
     shift = max([0.0] + [-s for _, s in gathers])
@@ -184,7 +187,7 @@ def pipeline_events(layout: dict, parts: dict) -> list[Event]:
             )
     exposed = max(t.dp_exposed - shift, 0.0)
     for k in range(p):
-        last = max(op.end for op in ops if op.stage == k) + shift
+        last = max(op.end for op in by_stage[k]) + shift
         if t.dp_hidden > 0:
             events.append(Event(f"stage {k} dp", "dp sync (hidden)", last - t.dp_hidden, last))
         if exposed > 0:

@@ -1,44 +1,139 @@
-"""From a scenario to a predicted step: resolve names, build the cluster, run the timeline.
+"""Predict one strategy's step: the step model on a single layout, laid out in detail.
 
-This is the one place where the specs, the topology, the collective costs and the
-timeline meet; the CLI, the planner and notebooks all come through here.
+The figures come from the vectorised step model (step.model), exactly as a search prices
+the same strategy; the per-bucket timeline of plain data parallelism (step.timeline) and
+the pipeline schedule of the other layouts (step.pipeline) lay the step out for tables and
+plots, from the same parts.
 """
 
 from __future__ import annotations
 
-from commsim.collectives.group import GroupCost
+import numpy as np
+
 from commsim.scenario import Setup, check_layout
-from commsim.specs import (
-    Strategy,
-)
-from commsim.step.ddp import (
-    _metrics,
-    _step,
-    bucket_codec_time,
-    bucket_sync_time,
-    gradient_sync_cost,
-)
-from commsim.step.hybrid import predict_hybrid
-from commsim.step.prediction import Prediction
+from commsim.specs import Strategy
+from commsim.step.buckets import BucketPlan
+from commsim.step.layouts import DTYPE_BYTES, Layouts
+from commsim.step.memory import MemoryBreakdown, ParallelLayout, memory_per_gpu
+from commsim.step.model import StepModel, state_grad_bytes
+from commsim.step.pipeline import pipeline_events
+from commsim.step.prediction import Prediction, prediction
+from commsim.step.sync import BucketCosts
+from commsim.step.timeline import StepReport, schedule_streams
+from commsim.workload.model import Workload, layer_times
+
+
+def step_model(setup: Setup) -> StepModel:
+    """The step model of a setup's workload on its cluster."""
+    s = setup.scenario
+    return StepModel(
+        setup.workload,
+        setup.cluster,
+        setup.gpu,
+        setup.n_gpus,
+        s.global_batch,
+        s.compute_efficiency,
+    )
+
+
+def strategy_layouts(setup: Setup, strategies: list[Strategy]) -> Layouts:
+    """Strategies as layouts at the scenario's micro-batch."""
+    return Layouts.of(strategies, setup.scenario.micro_batch, setup.dp, setup.micro_batches)
 
 
 def predict(
-    setup: Setup, strategy: Strategy | None = None, cost: GroupCost | None = None
+    setup: Setup, strategy: Strategy | None = None, model: StepModel | None = None
 ) -> Prediction:
     """Predict one optimizer step of the scenario (or of another strategy on its setup).
-
-    Plain DDP runs the per-bucket timeline; a hybrid layout the Megatron-style model of
-    commsim.step.parallel. `cost` lets a caller that predicts many DDP strategies share one
-    cached cost model."""
+    `model` lets a caller that predicts many strategies share one model's caches."""
     strategy = strategy or setup.scenario.strategy
-    if not strategy.data_parallel_only:
-        check_layout(setup, strategy)
-        return predict_hybrid(setup, strategy)
-    cost = cost or gradient_sync_cost(setup, strategy)
-    report = _step(
-        setup,
-        strategy,
-        bucket_sync_time(setup, strategy, cost),
-        codec_time=bucket_codec_time(setup, strategy),
+    check_layout(setup, strategy)
+    model = model or step_model(setup)
+    layouts = strategy_layouts(setup, [strategy])
+    b = model.evaluate(layouts).row(0)
+    if layouts.plain[0]:
+        report = layouts_timeline(setup, model, layouts, b["optimizer"])
+        return prediction(
+            setup,
+            strategy,
+            b,
+            layout_memory(setup, strategy),
+            tuple(report.buckets),
+            tuple(report.events),
+        )
+    events = tuple(pipeline_events(layouts.row(0), b))
+    return prediction(setup, strategy, b, layout_memory(setup, strategy), events=events)
+
+
+def ddp_timeline(
+    workload: Workload,
+    forward_s: np.ndarray,
+    backward_s: np.ndarray,
+    buckets: BucketPlan,
+    costs: BucketCosts,
+    grad_bytes: float,
+    *,
+    overlap: bool,
+    accum_steps: int,
+    optimizer_s: float,
+) -> StepReport:
+    """A plain-DDP step laid out bucket by bucket (timeline.schedule_streams): per-layer
+    forward and backward seconds of one micro-batch, the buckets and their costs."""
+    hooked = bool(costs.encode.any() or costs.decode.any())
+    return schedule_streams(
+        forward_s,
+        backward_s,
+        workload.tensor_params * float(grad_bytes),
+        [list(t) for t in buckets.tensors],
+        lambda sizes: costs.network,
+        tensor_layer=workload.tensor_layer,
+        overlap=overlap,
+        accum_steps=accum_steps,
+        optimizer_s=optimizer_s,
+        names=[layer.name for layer in workload.layers],
+        codec_time=(lambda sizes: (costs.encode, costs.decode)) if hooked else None,
     )
-    return _metrics(setup, strategy, report)
+
+
+def layouts_timeline(
+    setup: Setup, model: StepModel, layouts: Layouts, optimizer_s: float
+) -> StepReport:
+    """The first layout's plain-DDP step with the buckets and costs the step model priced."""
+    s = setup.scenario
+    sync = model.sync_plan(layouts, 0)
+    forward, backward = layer_times(setup.workload, setup.gpu, s.compute_efficiency, s.micro_batch)
+    return ddp_timeline(
+        setup.workload,
+        forward,
+        backward,
+        sync.buckets,
+        sync.costs,
+        layouts.grad_bytes[0],
+        overlap=bool(layouts.overlap[0]),
+        accum_steps=int(layouts.micro_batches[0]),
+        optimizer_s=optimizer_s,
+    )
+
+
+def layout_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
+    """Per-GPU memory of a strategy on the fullest pipeline stage, by kind."""
+    s, w = setup.scenario, setup.workload
+    plain = strategy.data_parallel_only
+    layout = ParallelLayout(
+        dp=setup.dp(strategy),
+        tp=strategy.tp,
+        pp=strategy.pp,
+        ep=strategy.ep,
+        micro_batch=s.micro_batch,
+        seq_len=w.seq_len,
+        zero=strategy.zero,
+        recompute=strategy.recompute,
+        sequence_parallel=strategy.tp > 1,
+        interleave=strategy.interleave,
+        micro_batches=setup.micro_batches(strategy),
+        grad_bytes=int(state_grad_bytes(plain, DTYPE_BYTES[strategy.grad_dtype])),
+        bucket_mb=strategy.bucket_mb,
+        first_layers=strategy.split_layers[0],
+        last_layers=strategy.split_layers[1],
+    )
+    return memory_per_gpu(w, layout)

@@ -9,14 +9,12 @@ from commsim.scenario import Setup
 from commsim.specs import (
     Strategy,
 )
+from commsim.step.layouts import DTYPE_BYTES
 from commsim.step.memory import (
     MemoryBreakdown,
     usable_bytes,
 )
-from commsim.step.timeline import (
-    Bucket,
-    Event,
-)
+from commsim.step.timeline import Bucket, Event, adam_step_time
 
 
 @dataclass(frozen=True)
@@ -24,8 +22,9 @@ class Prediction:
     """A predicted step: where its time goes, its throughput figures, its memory.
 
     `parts` holds seconds by name (compute_s, forward_s, backward_s, optimizer_s, comm_s,
-    codec_s, exposed_comm_s, and for hybrid layouts bubble_s, tp_comm_s, ep_comm_s, pp_comm_s,
-    dp_comm_s, dp_exposed_s); `buckets` and `events` come from the DDP timeline."""
+    codec_s, exposed_comm_s, bubble_s, tp_comm_s, ep_comm_s, pp_comm_s, dp_comm_s,
+    dp_exposed_s); `buckets` and `events` lay the step out: the per-bucket timeline of plain
+    data parallelism, the pipeline schedule of the others."""
 
     strategy: Strategy
     step_time_s: float
@@ -96,26 +95,46 @@ class Prediction:
 def prediction(
     setup: Setup,
     strategy: Strategy,
-    step: float,
-    parts: dict[str, float],
-    overlap_ratio: float,
-    overlap_efficiency: float,
-    single_gpu_step: float,
-    *,
-    mfu: float,
-    hfu: float | None,
+    b: dict[str, float],
     memory: MemoryBreakdown,
-    buckets=(),
-    events=(),
+    buckets: tuple[Bucket, ...] = (),
+    events: tuple[Event, ...] = (),
 ) -> Prediction:
-    """The figures every prediction reports, from its step time and parts.
+    """The figures every prediction reports, from one StepBreakdown row of its layout.
 
-    tflops_per_gpu is hardware FLOP/s per GPU, recomputation included (the Megatron
-    papers' convention); MFU counts model FLOPs only. time to train = tokens / tokens per
-    step x step time; GPU-hours = N x that; cost = GPU-hours x price."""
-    s, n = setup.scenario, setup.n_gpus
+    comm = tensor-, expert-, pipeline- and data-parallel network time; exposed = the part
+    of it on the critical path (a comm hook's encodes included); overlap ratio = 1 -
+    exposed / (comm + codec); overlap efficiency = compute / max(compute, comm + codec).
+    scaling efficiency = throughput(N) / (N throughput(1)), one GPU running the global
+    batch by accumulation with no communication. tflops_per_gpu is hardware FLOP/s per GPU,
+    recomputation included (the Megatron papers' convention); MFU counts model FLOPs only.
+    time to train = tokens / tokens per step x step time; GPU-hours = N x that; cost =
+    GPU-hours x price."""
+    s, n, w = setup.scenario, setup.n_gpus, setup.workload
+    step = b["step"]
+    comm = b["tp_comm"] + b["ep_comm"] + b["pp_comm"] + b["dp_comm"]
+    exposed = b["tp_comm"] + b["ep_comm"] + b["pp_comm"] + b["dp_exposed"]
+    compute = b["compute"] + b["optimizer"]
+    parts = {
+        "compute_s": compute,
+        "forward_s": b["forward"],
+        "backward_s": b["backward"],
+        "optimizer_s": b["optimizer"],
+        "comm_s": comm,
+        "codec_s": b["codec"],
+        "exposed_comm_s": exposed,
+        "bubble_s": b["bubble"],
+        "tp_comm_s": b["tp_comm"],
+        "ep_comm_s": b["ep_comm"],
+        "pp_comm_s": b["pp_comm"],
+        "dp_comm_s": b["dp_comm"],
+        "dp_exposed_s": b["dp_exposed"],
+    }
+    busy = comm + b["codec"]
+    single = s.global_batch * w.train_flops / (setup.gpu.peak_flops * s.compute_efficiency)
+    single += adam_step_time(w.params, setup.gpu, DTYPE_BYTES[strategy.grad_dtype])
     throughput = s.global_batch / step
-    seq = setup.workload.seq_len
+    seq = w.seq_len
     training = None
     if s.tokens and seq:
         seconds = s.tokens / (s.global_batch * seq) * step
@@ -129,11 +148,11 @@ def prediction(
         strategy=strategy,
         step_time_s=step,
         parts=parts,
-        overlap_ratio=overlap_ratio,
-        overlap_efficiency=overlap_efficiency,
-        scaling_efficiency=single_gpu_step / (n * step),
-        mfu=mfu,
-        tflops_per_gpu=(hfu if hfu is not None else mfu) * setup.gpu.peak_flops / 1e12,
+        overlap_ratio=1.0 - exposed / busy if busy > 0 else 1.0,
+        overlap_efficiency=compute / max(compute, busy) if compute > 0 else 1.0,
+        scaling_efficiency=single / (n * step),
+        mfu=b["mfu"],
+        tflops_per_gpu=b["hfu"] * setup.gpu.peak_flops / 1e12,
         samples_per_s=throughput,
         tokens_per_s=throughput * seq if seq else None,
         memory=memory,

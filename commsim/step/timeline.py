@@ -12,52 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from itertools import chain
 
 import numpy as np
 
-from commsim.specs import GPUSpec, Strategy
-from commsim.workload.model import Workload, layer_times
-
-MIB = 2**20
-DDP_FIRST_BUCKET_BYTES = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+from commsim.specs import GPUSpec
 
 AllReduceTime = Callable[[np.ndarray], np.ndarray]  # bucket bytes -> seconds, elementwise
 # bucket bytes -> (encode seconds, decode seconds) of a compressing comm hook, elementwise
 CodecTime = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
-
-
-def assign_buckets(
-    tensor_bytes: Sequence[float] | np.ndarray,
-    cap_bytes: float,
-    first_cap_bytes: float = DDP_FIRST_BUCKET_BYTES,
-) -> list[list[int]]:
-    """Group gradient tensors (bytes, registration order) into DDP buckets; indices per bucket.
-
-    As torch's compute_bucket_assignment_by_size does when DDP rebuilds its buckets after the
-    first iteration: tensors in gradient-ready order (reverse registration order), a bucket
-    closes as soon as its size reaches its limit (the tensor that crosses it stays in, so a
-    tensor over the limit ends the bucket it joins), the first bucket's limit is
-    `first_cap_bytes` and later ones' `cap_bytes`. An empty tensor joins no bucket.
-    """
-    sizes = np.asarray(tensor_bytes, dtype=float).tolist()
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    size, limit = 0.0, first_cap_bytes
-    for i in reversed(range(len(sizes))):
-        nbytes = sizes[i]
-        if nbytes <= 0:
-            continue
-        current.append(i)
-        size += nbytes
-        if size >= limit:
-            buckets.append(current)
-            current, size, limit = [], 0.0, cap_bytes
-    if current:
-        buckets.append(current)
-    return buckets
 
 
 def adam_step_time(params: float, gpu: GPUSpec, grad_bytes: int = 4) -> float:
@@ -272,45 +235,3 @@ def _serial_ends(launch: np.ndarray, times: np.ndarray) -> np.ndarray:
     unrolled as max over j <= b of (launch_j + t_j + ... + t_b)."""
     done = np.cumsum(times)
     return done + np.maximum.accumulate(launch - (done - times)) if len(times) else done
-
-
-def simulate_step(
-    workload: Workload,
-    gpu: GPUSpec,
-    strategy: Strategy,
-    allreduce_time: AllReduceTime,
-    *,
-    efficiency: float,
-    micro_batch: int = 1,
-    accum_steps: int = 1,
-    codec_time: CodecTime | None = None,
-) -> StepReport:
-    """One DDP step of `workload` on `gpu`: buckets from the strategy, comm cost injected.
-
-    Gradients are bucketed per parameter tensor and sent in strategy.grad_dtype; the
-    optimizer is mixed-precision Adam over all parameters (every data-parallel rank runs it).
-    """
-    forward_s, backward_s = layer_times(workload, gpu, efficiency, micro_batch)
-    grad_bytes = DTYPE_BYTES[strategy.grad_dtype]
-    cap, first_cap = strategy.bucket_mb * MIB, strategy.first_bucket_mb * MIB
-    return schedule_streams(
-        forward_s,
-        backward_s,
-        workload.tensor_params * float(grad_bytes),
-        _workload_buckets(workload, grad_bytes, cap, first_cap),
-        allreduce_time,
-        tensor_layer=workload.tensor_layer,
-        overlap=strategy.overlap,
-        accum_steps=accum_steps,
-        optimizer_s=adam_step_time(workload.params, gpu, grad_bytes),
-        names=[layer.name for layer in workload.layers],
-        codec_time=codec_time,
-    )
-
-
-@lru_cache(maxsize=256)
-def _workload_buckets(
-    workload: Workload, grad_bytes: int, cap_bytes: float, first_cap_bytes: float
-) -> list[list[int]]:
-    """assign_buckets over a workload's tensors, cached: the planner reuses a few caps a lot."""
-    return assign_buckets(workload.tensor_params * grad_bytes, cap_bytes, first_cap_bytes)

@@ -20,10 +20,22 @@ class Layer:
     name: str
     tensors: tuple[int, ...]  # parameters per tensor, registration order; () without parameters
     forward_flops: float
+    # how each tensor splits over model parallelism (Megatron-LM, Shoeybi et al. 2019): "tp"
+    # split over the tensor-parallel ranks, "ep" an expert's (split over tp and the expert-
+    # parallel ranks), "" replicated; () for a layer that cannot be split (all replicated)
+    shards: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.shards and len(self.shards) != len(self.tensors):
+            raise ValueError(f"{self.name}: {len(self.shards)} shard tags for {len(self.tensors)}")
 
     @property
     def params(self) -> int:
         return sum(self.tensors)
+
+    def shard(self, i: int) -> str:
+        """How tensor i splits: "tp", "ep" or "" (replicated)."""
+        return self.shards[i] if self.shards else ""
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,11 @@ class Workload:
     def tensor_params(self) -> np.ndarray:
         """Parameters per tensor, all layers' tensors in registration order (what DDP buckets)."""
         return np.array([n for layer in self.layers for n in layer.tensors], dtype=np.int64)
+
+    @cached_property
+    def tensor_shards(self) -> tuple[str, ...]:
+        """Each tensor's split over model parallelism (Layer.shards), registration order."""
+        return tuple(layer.shard(i) for layer in self.layers for i in range(len(layer.tensors)))
 
     @cached_property
     def tensor_layer(self) -> np.ndarray:

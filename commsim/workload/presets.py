@@ -6,11 +6,6 @@ from commsim.specs import ModelSpec, SpecError
 from commsim.workload.model import Layer, Workload
 from commsim.workload.transformer import BERT, GPT, LLAMA, TransformerShape, transformer_layers
 
-# --- transformers ---------------------------------------------------------------------------
-
-
-# --- ResNet-50 ------------------------------------------------------------------------------
-
 
 def _resnet50() -> Workload:
     """torchvision resnet50 (v1.5: stride on the 3x3 conv) at 224x224, one layer per module.
@@ -41,8 +36,6 @@ def _resnet50() -> Workload:
     layers.append(Layer("fc", (cin * 1000, 1000), 2.0 * cin * 1000))
     return Workload("resnet50", tuple(layers), None)
 
-
-# --- presets and building -------------------------------------------------------------------
 
 _TRANSFORMERS: dict[str, TransformerShape] = {
     # Radford et al. 2019 (GPT-2); HF gpt2-xl config.json: n_layer 48, n_embd 1600, n_head 25,

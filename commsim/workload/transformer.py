@@ -70,9 +70,11 @@ def transformer_layers(c: TransformerShape, name: str, seq_len: int) -> Workload
     else:  # up (GPT-2 c_fc, BERT intermediate), down (c_proj, output)
         mlp = (*linear(h, f), *linear(f, h))
     expert_params = 0
+    experts: tuple[int, ...] = ()
     if c.experts > 1:  # router (no bias), then each expert's MLP
         expert_params = c.experts * sum(mlp)
-        mlp = (h * c.experts, *mlp * c.experts)
+        experts = mlp * c.experts
+        mlp = (h * c.experts, *experts)
     if st.layout == "gpt":  # ln_1, attn.c_attn (Q, K, V fused), attn.c_proj, ln_2, mlp
         block = (*norm, *linear(h, h + 2 * kv), *o, *norm, *mlp)
     elif st.layout == "llama":  # self_attn q, k, v, o, mlp, input_ and post_attention_layernorm
@@ -85,23 +87,39 @@ def transformer_layers(c: TransformerShape, name: str, seq_len: int) -> Workload
         mlp_matmul = h * c.experts + c.top_k * mlp_matmul
     block_flops = 2.0 * s * (attn_matmul + mlp_matmul) + 4.0 * s * s * h
 
+    # Megatron's split: block matrices and column-parallel biases over tp, vectors of length h
+    # (norms, row-parallel biases) replicated, experts over tp and ep; the vocabulary table
+    # and vocabulary-sized head tensors over tp, positions and token types replicated
+    def shards(tensors: tuple[int, ...], split) -> tuple[str, ...]:
+        return tuple("tp" if split(n) else "" for n in tensors)
+
+    block_shards = shards(block, lambda n: n != h)
+    if experts:  # the experts' tensors are the block's last run of len(experts) MLP tensors
+        at = _experts_at(block, experts)
+        block_shards = (
+            block_shards[:at] + ("ep",) * len(experts) + block_shards[at + len(experts) :]
+        )
     embed = (c.vocab * h, *((c.context * h,) if st.learned_positions else ()))
     if st.layout == "bert":
         embed += (2 * h, *norm)  # token-type embeddings and the embedding LayerNorm
-    layers = [Layer("embedding", embed, 0.0)]
-    layers += [Layer(f"block.{i}", block, block_flops) for i in range(c.layers)]
+    vocab_sized = lambda n: n in (c.vocab, c.vocab * h)  # noqa: E731
+    layers = [Layer("embedding", embed, 0.0, shards(embed, vocab_sized))]
+    layers += [
+        Layer(f"block.{i}", block, block_flops, tuple(block_shards)) for i in range(c.layers)
+    ]
 
     head = () if st.tied_head else (c.vocab * h,)
     head_flops = 2.0 * s * h * c.vocab  # logits, counted even when the weight is tied
     if st.layout == "bert":
-        layers.append(Layer("pooler", linear(h, h), 2.0 * h * h))  # dense on [CLS] only
+        pooler = linear(h, h)
+        layers.append(Layer("pooler", pooler, 2.0 * h * h, shards(pooler, vocab_sized)))
         # HF `cls`: masked-LM output bias, transform (dense + LayerNorm) over all s tokens and
         # the tied decoder; then the next-sentence classifier on the pooled token
         head = (c.vocab, *linear(h, h), *norm, *linear(h, 2))
         head_flops += 2.0 * s * h * h + 2.0 * h * 2
     else:
-        layers.append(Layer("final_norm", norm, 0.0))
-    layers.append(Layer("lm_head", head, head_flops))
+        layers.append(Layer("final_norm", norm, 0.0, shards(norm, vocab_sized)))
+    layers.append(Layer("lm_head", head, head_flops, shards(head, vocab_sized)))
     return Workload(
         name,
         tuple(layers),
@@ -113,3 +131,9 @@ def transformer_layers(c: TransformerShape, name: str, seq_len: int) -> Workload
         c.capacity_factor if c.experts > 1 else 1.0,
         expert_params,
     )
+
+
+def _experts_at(block: tuple[int, ...], experts: tuple[int, ...]) -> int:
+    """Where the experts' tensors start in a block's tensor tuple (they follow the router)."""
+    n = len(experts)
+    return next(i for i in range(len(block) - n + 1) if block[i : i + n] == experts)

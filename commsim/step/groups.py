@@ -1,0 +1,144 @@
+"""The communicating groups of a layout on the cluster, and what their collectives cost.
+
+Ranks follow Megatron's order: tensor-parallel rank fastest, then data-parallel, then
+pipeline stage, so a tensor-parallel group is consecutive GPUs (inside a node when tp is at
+most the node's GPUs) and a data-parallel group is strided by tp. Expert parallelism (MoE)
+carves its groups out of the data-parallel group: ep consecutive data-parallel ranks (stride
+tp) hold different experts; the dp / ep ranks holding the same experts (stride tp x ep)
+reduce their gradients (Megatron-LM / DeepSpeed-MoE, Rajbhandari et al. 2022,
+arXiv:2201.05596). Every group of one kind runs its collective at the same time, sharing NICs
+and uplinks; the graph prices that, once per distinct group and cached.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from commsim.collectives.alphabeta import ALGORITHMS as OP_ALGORITHMS
+from commsim.collectives.group import PIPELINED, GroupCost
+from commsim.step.layouts import ALGORITHMS, Layouts
+from commsim.topology.build import Cluster
+from commsim.topology.placement import PLACEMENTS, place
+from commsim.topology.routing import step_time
+
+KINDS = ("tp", "dp", "ep", "edp")  # tensor, data, expert, expert-data parallel
+
+
+def op_algorithm(op: str, algorithm: str) -> str:
+    """The algorithm `op` runs under a layout's algorithm: it, where the op has it (or it is
+    'auto' / 'nccl'), else ring (ZeRO's reduce-scatter and all-gather under 'tree')."""
+    if algorithm in ("auto", "nccl") or algorithm in OP_ALGORITHMS[op]:
+        return algorithm
+    return "ring" if "ring" in OP_ALGORITHMS[op] else OP_ALGORITHMS[op][0]
+
+
+class Groups:
+    """GroupCosts of every group kind of every layout on one cluster, cached."""
+
+    def __init__(self, cluster: Cluster, n_gpus: int) -> None:
+        self.cluster = cluster
+        self.orders = {k: place(cluster, n_gpus, k) for k in PLACEMENTS}
+        self._costs: dict[tuple, GroupCost | None] = {}
+        self._sends: dict[tuple, tuple[float, float]] = {}
+
+    def _ranks(self, placement: int, tp: int, dp: int, pp: int) -> np.ndarray:
+        """GPU of each rank as [stage, data-parallel index, tensor-parallel index]."""
+        return self.orders[PLACEMENTS[placement]].reshape(pp, dp, tp)
+
+    def members(self, placement, kind, tp, dp, pp, ep) -> np.ndarray:
+        """GPUs of every group of one kind, a row each (see the module docstring)."""
+        ranks = self._ranks(placement, tp, dp, pp).reshape(pp, dp // ep, ep, tp)
+        if kind == "tp":
+            return ranks.reshape(-1, tp)
+        if kind == "dp":
+            return ranks.transpose(0, 3, 1, 2).reshape(-1, dp)
+        if kind == "ep":
+            return ranks.transpose(0, 1, 3, 2).reshape(-1, ep)
+        return ranks.transpose(0, 2, 3, 1).reshape(-1, dp // ep)
+
+    def cost(self, placement, kind, tp, dp, pp, ep=1, ps_shards=1) -> GroupCost | None:
+        """The GroupCost of every group of `kind` at once (None: groups of one rank)."""
+        key = (placement, kind, tp, dp, pp, ep, ps_shards)
+        if key not in self._costs:
+            groups = self.members(placement, kind, tp, dp, pp, ep)
+            if groups.shape[1] == 1:
+                self._costs[key] = None
+            else:
+                nodes = self.cluster.node_of(groups)
+                if (nodes == nodes[:, :1]).all():
+                    groups = groups[:1]  # each group inside its own node: they share no link
+                shards = min(ps_shards, groups.shape[1])
+                self._costs[key] = GroupCost(self.cluster, groups, ps_shards=shards)
+        return self._costs[key]
+
+    def send(self, placement, tp, dp, pp) -> tuple[float, float]:
+        """(intercept, slope per byte) of every stage handing activations to the next at
+        once, each rank to its peer in the next stage (1F1B's steady state)."""
+        if pp == 1:  # one stage: nothing to send
+            return 0.0, 0.0
+        key = (placement, tp, dp, pp)
+        if key not in self._sends:
+            ranks = self._ranks(placement, tp, dp, pp)
+            src, dst = ranks[:-1].ravel(), ranks[1:].ravel()
+            t0 = step_time(self.cluster, src, dst, np.zeros(src.size))
+            t1 = step_time(self.cluster, src, dst, np.full(src.size, 2.0**24))
+            self._sends[key] = (t0, (t1 - t0) / 2.0**24)
+        return self._sends[key]
+
+    def time(self, op, algorithm: str, sizes: np.ndarray, *key) -> np.ndarray:
+        """Seconds of `op` by `algorithm` for each size on the groups `key` names (cost's
+        arguments); inf where the groups cannot run it (tree and hierarchical need whole
+        nodes), 0 for groups of one."""
+        cost = self.cost(*key)
+        sizes = np.asarray(sizes, dtype=float)
+        if cost is None:
+            return np.zeros(sizes.shape)
+        alg = op_algorithm(op, algorithm)
+        if alg not in ("auto", "nccl") and alg not in cost.algorithms(op):
+            return np.full(sizes.shape, np.inf)
+        return cost.time(op, alg, sizes)
+
+    def price(self, op: str, kind: str, L: Layouts, nbytes: np.ndarray, algorithm=None):
+        """Seconds of each layout's `op` of `nbytes` on its groups of `kind`, by its algorithm
+        (or the `algorithm` codes given). Layouts are grouped by the groups they run on; an
+        unpipelined algorithm's time is affine in the size (GroupCost), so those groups are
+        priced by one multiply-add over all their layouts."""
+        alg = L.algorithm if algorithm is None else np.broadcast_to(algorithm, L.dp.shape)
+        ep = L.ep if kind in ("ep", "edp") else np.ones_like(L.ep)
+        shards = L.ps_shards if kind == "dp" else np.ones_like(L.ps_shards)
+        cols = [alg, L.placement, L.tp, L.dp, L.pp, ep, shards]
+        inverse, firsts = _group_rows(cols)
+        nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), L.dp.shape)
+        line = np.zeros((len(firsts), 2))
+        general = []
+        for k, i in enumerate(firsts.tolist()):
+            a, pl, t, d, p, e, s = (int(c[i]) for c in cols)
+            name, key = op_algorithm(op, ALGORITHMS[a]), (pl, kind, t, d, p, e, s)
+            cost = self.cost(*key)
+            if cost is None:
+                continue
+            if name not in ("auto", "nccl") and name not in cost.algorithms(op):
+                line[k] = np.inf
+            elif name in ("auto", "nccl") or (op, name) in PIPELINED:
+                general.append((k, name, key))
+            else:
+                line[k] = cost.affine(op, name)
+        out = line[inverse, 0] + line[inverse, 1] * nbytes
+        if general:
+            order = np.argsort(inverse, kind="stable")
+            bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(firsts)))])
+            for k, name, key in general:
+                rows = order[bounds[k] : bounds[k + 1]]
+                out[rows] = self.cost(*key).time(op, name, nbytes[rows])
+        return out
+
+
+def _group_rows(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(group index of each row, first row of each group) of rows equal in every column:
+    the columns as one mixed-radix integer, then np.unique."""
+    code = np.zeros(len(cols[0]), dtype=np.int64)
+    for col in cols:
+        col = np.asarray(col).astype(np.int64)
+        code = code * (int(col.max(initial=0)) + 1) + col
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    return inverse, first

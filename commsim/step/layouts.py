@@ -1,0 +1,186 @@
+"""Strategies as columns: one entry per layout, so the step model prices many in one pass.
+
+Every strategy, plain DDP included, is a layout: the parallel degrees, micro-batching, ZeRO,
+recomputation, the pipeline split, and how data-parallel gradients are synchronised
+(buckets, overlap, algorithm, placement, compression). Names are stored as codes into the
+tuples below (compression into the Layouts' own `compressions`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, get_args
+
+import numpy as np
+
+from commsim.specs import Algorithm, GradDtype, Strategy
+from commsim.step.memory import RECOMPUTE
+from commsim.topology.placement import PLACEMENTS
+
+ALGORITHMS: tuple[str, ...] = get_args(Algorithm)  # auto, nccl, then the algorithms
+GRAD_DTYPES: tuple[str, ...] = get_args(GradDtype)
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+_GRAD_BYTES = np.array([DTYPE_BYTES[d] for d in GRAD_DTYPES])
+_DEFAULTS: dict[str, Any] = {
+    "dp": 1,
+    "tp": 1,
+    "pp": 1,
+    "ep": 1,
+    "micro_batch": 1,
+    "micro_batches": 1,
+    "zero": 0,
+    "recompute": 0,
+    "interleave": 1,
+    "first_layers": -1,
+    "last_layers": -1,
+    "bucket_mb": 25.0,
+    "first_bucket_mb": 1.0,
+    "overlap": True,
+    "algorithm": ALGORITHMS.index("ring"),
+    "placement": 0,
+    "ps_shards": 1,
+    "compression": 0,
+    "error_feedback": False,
+    "grad_dtype": GRAD_DTYPES.index("fp32"),
+}
+
+
+@dataclass(frozen=True)
+class Layouts:
+    """Candidate layouts as parallel arrays (one entry each); recompute, algorithm, placement
+    and compression hold codes into RECOMPUTE, ALGORITHMS, PLACEMENTS and `compressions`."""
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    ep: np.ndarray  # expert-parallel degree (divides dp)
+    micro_batch: np.ndarray
+    micro_batches: np.ndarray  # per step and data-parallel rank: global / (dp x micro_batch)
+    zero: np.ndarray
+    recompute: np.ndarray
+    interleave: np.ndarray
+    first_layers: np.ndarray  # layers on the first pipeline stage (-1: an even split)
+    last_layers: np.ndarray  # layers on the last pipeline stage (-1: an even split)
+    bucket_mb: np.ndarray
+    first_bucket_mb: np.ndarray
+    overlap: np.ndarray
+    algorithm: np.ndarray
+    placement: np.ndarray
+    ps_shards: np.ndarray
+    compression: np.ndarray
+    error_feedback: np.ndarray
+    grad_dtype: np.ndarray  # the gradients' dtype on the wire
+    compressions: tuple[str, ...] = field(default=("none",))
+
+    def __len__(self) -> int:
+        return len(self.dp)
+
+    @classmethod
+    def build(cls, compressions: tuple[str, ...] = ("none",), **columns: Any) -> Layouts:
+        """Layouts from columns (arrays or scalars, broadcast together); the rest default to
+        plain DDP's values."""
+        names = _COLUMNS
+        unknown = set(columns) - set(names)
+        if unknown:
+            raise TypeError(f"unknown layout columns {sorted(unknown)}")
+        values = [np.asarray(columns.get(n, _DEFAULTS[n])) for n in names]
+        arrays = np.broadcast_arrays(*(np.atleast_1d(v) for v in values))
+        types = {"bucket_mb": float, "first_bucket_mb": float}
+        types |= {"overlap": bool, "error_feedback": bool}
+        cast = {n: a.astype(types.get(n, np.int64)) for n, a in zip(names, arrays, strict=True)}
+        return cls(**cast, compressions=tuple(compressions))
+
+    @classmethod
+    def of(cls, strategies: list[Strategy], micro_batch: int, dp, micro_batches) -> Layouts:
+        """Strategies as layouts; dp and micro_batches are functions of a strategy."""
+        compressions = tuple(dict.fromkeys(["none", *(s.compression for s in strategies)]))
+
+        def col(f):
+            return [f(s) for s in strategies]
+
+        return cls.build(
+            compressions,
+            dp=col(dp),
+            tp=col(lambda s: s.tp),
+            pp=col(lambda s: s.pp),
+            ep=col(lambda s: s.ep),
+            micro_batch=micro_batch,
+            micro_batches=col(micro_batches),
+            zero=col(lambda s: s.zero),
+            recompute=col(lambda s: RECOMPUTE.index(s.recompute)),
+            interleave=col(lambda s: s.interleave),
+            first_layers=col(lambda s: s.split_layers[0]),
+            last_layers=col(lambda s: s.split_layers[1]),
+            bucket_mb=col(lambda s: s.bucket_mb),
+            first_bucket_mb=col(lambda s: s.first_bucket_mb),
+            overlap=col(lambda s: s.overlap),
+            algorithm=col(lambda s: ALGORITHMS.index(s.algorithm)),
+            placement=col(lambda s: PLACEMENTS.index(s.placement)),
+            ps_shards=col(lambda s: s.ps_shards),
+            compression=col(lambda s: compressions.index(s.compression)),
+            error_feedback=col(lambda s: s.error_feedback),
+            grad_dtype=col(lambda s: GRAD_DTYPES.index(s.grad_dtype)),
+        )
+
+    def take(self, index: np.ndarray) -> Layouts:
+        """The layouts at `index`."""
+        return replace(self, **{n: getattr(self, n)[index] for n in _COLUMNS})
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Layout i as plain values, names for the coded fields."""
+        out = {n: getattr(self, n)[i].item() for n in _COLUMNS}
+        out["recompute"] = RECOMPUTE[out["recompute"]]
+        out["algorithm"] = ALGORITHMS[out["algorithm"]]
+        out["placement"] = PLACEMENTS[out["placement"]]
+        out["compression"] = self.compressions[out["compression"]]
+        out["grad_dtype"] = GRAD_DTYPES[out["grad_dtype"]]
+        return out
+
+    def strategy(self, i: int, base: Strategy) -> Strategy:
+        """Layout i as a Strategy (fields a layout does not hold are base's)."""
+        r = self.row(i)
+        update = {k: r[k] for k in _STRATEGY_FIELDS}
+        update |= {
+            "first_stage_layers": r["first_layers"] if r["first_layers"] >= 0 else None,
+            "last_stage_layers": r["last_layers"] if r["last_layers"] >= 0 else None,
+        }
+        return base.model_copy(update=update)
+
+    @property
+    def grad_bytes(self) -> np.ndarray:
+        """Bytes of a gradient element on the wire."""
+        return _GRAD_BYTES[self.grad_dtype]
+
+    @property
+    def plain(self) -> np.ndarray:
+        """Plain data parallelism: no model parallelism, ZeRO or recomputation (what DDP runs)."""
+        return (
+            (self.tp == 1)
+            & (self.pp == 1)
+            & (self.ep == 1)
+            & (self.zero == 0)
+            & (self.recompute == 0)
+            & (self.interleave == 1)
+        )
+
+
+_STRATEGY_FIELDS = (
+    "tp",
+    "pp",
+    "ep",
+    "zero",
+    "recompute",
+    "interleave",
+    "bucket_mb",
+    "first_bucket_mb",
+    "overlap",
+    "algorithm",
+    "placement",
+    "ps_shards",
+    "compression",
+    "error_feedback",
+    "grad_dtype",
+)
+
+
+_COLUMNS = tuple(f.name for f in fields(Layouts) if f.name != "compressions")

@@ -1,0 +1,120 @@
+"""What the step model needs of a workload: its layers' FLOPs and parameters as blocks (the
+repeated transformer layers a pipeline splits) and what comes before and after them, and
+how a pipeline splits the blocks over its stages.
+
+A model without blocks (a CNN, a custom layer list) is all "before": it runs as one stage.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from commsim.workload.model import Workload
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A workload as blocks plus the layers before (embedding) and after (final norm, head)."""
+
+    blocks: int
+    hidden: int  # 0 without a transformer
+    heads: int
+    seq_len: int
+    block_params: float
+    block_flops: float  # forward FLOPs per sample of one block
+    attention_core_flops: float  # the s^2 part of block_flops (recomputed by "selective")
+    pre_params: float  # embedding
+    pre_flops: float
+    post_params: float  # final norm, LM head
+    post_flops: float
+    total_params: float
+    model_flops: float  # forward FLOPs per sample of the whole model
+    expert_params: float  # of block_params: all experts' MLPs (0 for a dense model)
+    routed: float  # top_k x capacity factor: token copies an MoE layer dispatches (0: dense)
+
+    @classmethod
+    def of(cls, w: Workload) -> Shape:
+        """Read the shape off a workload's layers (blocks are the layers named block.i)."""
+        names = [layer.name for layer in w.layers]
+        at = [i for i, n in enumerate(names) if n.startswith("block.")]
+        transformer = bool(at) and w.heads is not None and w.hidden is not None
+        if not transformer:
+            at = []
+        first, last = (at[0], at[-1] + 1) if at else (len(names), len(names))
+        pre, post = w.layers[:first], w.layers[last:]
+        s, h = (w.seq_len or 1, w.hidden) if transformer else (1, 0)
+        block = w.layers[at[0]] if at else None
+        return cls(
+            blocks=len(at),
+            hidden=h or 0,
+            heads=w.heads or 0,
+            seq_len=s,
+            block_params=float(block.params) if block else 0.0,
+            block_flops=block.forward_flops if block else 0.0,
+            attention_core_flops=4.0 * s * s * (h or 0),  # QK^T and AV: 2 x 2 s^2 h (Megatron)
+            pre_params=float(sum(x.params for x in pre)),
+            pre_flops=sum(x.forward_flops for x in pre),
+            post_params=float(sum(x.params for x in post)),
+            post_flops=sum(x.forward_flops for x in post),
+            total_params=float(w.params),
+            model_flops=w.forward_flops,
+            expert_params=float(w.expert_params),
+            routed=w.top_k * w.capacity_factor if w.moe else 0.0,
+        )
+
+
+def stage_layers(blocks: int, pp, first, last) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks on the first, a middle and the last pipeline stage. first / last:
+    Megatron-core's --decoder-first- / --decoder-last-pipeline-num-layers (-1: not set);
+    the other stages split the rest evenly (check_layout makes it divide). A middle stage
+    exists when pp > 2; with pp = 1 the one stage holds every block."""
+    pp, first, last = (np.asarray(x) for x in (pp, first, last))
+    f_set, l_set = first >= 0, last >= 0
+    pinned = np.where(f_set, first, 0) + np.where(l_set, last, 0)
+    shared = np.maximum(pp - f_set - l_set, 1)  # stages splitting the rest
+    rest = np.ceil((blocks - pinned) / shared)
+    k_first = np.where(f_set, first, rest)
+    k_last = np.where(l_set & (pp > 1), last, np.where(pp > 1, rest, k_first))
+    return k_first, np.where(pp > 2, rest, 0.0), k_last
+
+
+def slowest(k_first, k_mid, k_last, per_layer, only, whole, pre, post):
+    """(stage, blocks, load) of the stage with the most load: 0 the first (+ pre), 1 a
+    middle one, 2 the last (+ post); a single stage (only) carries `whole`."""
+    loads = np.stack(
+        [
+            k_first * per_layer + np.where(only, whole, pre),
+            k_mid * per_layer,
+            k_last * per_layer + np.where(only, whole, post),
+        ]
+    )
+    worst = np.argmax(loads, axis=0)
+    layers = np.choose(worst, [k_first, k_mid, k_last])
+    return worst, layers, np.take_along_axis(loads, worst[None], axis=0)[0]
+
+
+@functools.lru_cache(maxsize=256)
+def balanced_ends(blocks: int, pp: int, block: float, pre: float, post: float) -> tuple[int, int]:
+    """First- and last-stage layer counts that minimise the slowest stage's load when the
+    first stage also carries `pre` and the last `post` (in the units of `block`, one layer's),
+    the middle stages splitting the rest evenly as Megatron-core requires; ties go to the
+    split closest to even. By enumeration: at most blocks^2 / 2 candidates."""
+    best: tuple[float, float, int, int] | None = None
+    for f in range(1, blocks):
+        for k_last in range(1, blocks - f + 1):
+            middle = blocks - f - k_last
+            if pp == 2 and middle:
+                continue
+            if pp > 2 and (middle <= 0 or middle % (pp - 2)):
+                continue
+            mid = middle / (pp - 2) if pp > 2 else 0.0
+            load = max(f * block + pre, mid * block, k_last * block + post)
+            skew = abs(f - blocks / pp) + abs(k_last - blocks / pp)
+            if best is None or (load, skew) < best[:2]:
+                best = (load, skew, f, k_last)
+    if best is None:
+        raise ValueError(f"{blocks} layers cannot be split over {pp} stages")
+    return best[2], best[3]

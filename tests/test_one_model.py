@@ -1,0 +1,131 @@
+"""One model of the step: `predict`, the search and the detailed timeline give one figure.
+
+The search prices thousands of layouts in one vectorised pass; `predict` prices one; the
+per-bucket timeline (timeline.schedule_streams) lays a plain-DDP step out event by event,
+and sync.Tail is that schedule in closed form. All four must agree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from commsim.planner.search import COMPRESSIONS, enumerate_layouts, search
+from commsim.scenario import load_scenario, resolve
+from commsim.specs import ModelSpec
+from commsim.step.predict import layouts_timeline, predict, step_model
+from commsim.step.sync import BucketCosts, tail, upper_envelope
+from commsim.step.timeline import schedule_streams
+
+TOY = ModelSpec(name="toy", layers=8, hidden=512, heads=8, vocab=1000, seq_len=256)
+TOY_MOE = TOY.model_copy(update={"name": "toy-moe", "experts": 4, "top_k": 2})
+
+
+def _setup(model, cluster="dgx-a100-ib", gpus=32, global_batch=64):
+    seq_len = model.seq_len if isinstance(model, ModelSpec) else 1024
+    fields = dict(model=model, cluster=cluster, gpus=gpus, global_batch=global_batch)
+    sc, src = load_scenario(None, fields | {"seq_len": seq_len})
+    return resolve(sc, src, check=False)
+
+
+def _draw(layouts, pool, rng, count):
+    """`count` layouts of `pool`: every compressor at least once on plain DDP, overlap on and
+    off, the rest drawn at random."""
+    plain = pool[layouts.plain[pool]]
+    picks = []
+    for code in range(len(layouts.compressions)):
+        for overlap in (True, False):
+            mine = plain[(layouts.compression[plain] == code) & (layouts.overlap[plain] == overlap)]
+            picks.append(int(rng.choice(mine)))
+    rest = np.setdiff1d(pool, picks)
+    picks += rng.choice(rest, size=count - len(picks), replace=False).tolist()
+    return picks
+
+
+@pytest.mark.parametrize(
+    "model,cluster,gpus,batch",
+    [
+        (TOY, "dgx-a100-ib", 32, 64),
+        (TOY_MOE, "dgx-h100-ib", 32, 64),
+        ("gpt2-xl", "aws-p4d", 64, 512),
+    ],
+)
+def test_predict_and_the_search_agree_on_random_strategies(model, cluster, gpus, batch):
+    setup = _setup(model, cluster, gpus, batch)
+    layouts = enumerate_layouts(setup)
+    assert set(layouts.compressions) == set(COMPRESSIONS)
+    found = search(step_model(setup), layouts)
+    rank = {int(i): k for k, i in enumerate(found.fitting)}  # layout -> breakdown row
+    rng = np.random.default_rng(7)
+    picks = _draw(layouts, found.fitting, rng, 60)
+    kinds = set()
+    for i in picks:
+        strategy = layouts.strategy(i, setup.scenario.strategy)
+        sc = setup.scenario.model_copy(update={"micro_batch": int(layouts.micro_batch[i])})
+        variant = type(setup)(sc, setup.source, setup.cluster, setup.gpu, setup.workload)
+        searched = float(found.breakdown.step[rank[i]])
+        predicted = predict(variant, strategy).step_time_s
+        assert predicted == pytest.approx(searched, rel=1e-9, abs=0), (
+            strategy
+        )  # the issue asks 0.5%
+        kinds.add((bool(layouts.plain[i]), strategy.compression, strategy.overlap))
+    assert any(not plain for plain, _, _ in kinds)
+    assert {c for plain, c, _ in kinds if plain} == set(COMPRESSIONS)
+
+
+def test_the_detailed_timeline_is_the_models_step():
+    setup = _setup("gpt2-xl", "aws-p4d", 64, 512)
+    model = step_model(setup)
+    layouts = enumerate_layouts(setup, {"micro_batch": 1})
+    plain = np.nonzero(layouts.plain)[0]
+    breakdown = model.evaluate(layouts.take(plain))
+    for k in np.random.default_rng(3).choice(plain.size, size=40, replace=False):
+        one = layouts.take(plain[[k]])
+        report = layouts_timeline(setup, model, one, float(breakdown.optimizer[k]))
+        assert report.step_time_s == pytest.approx(float(breakdown.step[k]), rel=1e-9)
+        assert report.codec_s == pytest.approx(float(breakdown.codec[k]), rel=1e-9, abs=1e-15)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_closed_form_tail_is_the_two_stream_schedule(seed):
+    # random layers, tensors, buckets (in DDP's reverse order), costs, overlap, accumulation
+    rng = np.random.default_rng(seed)
+    n_layers = int(rng.integers(1, 12))
+    fwd = rng.uniform(0, 1, n_layers)
+    bwd = rng.uniform(0, 2, n_layers) * (rng.uniform(size=n_layers) < 0.9)
+    tensor_layer = np.repeat(np.arange(n_layers), rng.integers(1, 4, n_layers))
+    order = np.arange(tensor_layer.size)[::-1]
+    cuts = np.sort(rng.choice(np.arange(1, order.size), min(order.size - 1, 4), replace=False))
+    buckets = [list(b) for b in np.split(order, cuts if order.size > 1 else [])]
+    hooked = seed % 2 == 1
+    t = rng.uniform(0, 3, len(buckets))
+    e, d = (rng.uniform(0, 0.5, len(buckets)) * hooked for _ in range(2))
+    overlap, accum = bool(rng.uniform() < 0.7), int(rng.integers(1, 4))
+    report = schedule_streams(
+        fwd,
+        bwd,
+        rng.uniform(1, 10, tensor_layer.size),
+        buckets,
+        lambda sizes: t,
+        tensor_layer=tensor_layer,
+        overlap=overlap,
+        accum_steps=accum,
+        optimizer_s=0.3,
+        codec_time=(lambda sizes: (e, d)) if hooked else None,
+    )
+    suffix = np.cumsum(bwd[::-1])[::-1]
+    ready = np.array([suffix[min(tensor_layer[b])] for b in buckets]) / max(suffix[0], 1e-300)
+    closed = tail(BucketCosts(t, e, d), ready)
+    step = accum * (fwd.sum() + bwd.sum()) + closed.encode + float(closed.at(bwd.sum(), overlap))
+    assert step + 0.3 == pytest.approx(report.step_time_s, rel=1e-12, abs=1e-12)
+
+
+def test_upper_envelope_keeps_the_lines_that_win_for_positive_x():
+    # y = -x + 5, y = -0.5x + 4, y = 1 (flat), y = -2x + 3 (never the max for x >= 0)
+    slopes, intercepts = np.array([-1.0, -0.5, 0.0, -2.0]), np.array([5.0, 4.0, 1.0, 3.0])
+    keep = upper_envelope(slopes, intercepts)
+    assert sorted(keep.tolist()) == [0, 1, 2]
+    x = np.linspace(0, 20, 401)
+    full = np.max(intercepts + slopes * x[:, None], axis=1)
+    kept = np.max(intercepts[keep] + slopes[keep] * x[:, None], axis=1)
+    assert np.allclose(full, kept)
