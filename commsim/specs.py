@@ -139,10 +139,24 @@ class ModelSpec(Spec):
     gated_mlp: bool = False
     vocab: int | None = Field(default=None, ge=1)
     seq_len: int | None = Field(default=None, ge=1)
-    # mixture of experts: every block's MLP becomes `experts` MLPs behind a router (experts > 1)
+    head_dim: int | None = Field(default=None, ge=1)  # a head's width (default hidden / heads)
+    tied_embeddings: bool | None = None  # head reuses the embedding (default: GPT yes, gated no)
+    qkv_bias: bool = False  # biases on Q, K, V in a gated (LLaMA-style) model (Qwen2)
+    sliding_window: int | None = Field(default=None, ge=1)  # keys a windowed layer attends to
+    window_every: int = Field(default=1, ge=1)  # every k-th block windowed (1: all of them)
+    # multi-head latent attention (DeepSeek-V2/V3): low-rank query and key-value latents, a
+    # decoupled rotary part of rope_head_dim per head, value heads of v_head_dim
+    q_lora_rank: int | None = Field(default=None, ge=1)
+    kv_lora_rank: int | None = Field(default=None, ge=1)
+    rope_head_dim: int = Field(default=0, ge=0)
+    v_head_dim: int | None = Field(default=None, ge=1)
+    # mixture of experts: MoE blocks' MLP becomes `experts` MLPs behind a router (experts > 1)
     experts: int | None = Field(default=None, ge=1)
     top_k: int = Field(default=2, ge=1)  # experts each token is routed to
     capacity_factor: float = Field(default=1.25, gt=0)  # expert buffer / even share of tokens
+    moe_ffn_hidden: int | None = Field(default=None, ge=1)  # an expert's width (ffn_hidden)
+    shared_experts: int = Field(default=0, ge=0)  # always-on experts (DeepSeekMoE)
+    dense_layers: int = Field(default=0, ge=0)  # the first blocks keep a dense MLP
     custom_layers: list[LayerSpec] = []
 
 

@@ -270,3 +270,87 @@ def test_explicit_moe_spec_matches_the_preset():
     assert built.layers == build_workload("mixtral-8x7b").layers
     with pytest.raises(SpecError, match="model.top_k"):
         build_workload(spec.model_copy(update={"top_k": 9}))
+
+
+@pytest.mark.parametrize(
+    "name,params,active",
+    [
+        # HF config.json parameter counts (safetensors metadata "total"), Meta / Qwen / DeepSeek
+        ("llama3-8b", 8_030_261_248, 8_030_261_248),
+        ("llama3-70b", 70_553_706_496, 70_553_706_496),
+        ("llama3-405b", 405_853_388_800, 405_853_388_800),
+        ("qwen2.5-72b", 72_706_203_648, 72_706_203_648),
+        ("mixtral-8x22b", 140_620_634_112, None),
+        ("deepseek-v3", 671_026_404_352, None),
+    ],
+)
+def test_modern_presets_match_their_published_sizes(name, params, active):
+    w = build_workload(name)
+    assert w.params == params
+    if active:
+        assert w.active_params == active
+    if name == "deepseek-v3":  # "671B total parameters, of which 37B are activated"
+        assert 36.5e9 < w.active_params < 38e9
+
+
+def test_latent_attention_block_by_hand():
+    # DeepSeek-V3's MLA per block: q_a 7168 x 1536 + norm 1536 + q_b 1536 x 128 (128 + 64),
+    # kv_a 7168 x (512 + 64) + norm 512 + kv_b 512 x 128 (128 + 128), o 128 x 128 x 7168
+    h, heads = 7168, 128
+    mla = h * 1536 + 1536 + 1536 * heads * 192 + h * 576 + 512 + 512 * heads * 256
+    mla += heads * 128 * h
+    w = build_workload("deepseek-v3")
+    dense, moe = w.layers[1], w.layers[4]  # block.0 (dense), block.3 (the first MoE one)
+    mlp = 3 * h * 18432
+    assert dense.params == mla + mlp + 2 * h  # two RMSNorms
+    experts = 256 * 3 * h * 2048
+    assert moe.params == mla + h * 256 + 3 * h * 2048 + experts + 2 * h  # router, shared
+    assert sum(n for n, s in zip(moe.tensors, moe.shards, strict=True) if s == "ep") == experts
+    # forward FLOPs: 2 s x (matmul parameters a token runs: MLA without its norms, the router,
+    # the shared expert and 8 routed ones) + the attention core 2 s^2 heads (192 + 128)
+    s = 4096
+    matmul = mla - 1536 - 512 + h * 256 + 9 * 3 * h * 2048
+    assert moe.forward_flops == pytest.approx(2 * s * matmul + 2 * s * s * heads * 320)
+    assert w.attention_flops == pytest.approx(2 * s * s * heads * 320)
+
+
+def test_head_dim_sliding_window_and_tied_embeddings():
+    base = dict(name="m", layers=4, hidden=512, heads=8, vocab=1000, seq_len=1024)
+    plain = build_workload(ModelSpec(**base))
+    wide = build_workload(ModelSpec(**base, head_dim=128))  # 8 x 128 = 1024-wide attention
+    q_plain, q_wide = plain.layers[1].tensors[2], wide.layers[1].tensors[2]  # fused c_attn
+    assert (q_plain, q_wide) == (512 * 3 * 512, 512 * 3 * 1024)
+    assert wide.attention_flops == pytest.approx(2 * plain.attention_flops)
+    # a 256-token window on every other block: half the blocks attend to 256 of 1024 keys
+    windowed = build_workload(ModelSpec(**base, sliding_window=256, window_every=2))
+    assert windowed.attention_flops == pytest.approx(plain.attention_flops * (1 + 0.25) / 2)
+    untied = build_workload(ModelSpec(**base, tied_embeddings=False))
+    assert untied.params - plain.params == 1000 * 512  # the head's own matrix
+
+
+def test_dense_first_layers_and_shared_experts():
+    spec = ModelSpec(
+        name="m",
+        layers=4,
+        hidden=256,
+        heads=4,
+        vocab=1000,
+        seq_len=128,
+        gated_mlp=True,
+        ffn_hidden=1024,
+        experts=8,
+        top_k=2,
+        moe_ffn_hidden=128,
+        shared_experts=2,
+        dense_layers=1,
+    )
+    w = build_workload(spec)
+    dense, moe = w.layers[1], w.layers[2]
+    assert "ep" not in dense.shards and dense.params < moe.params
+    assert w.expert_params == pytest.approx(8 * 3 * 256 * 128 * 3 / 4)  # 3 of 4 blocks
+    # after the router (replicated), the shared experts' MLP (2 x 128 wide: gate, up, down)
+    # is split over tp like a dense one; the routed experts follow, on their ep ranks
+    router = moe.tensors.index(256 * 8)
+    assert moe.shards[router] == ""
+    assert moe.tensors[router + 1 : router + 4] == (256 * 256,) * 3
+    assert moe.shards[router + 1 : router + 5] == ("tp", "tp", "tp", "ep")

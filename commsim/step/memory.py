@@ -153,34 +153,34 @@ class _Shape:
     hidden: int
     heads: int
     vocab: int
-    block: tuple[int, int]  # parameters of one block (split over tp, replicated)
-    expert: int  # of block[0]: the experts' MLPs (split over tp and ep)
+    block: tuple[float, float]  # parameters of one block (split over tp, replicated; mean)
+    expert: float  # of block[0]: the experts' MLPs (split over tp and ep; mean over blocks)
     routed: float  # top_k x capacity factor (1 for a dense model)
-    first: tuple[int, int]  # layers before the blocks: the embedding
-    last: tuple[int, int]  # layers after the blocks: final norm, heads
+    first: tuple[float, float]  # layers before the blocks: the embedding
+    last: tuple[float, float]  # layers after the blocks: final norm, heads
     tied: int  # token-embedding size when the head reuses it (a copy on the last stage), else 0
 
 
 def _transformer_shape(workload: Workload) -> _Shape | None:
-    """A transformer's sizes read off its layers (None for other models)."""
-    # Megatron's split (Shoeybi et al. 2019, arXiv:1909.08053): block matrices and column-parallel
-    # biases split over tp, vectors of length h (norms, row-parallel biases) replicated (BERT's
-    # Q, K, V biases, length h too, are split there: 3h a block counted replicated here); the
-    # vocabulary table and vocabulary-sized head tensors split, positions, token types replicated.
+    """A transformer's sizes read off its layers' tensors and their shard tags (Layer.shards:
+    Megatron's split); blocks averaged (MoE models may keep dense first blocks). None for
+    other models."""
     names = [layer.name for layer in workload.layers]
     block_at = [i for i, n in enumerate(names) if n.startswith("block.")]
     if not block_at or names[0] != "embedding" or names[-1] != "lm_head":
         return None
-    body = workload.layers[block_at[0]]
-    h = min(body.tensors)  # a norm weight
-    vocab = workload.layers[0].tensors[0] // h
-    if workload.heads is None:
+    if workload.heads is None or workload.hidden is None:
         raise ValueError(f"{workload.name}: a transformer workload without its head count")
+    h = workload.hidden
+    vocab = workload.layers[0].tensors[0] // h
 
-    def split(layers, is_split) -> tuple[int, int]:
-        sizes = [n for layer in layers for n in layer.tensors]
-        return sum(n for n in sizes if is_split(n)), sum(n for n in sizes if not is_split(n))
+    def split(layers) -> tuple[float, float]:
+        """(parameters split over tp, expert ones included; replicated ones)."""
+        pairs = [(n, layer.shard(i)) for layer in layers for i, n in enumerate(layer.tensors)]
+        return float(sum(n for n, s in pairs if s)), float(sum(n for n, s in pairs if not s))
 
+    blocks = [workload.layers[i] for i in block_at]
+    body = split(blocks)
     tail = workload.layers[block_at[-1] + 1 :]
     untied = any(n == vocab * h for layer in tail for n in layer.tensors)
     return _Shape(
@@ -188,11 +188,11 @@ def _transformer_shape(workload: Workload) -> _Shape | None:
         hidden=h,
         heads=workload.heads,
         vocab=vocab,
-        block=split([body], lambda n: n != h),
+        block=(body[0] / len(blocks), body[1] / len(blocks)),
         expert=workload.expert_params,
         routed=workload.top_k * workload.capacity_factor if workload.moe else 1.0,
-        first=split(workload.layers[:1], lambda n: n == vocab * h),
-        last=split(tail, lambda n: n in (vocab, vocab * h)),
+        first=split(workload.layers[:1]),
+        last=split(tail),
         tied=0 if untied else vocab * h,
     )
 

@@ -23,8 +23,8 @@ class Shape:
     hidden: int  # 0 without a transformer
     heads: int
     seq_len: int
-    block_params: float
-    block_flops: float  # forward FLOPs per sample of one block
+    block_params: float  # of a block (the mean over blocks)
+    block_flops: float  # forward FLOPs per sample of a block (the mean)
     attention_core_flops: float  # the s^2 part of block_flops (recomputed by "selective")
     pre_params: float  # embedding
     pre_flops: float
@@ -46,15 +46,16 @@ class Shape:
         first, last = (at[0], at[-1] + 1) if at else (len(names), len(names))
         pre, post = w.layers[:first], w.layers[last:]
         s, h = (w.seq_len or 1, w.hidden) if transformer else (1, 0)
-        block = w.layers[at[0]] if at else None
+        blocks = [w.layers[i] for i in at]
+        n = max(len(blocks), 1)
         return cls(
             blocks=len(at),
             hidden=h or 0,
             heads=w.heads or 0,
             seq_len=s,
-            block_params=float(block.params) if block else 0.0,
-            block_flops=block.forward_flops if block else 0.0,
-            attention_core_flops=4.0 * s * s * (h or 0),  # QK^T and AV: 2 x 2 s^2 h (Megatron)
+            block_params=sum(b.params for b in blocks) / n,  # mean: MoE models may keep
+            block_flops=sum(b.forward_flops for b in blocks) / n,  # dense first blocks
+            attention_core_flops=w.attention_flops if transformer else 0.0,
             pre_params=float(sum(x.params for x in pre)),
             pre_flops=sum(x.forward_flops for x in pre),
             post_params=float(sum(x.params for x in post)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,9 @@ class Workload:
     experts: int = 1  # experts per MoE block (1: a dense model)
     top_k: int = 1  # experts each token is routed to
     capacity_factor: float = 1.0  # expert buffer / even share of the routed tokens
-    expert_params: int = 0  # parameters of all experts' MLPs in one block (0: dense)
+    expert_params: float = 0  # all experts' MLPs' parameters in a block (mean over blocks)
+    attention_flops: float = 0.0  # forward FLOPs per sample of a block's attention core (mean)
+    arch: Any = None  # a transformer's TransformerShape (workload.transformer); None otherwise
 
     @property
     def layer_params(self) -> np.ndarray:
@@ -94,8 +97,8 @@ class Workload:
     def active_params(self) -> int:
         """Parameters one token passes through: all but the unrouted experts' MLPs."""
         blocks = sum(layer.name.startswith("block.") for layer in self.layers)
-        idle = self.expert_params * (self.experts - self.top_k) // self.experts
-        return self.params - blocks * idle
+        idle = self.expert_params * (self.experts - self.top_k) / self.experts
+        return int(round(self.params - blocks * idle))
 
     @property
     def train_flops(self) -> float:

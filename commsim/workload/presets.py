@@ -111,6 +111,111 @@ _TRANSFORMERS: dict[str, TransformerShape] = {
         top_k=2,
         capacity_factor=1.25,
     ),
+    # Meta Llama 3 (Dubey et al. 2024, arXiv:2407.21783, Table 3); HF meta-llama/Meta-Llama-3-8B
+    # config.json: hidden 4096, intermediate 14336, 32 layers, 32 heads, 8 kv heads, vocab
+    # 128256, context 8192, untied. 8,030,261,248 parameters.
+    "llama3-8b": TransformerShape(
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        ffn_hidden=14336,
+        gated_mlp=True,
+        vocab=128256,
+        context=8192,
+        style=LLAMA,
+    ),
+    # HF meta-llama/Meta-Llama-3-70B config.json: hidden 8192, intermediate 28672, 80 layers,
+    # 64 heads, 8 kv heads, vocab 128256. 70,553,706,496 parameters.
+    "llama3-70b": TransformerShape(
+        layers=80,
+        hidden=8192,
+        heads=64,
+        kv_heads=8,
+        ffn_hidden=28672,
+        gated_mlp=True,
+        vocab=128256,
+        context=8192,
+        style=LLAMA,
+    ),
+    # HF meta-llama/Llama-3.1-405B config.json: hidden 16384, intermediate 53248, 126 layers,
+    # 128 heads, 8 kv heads, vocab 128256, context 131072 (pre-trained at 8192 first).
+    # 405,853,388,800 parameters.
+    "llama3-405b": TransformerShape(
+        layers=126,
+        hidden=16384,
+        heads=128,
+        kv_heads=8,
+        ffn_hidden=53248,
+        gated_mlp=True,
+        vocab=128256,
+        context=131072,
+        style=LLAMA,
+        seq_len=8192,
+    ),
+    # HF mistralai/Mixtral-8x22B-v0.1 config.json: hidden 6144, intermediate 16384, 56 layers,
+    # 48 heads, 8 kv heads, vocab 32000, 8 experts, 2 a token, context 65536 (run at 4096).
+    # 140,620,634,112 parameters; about 39B active (Mistral AI).
+    "mixtral-8x22b": TransformerShape(
+        layers=56,
+        hidden=6144,
+        heads=48,
+        kv_heads=8,
+        ffn_hidden=16384,
+        gated_mlp=True,
+        vocab=32000,
+        context=65536,
+        style=LLAMA,
+        seq_len=4096,
+        experts=8,
+        top_k=2,
+        capacity_factor=1.25,
+    ),
+    # Qwen2.5 (Qwen team 2024, arXiv:2412.15115); HF Qwen/Qwen2.5-72B config.json: hidden 8192,
+    # intermediate 29568, 80 layers, 64 heads, 8 kv heads, vocab 152064, biases on Q, K, V,
+    # untied. 72,706,203,648 parameters.
+    "qwen2.5-72b": TransformerShape(
+        layers=80,
+        hidden=8192,
+        heads=64,
+        kv_heads=8,
+        ffn_hidden=29568,
+        gated_mlp=True,
+        vocab=152064,
+        context=32768,
+        style=LLAMA,
+        seq_len=4096,
+        qkv_bias=True,
+    ),
+    # DeepSeek-V3 (DeepSeek-AI 2024, arXiv:2412.19437); HF deepseek-ai/DeepSeek-V3 config.json:
+    # hidden 7168, 61 layers, the first 3 dense (intermediate 18432), then 256 routed experts
+    # of 2048 (8 a token) and 1 shared; MLA with 128 heads, q_lora_rank 1536, kv_lora_rank 512,
+    # qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128; vocab 129280, untied; pre-
+    # trained at 4096 tokens. 671B parameters, 37B active (the multi-token-prediction module's
+    # 14B not included).
+    "deepseek-v3": TransformerShape(
+        layers=61,
+        hidden=7168,
+        heads=128,
+        kv_heads=128,
+        ffn_hidden=18432,
+        gated_mlp=True,
+        vocab=129280,
+        context=163840,
+        style=LLAMA,
+        seq_len=4096,
+        experts=256,
+        top_k=8,
+        capacity_factor=1.0,
+        head_dim=128,
+        moe_ffn_hidden=2048,
+        shared_experts=1,
+        dense_layers=3,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        rope_head_dim=64,
+        v_head_dim=128,
+    ),
     # Devlin et al. 2019 (arXiv:1810.04805): L=24, H=1024, A=16; HF bert-large-uncased
     # config.json: vocab 30522, max_position_embeddings 512, type_vocab_size 2. As
     # BertForPreTraining: 335,141,888 in BertModel + 1,084,220 in the pretraining heads.
@@ -186,8 +291,10 @@ def _from_spec(m: ModelSpec, seq_len: int | None, source: str) -> TransformerSha
     context = m.seq_len or seq_len
     if context is None:
         raise SpecError(source, "model.seq_len", "required (here or in the scenario)")
-    if m.hidden % m.heads:
-        raise SpecError(source, "model.heads", f"{m.heads} does not divide hidden {m.hidden}")
+    if m.hidden % m.heads and m.head_dim is None:
+        raise SpecError(
+            source, "model.heads", f"{m.heads} does not divide hidden {m.hidden} (give head_dim)"
+        )
     kv_heads = m.kv_heads or m.heads
     if m.heads % kv_heads:
         raise SpecError(source, "model.kv_heads", f"{kv_heads} does not divide heads {m.heads}")
@@ -198,6 +305,10 @@ def _from_spec(m: ModelSpec, seq_len: int | None, source: str) -> TransformerSha
     experts = m.experts or 1
     if experts > 1 and m.top_k > experts:
         raise SpecError(source, "model.top_k", f"{m.top_k} exceeds the {experts} experts")
+    if m.dense_layers > m.layers:
+        raise SpecError(source, "model.dense_layers", f"{m.dense_layers} exceeds {m.layers} layers")
+    if (m.q_lora_rank or m.rope_head_dim or m.v_head_dim) and m.kv_lora_rank is None:
+        raise SpecError(source, "model.kv_lora_rank", "latent attention (MLA) needs kv_lora_rank")
     return TransformerShape(
         m.layers,
         m.hidden,
@@ -211,4 +322,16 @@ def _from_spec(m: ModelSpec, seq_len: int | None, source: str) -> TransformerSha
         experts=experts,
         top_k=m.top_k,
         capacity_factor=m.capacity_factor,
+        head_dim=m.head_dim,
+        tied=m.tied_embeddings,
+        moe_ffn_hidden=m.moe_ffn_hidden,
+        shared_experts=m.shared_experts,
+        dense_layers=m.dense_layers,
+        sliding_window=m.sliding_window,
+        window_every=m.window_every,
+        q_lora_rank=m.q_lora_rank,
+        kv_lora_rank=m.kv_lora_rank,
+        rope_head_dim=m.rope_head_dim,
+        v_head_dim=m.v_head_dim,
+        qkv_bias=m.qkv_bias,
     )
