@@ -5,17 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from commsim.collectives.alphabeta import (
-    ALGORITHMS,
-    bus_factor,
-    collective_time,
-    hierarchical_time,
-    pipeline_chunks,
-    pipeline_time,
-    tree_degree,
-    tree_height,
-    tree_peers,
-)
+from commsim.collectives.algorithms import ALGORITHMS, bus_factor
+from commsim.collectives.algorithms.base import pipeline_chunks, pipeline_time
+from commsim.collectives.algorithms.tree import tree_degree, tree_height, tree_peers
+from commsim.collectives.evaluate import collective_time, hierarchical_time
 from commsim.topology.routing import alpha_with_fanin
 
 pytestmark = pytest.mark.filterwarnings("error")

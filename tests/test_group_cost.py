@@ -7,7 +7,7 @@ import pytest
 from conftest import make_cluster
 
 from commsim import catalog
-from commsim.collectives.alphabeta import collective_time
+from commsim.collectives.evaluate import collective_time
 from commsim.collectives.group import GroupCost
 from commsim.specs import ClusterSpec, load_spec
 from commsim.topology.build import build_cluster
@@ -125,7 +125,7 @@ def test_interpolation_between_powers_of_two(algorithm):
     # chunk sizes (intra- and inter-node flows differ in latency, and since LogP's per-
     # message overhead also in peers). Over a 300-size sweep of 8 B..1 GiB on this group
     # the worst is 1.28% at ~2.9 KB (1.26% at ~1.4 KB before that overhead).
-    from commsim.collectives.schedule import graph_time
+    from commsim.collectives.evaluate import graph_time
 
     c = make_cluster(nodes=4, gpus_per_node=4, nics=2, nodes_per_leaf=2, oversubscription=(2.0,))
     cost = GroupCost(c, place(c, 16, "interleaved"))

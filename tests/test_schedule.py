@@ -7,23 +7,17 @@ import numpy as np
 import pytest
 from conftest import make_cluster
 
-from commsim.collectives.alphabeta import (
-    ALGORITHMS,
-    collective_time,
-    hierarchical_time,
+from commsim.collectives.algorithms import ALGORITHMS, build_schedule
+from commsim.collectives.algorithms.base import traffic
+from commsim.collectives.algorithms.tree import (
+    btree_parents,
+    dtree_parents,
     tree_degree,
+    tree_depth,
     tree_height,
     tree_peers,
 )
-from commsim.collectives.schedule import (
-    btree_parents,
-    build_schedule,
-    dtree_parents,
-    evaluate,
-    graph_time,
-    traffic,
-    tree_depth,
-)
+from commsim.collectives.evaluate import collective_time, evaluate, graph_time, hierarchical_time
 from commsim.topology.routing import endpoint_overhead, path_params, peer_counts
 
 pytestmark = pytest.mark.filterwarnings("error")

@@ -42,9 +42,11 @@ from scipy import optimize, stats
 
 from commsim import __version__, catalog
 from commsim.calibrate.records import MetaRecord, Results
+from commsim.collectives.algorithms.binomial import binomial_broadcast
+from commsim.collectives.algorithms.direct import shift
 from commsim.collectives.backends import ALGORITHMS
+from commsim.collectives.evaluate import evaluate
 from commsim.collectives.group import GroupCost
-from commsim.collectives.schedule import Schedule, Step, evaluate
 from commsim.profile import (
     TIERS,
     ComputeFit,
@@ -171,45 +173,6 @@ def collect_points(results: Results, spec: ClusterSpec) -> tuple[list[Point], li
 
 
 # --------------------------------------------------------------------------- the model
-
-
-def _step(src, dst, nbytes: float) -> Step:
-    """One step: flows src[i] -> dst[i] of nbytes each, on no particular NIC rail."""
-    src = np.asarray(src, dtype=np.int64)
-    return Step(
-        src=src,
-        dst=np.asarray(dst, dtype=np.int64),
-        nbytes=np.full(src.shape, float(nbytes)),
-        rail=np.full(src.shape, -1, dtype=np.int64),
-    )
-
-
-def binomial_broadcast(n: int, size: float) -> Schedule:
-    """gloo's broadcast (gloo/broadcast.cc) from rank 0: rank v receives the whole buffer
-    from v minus its highest set bit, then sends it to v + 2^i for every 2^i above that bit,
-    all sends posted at once. Step d holds the sends of the ranks at depth d (d set bits),
-    so the root shares its link among ceil(lg n) children."""
-    steps = []
-    for depth in range(max(1, (n - 1).bit_length())):
-        src, dst = [], []
-        for v in range(n):
-            if v.bit_count() != depth:
-                continue
-            i = v.bit_length()  # children v + 2^i for 2^i above v's highest bit
-            while v + (1 << i) < n:
-                src.append(v)
-                dst.append(v + (1 << i))
-                i += 1
-        if src:
-            steps.append(_step(src, dst, size))
-    return steps
-
-
-def shift(n: int, size: float) -> Schedule:
-    """nccl-tests' sendrecv: every rank sends the buffer to the next and receives from the
-    previous, at once (one step, one peer each way)."""
-    ranks = np.arange(n)
-    return [_step(ranks, (ranks + 1) % n, size)]
 
 
 class GroupModel:

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from commsim import catalog
 from commsim.cli.calibrate import calibrate_app
 from commsim.cli.testbed import testbed_app
-from commsim.collectives.alphabeta import ALGORITHMS, bus_factor
+from commsim.collectives.algorithms import ALGORITHMS, bus_factor
 from commsim.collectives.group import GroupCost
 from commsim.planner.ddp import bandwidth_sweep
 from commsim.planner.hybrid import plan_all

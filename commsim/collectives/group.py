@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from commsim.collectives.alphabeta import ALGORITHMS, check_algorithm
+from commsim.collectives.algorithms import ALGORITHMS, check_algorithm
+from commsim.collectives.evaluate import graph_time
 from commsim.collectives.nccl import nccl_like_choice
-from commsim.collectives.schedule import graph_time
 from commsim.topology.build import Cluster
 
 

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from commsim.collectives.alphabeta import (
-    algorithms_for,
-    check_algorithm,
-    collective_time,
-    hierarchical_time,
-)
+from commsim.collectives.algorithms import algorithms_for, check_algorithm
+from commsim.collectives.evaluate import collective_time, hierarchical_time
 
 
 def best_algorithm(

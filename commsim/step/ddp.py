@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from commsim.collectives.alphabeta import ALGORITHMS
+from commsim.collectives.algorithms import ALGORITHMS
 from commsim.collectives.group import GroupCost
 from commsim.compression import Compressor, as_compressor, parse_compressor
 from commsim.scenario import Setup
