@@ -42,8 +42,7 @@ from scipy import optimize, stats
 
 from commsim import __version__, catalog
 from commsim.calibrate.records import MetaRecord, Results
-from commsim.collectives.algorithms.binomial import binomial_broadcast
-from commsim.collectives.algorithms.direct import shift
+from commsim.collectives.algorithms import build_schedule
 from commsim.collectives.backends import ALGORITHMS
 from commsim.collectives.evaluate import evaluate
 from commsim.collectives.group import GroupCost
@@ -196,9 +195,9 @@ class GroupModel:
             return min(self.time(op, a, size) for a in names)
         n = self.gpus.size
         if op == "send-recv" and algorithm == "direct":
-            return evaluate(shift(n, size), self.cluster, self.gpus)
+            return evaluate(build_schedule(op, algorithm, n, size), self.cluster, self.gpus)
         if algorithm == "binomial" and op == "broadcast":
-            return evaluate(binomial_broadcast(n, size), self.cluster, self.gpus)
+            return evaluate(build_schedule(op, algorithm, n, size), self.cluster, self.gpus)
         if algorithm == "allreduce-ring" and op == "reduce-scatter":
             return float(self.cost.time("all-reduce", "ring", size)[0])
         return float(self.cost.time(op, algorithm, size)[0])

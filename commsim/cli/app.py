@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from commsim import catalog
 from commsim.cli.calibrate import calibrate_app
 from commsim.cli.testbed import testbed_app
-from commsim.collectives.algorithms import ALGORITHMS, bus_factor
+from commsim.collectives.algorithms import ALGORITHMS, SEARCHED, bus_factor
 from commsim.collectives.group import GroupCost
 from commsim.planner.ddp import bandwidth_sweep
 from commsim.planner.hybrid import plan_all
@@ -431,7 +431,7 @@ def collective_cmd(
         cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
         lo, hi = parse_size_range(sizes)
         grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
-        algs = ALGORITHMS[op] if algorithm == "all" else (algorithm,)
+        algs = SEARCHED[op] if algorithm == "all" else (algorithm,)
         rows = []
         with _progress(len(algs), f"{op} on {gpus} GPUs") as bar:
             for alg in algs:

@@ -6,9 +6,9 @@ messages leave (or enter) one GPU at once they share its B, and the GPU handles 
 after another, each costing it a per-message overhead o (alpha_with_fanin). Sizes follow
 nccl-tests: S is the bytes of the full buffer per rank (all-gather: output;
 reduce-scatter: input; all-to-all: bytes each rank sends in total). Each algorithm's
-formula is its schedule collapsed on a uniform network; the tests check the two against
-each other on the graph. Every function broadcasts over numpy arrays of group sizes,
-sizes, alphas and bandwidths.
+closed form is its schedule collapsed on uniform links, as terms (algorithms/base.py);
+the tests check the two against each other on the graph. The closed-form functions
+broadcast over numpy arrays of group sizes, sizes, alphas and bandwidths.
 
 Graph: each step's flows are routed on the cluster graph and share links max-min fairly;
 a step ends with its slowest flow. Routed on a uniform network every schedule costs
@@ -22,37 +22,21 @@ from collections.abc import Callable
 
 import numpy as np
 
-from commsim.collectives.algorithms import build_schedule, check_algorithm
-from commsim.collectives.algorithms.base import Schedule, Step, pipeline_chunks
-from commsim.collectives.algorithms.chain import chain_time
-from commsim.collectives.algorithms.direct import direct_time
-from commsim.collectives.algorithms.hierarchical import HIERARCHICAL_PHASES
-from commsim.collectives.algorithms.ps import ps_time
-from commsim.collectives.algorithms.rhd import rhd_allreduce_time, rhd_scatter_gather_time
-from commsim.collectives.algorithms.ring import ring_time
-from commsim.collectives.algorithms.tree import tree_time
+from commsim.collectives.algorithms import build_schedule, lookup
+from commsim.collectives.algorithms.base import (
+    Rounds,
+    Schedule,
+    Step,
+    Term,
+    pipeline_chunks,
+    pipeline_time,
+)
 from commsim.topology.build import Cluster
+from commsim.topology.routing import alpha_with_fanin
 from commsim.topology.routing import step_time as routed_step_time
 
 StepTimeFn = Callable[..., float]
-
-# Formulas: group size n (>= 2 where it matters; n = 1 is masked to 0 by collective_time),
-# size s, alpha a, bandwidth b, per-message overhead o. Every step's alpha is
-# alpha_with_fanin over the distinct peers a rank handles in it: ring, chain and RHD steps
-# (folds included) give each rank one peer each way, so theirs is plain a; tree, PS and
-# direct all-to-all steps pay (k - 1) o more.
-_FORMULAS = {
-    ("all-reduce", "ring"): ring_time,
-    ("reduce-scatter", "ring"): ring_time,
-    ("all-gather", "ring"): ring_time,
-    ("broadcast", "ring"): chain_time,
-    ("all-reduce", "tree"): tree_time,
-    ("all-reduce", "rhd"): rhd_allreduce_time,
-    ("reduce-scatter", "rhd"): rhd_scatter_gather_time,
-    ("all-gather", "rhd"): rhd_scatter_gather_time,
-    ("all-reduce", "ps"): ps_time,
-    ("all-to-all", "direct"): direct_time,
-}
+Link = tuple[np.ndarray, np.ndarray, np.ndarray]  # alpha, bandwidth, per-message overhead
 
 
 def collective_time(
@@ -70,31 +54,24 @@ def collective_time(
     """Seconds for `op` by a flat `algorithm` over n ranks on uniform links; broadcasts.
 
     alpha: seconds per step; bandwidth: bytes/s per GPU per direction; ps_shards: servers
-    of "ps" (1 <= k <= n); chunks: pipeline depth of "tree" and ring broadcast (default:
+    of "ps" (1 <= k <= n); chunks: pipeline depth of the pipelined algorithms (default:
     pipeline_chunks' optimum); overhead: LogP's per-message o that a rank pays for each
     further peer in a step (alpha_with_fanin; default alpha / 2, right when alpha has no
-    switch/cable part). A group of one costs 0. "hierarchical" needs two link tiers: see
-    hierarchical_time.
+    switch/cable part). A group of one costs 0. A two-tier algorithm ("hierarchical")
+    needs both link tiers: see hierarchical_time.
     """
-    check_algorithm(op, algorithm)
-    if algorithm == "hierarchical":
-        raise ValueError("hierarchical needs intra- and inter-node links: use hierarchical_time")
+    alg = lookup(op, algorithm)
+    if alg.two_tier:
+        raise ValueError(f"{algorithm} needs intra- and inter-node links: use hierarchical_time")
     n = _group_sizes(n)
-    size, alpha, bandwidth = (np.asarray(x, dtype=float) for x in (size, alpha, bandwidth))
-    if np.any(size < 0) or np.any(alpha < 0) or np.any(bandwidth <= 0):
-        raise ValueError("need size >= 0, alpha >= 0 and bandwidth > 0")
-    o = alpha / 2 if overhead is None else np.asarray(overhead, dtype=float)
-    if np.any(o < 0):
-        raise ValueError(f"overhead must be >= 0, got {overhead}")
+    size = _sizes(size)
+    link = _link(alpha, bandwidth, overhead)
     shards = np.asarray(ps_shards)
-    if algorithm == "ps" and (np.any(shards < 1) or np.any(shards > n)):
-        raise ValueError(f"ps_shards must be between 1 and the group size, got {ps_shards}")
+    alg.check(n, ps_shards=shards)
     if chunks is not None and np.any(np.asarray(chunks) < 1):
         raise ValueError(f"chunks must be at least 1, got {chunks}")
-    t = _FORMULAS[op, algorithm](
-        op, n, size, alpha, bandwidth, o=o, ps_shards=shards, chunks=chunks
-    )
-    return np.where(n > 1, t, 0.0)
+    terms = alg.forms[op].terms(op, n, ps_shards=shards)
+    return np.where(n > 1, _sum_terms(terms, size, {"net": link}, chunks), 0.0)
 
 
 def hierarchical_time(
@@ -111,24 +88,66 @@ def hierarchical_time(
     inter_overhead=None,
 ) -> np.ndarray:
     """Seconds for the two-level `op`: rings inside each node at size S, and rings across
-    nodes among the GPUs of each rail at S / g, one phase after another (HIERARCHICAL_PHASES).
+    nodes among the GPUs of each rail at S / g, one phase after another (hierarchical.py).
 
     All rails run at once, each on its own NIC, so inter_bw is one GPU's share of the
     network (e.g. one NIC per GPU). The overheads are each tier's per-message o (see
     collective_time); a ring rank has one peer each way, so today they do not change the
     result, but they travel with the phases so every phase follows the same rule."""
-    check_algorithm(op, "hierarchical")
+    alg = lookup(op, "hierarchical")
     g = _group_sizes(gpus_per_node)
-    m = _group_sizes(n_nodes)
-    size = np.asarray(size, dtype=float)
+    n = _group_sizes(n_nodes) * g
     links = {
-        "intra": ((g, size, intra_alpha, intra_bw), intra_overhead),
-        "inter": ((m, size / g, inter_alpha, inter_bw), inter_overhead),
+        "intra": _link(intra_alpha, intra_bw, intra_overhead),
+        "inter": _link(inter_alpha, inter_bw, inter_overhead),
     }
-    return sum(
-        collective_time(phase, "ring", *links[level][0], overhead=links[level][1])
-        for phase, level in HIERARCHICAL_PHASES[op]
-    )
+    terms = alg.forms[op].terms(op, n, gpus_per_node=g)
+    return np.where(n > 1, _sum_terms(terms, _sizes(size), links, None), 0.0)
+
+
+def _sum_terms(terms: list[Term], size: np.ndarray, links: dict[str, Link], chunks):
+    """Seconds of a closed form's terms, each on its tier's uniform link.
+
+    Rounds add up per tier before touching the size grid (latencies over group sizes,
+    loads over group sizes), so a flat algorithm costs one multiply-add over the grid;
+    a Pipeline picks its chunk count per element (pipeline_chunks) unless given."""
+    total, latency, load = None, {}, {}
+    for term in terms:
+        alpha, bandwidth, o = links[term.tier]
+        a_step = alpha_with_fanin(alpha, term.peers, o)
+        if isinstance(term, Rounds):
+            latency[term.tier] = latency.get(term.tier, 0.0) + term.count * a_step
+            load[term.tier] = load.get(term.tier, 0.0) + term.load
+            continue
+        work = term.load / bandwidth * size
+        k = pipeline_chunks(term.stages, a_step, work, size) if chunks is None else chunks
+        total = _plus(total, pipeline_time(k, term.stages, a_step, work))
+    for tier, lat in latency.items():
+        total = _plus(total, lat + load[tier] / links[tier][1] * size)
+    return 0.0 if total is None else total
+
+
+def _plus(total, part):
+    return part if total is None else total + part
+
+
+def _link(alpha, bandwidth, overhead) -> Link:
+    """(alpha, bandwidth, o) as arrays; o defaults to alpha / 2 (alpha all endpoint)."""
+    alpha, bandwidth = np.asarray(alpha, dtype=float), np.asarray(bandwidth, dtype=float)
+    if np.any(alpha < 0) or np.any(bandwidth <= 0):
+        raise ValueError("need size >= 0, alpha >= 0 and bandwidth > 0")
+    o = alpha / 2 if overhead is None else np.asarray(overhead, dtype=float)
+    if np.any(o < 0):
+        raise ValueError(f"overhead must be >= 0, got {overhead}")
+    return alpha, bandwidth, o
+
+
+def _sizes(size) -> np.ndarray:
+    """Bytes as a float array, refusing negative sizes."""
+    size = np.asarray(size, dtype=float)
+    if np.any(size < 0):
+        raise ValueError("need size >= 0, alpha >= 0 and bandwidth > 0")
+    return size
 
 
 def _group_sizes(n) -> np.ndarray:

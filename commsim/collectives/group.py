@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from commsim.collectives.algorithms import ALGORITHMS, check_algorithm
+from commsim.collectives.algorithms import SEARCHED, algorithms_for, check_algorithm, runs_on
 from commsim.collectives.evaluate import graph_time
 from commsim.collectives.nccl import nccl_like_choice
 from commsim.topology.build import Cluster
@@ -64,10 +64,10 @@ class GroupCost:
         return self._cache[key]
 
     def algorithms(self, op: str) -> tuple[str, ...]:
-        """The algorithms `op` can run on this group: tree and hierarchical need whole nodes."""
-        check_algorithm(op, ALGORITHMS.get(op, ("",))[0])
-        whole_nodes = self.n % self.gpus_per_node == 0
-        return tuple(a for a in ALGORITHMS[op] if whole_nodes or a not in ("tree", "hierarchical"))
+        """The algorithms `auto` chooses among for `op` on this group (algorithms.SEARCHED):
+        those needing whole nodes only where the group is whole nodes (algorithms.runs_on)."""
+        algorithms_for(op)
+        return tuple(a for a in SEARCHED[op] if runs_on(op, a, self.n, self.gpus_per_node))
 
     def _interpolated(self, op: str, algorithm: str, size: float) -> float:
         """Graph time at `size` from the powers of two around it (exact at a power of two)."""
@@ -85,7 +85,7 @@ class GroupCost:
         ring-or-tree pick (select.nccl_like_choice, fed this group's ring bus bandwidth
         from the graph); otherwise the one it has for the op (ring; all-to-all: direct)."""
         if op != "all-reduce" or "tree" not in self.algorithms(op):
-            return [ALGORITHMS[op][0]] * sizes.size
+            return [SEARCHED[op][0]] * sizes.size
         big = 2.0**28
         busbw = 2 * (self.n - 1) / self.n * big / self._graph_time(op, "ring", big)
         names, _ = nccl_like_choice(

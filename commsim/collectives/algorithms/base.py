@@ -1,14 +1,25 @@
-"""What the algorithm modules are made of: steps of concurrent flows, and pipelines.
+"""What an algorithm module is made of: its schedule (steps of concurrent flows), its
+closed form (the same schedule collapsed on uniform links, as terms) and the record the
+registry reads (Algorithm).
 
 Ranks 0..n-1 are in ring / placement order; consecutive groups of gpus_per_node ranks
 share a node. A Step is a set of concurrent flows (src rank -> dst rank, bytes, NIC rail)
 run `repeat` times; identical steps are emitted once, so a 2(N-1)-step ring is one Step
 and evaluation on thousands of GPUs stays cheap.
+
+On links that are uniform (per tier) a step costs its busiest rank's latency, alpha plus
+LogP's overhead o for every further distinct peer it handles (alpha_with_fanin), plus the
+bytes through its busiest link over B. A closed form lists its schedule's steps that way,
+as Rounds and Pipelines whose bytes are multiples of the op's size S, over numpy arrays
+of group sizes; collectives.evaluate sums them, and the tests route every schedule on
+uniform topologies and check the two agree.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -104,12 +115,6 @@ def pipeline_chunks(stages, alpha, work, size) -> np.ndarray:
     return np.where(better_lo, lo, hi)
 
 
-def pipelined(stages, size, alpha, work, chunks):
-    """pipeline_time with the given chunk count, or the optimal one when chunks is None."""
-    k = pipeline_chunks(stages, alpha, work, size) if chunks is None else chunks
-    return pipeline_time(k, stages, alpha, work)
-
-
 def floor_log2(x: np.ndarray) -> np.ndarray:
     """floor(log2 x) for integers x >= 1, exact (frexp: x = m 2^e with 0.5 <= m < 1)."""
     return np.frexp(x.astype(float))[1] - 1
@@ -120,3 +125,64 @@ def pow2_split(n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     lg = floor_log2(n)
     p = 2**lg
     return p, lg, n - p
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """`count` steps in each of which the busiest rank handles `peers` distinct peers and,
+    over all of them, `load` x S bytes cross its busiest link: on uniform links
+    count alpha_with_fanin(alpha, peers, o) + load S / B. `tier`: which links ("net": the
+    one link of a flat group; "intra", "inter": a two-tier algorithm's)."""
+
+    count: Any
+    peers: Any
+    load: Any
+    tier: str = "net"
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A pipeline `stages` deep whose step, with the whole buffer as one chunk, has its
+    busiest rank handle `peers` distinct peers and move `load` x S bytes: in k chunks
+    (k + stages - 1)(alpha_with_fanin(alpha, peers, o) + load S / (k B)), k the given
+    chunk count or pipeline_chunks' optimum."""
+
+    stages: Any
+    peers: Any
+    load: Any
+    tier: str = "net"
+
+
+Term = Rounds | Pipeline
+ScheduleFn = Callable[..., Schedule]  # (op, n, size, *, gpus_per_node, ps_shards, chunks)
+TermsFn = Callable[..., list[Term]]  # (op, n array, *, gpus_per_node, ps_shards)
+
+
+@dataclass(frozen=True)
+class Form:
+    """One op of an algorithm: its schedule on n >= 2 ranks, its closed-form terms, and
+    whether the graph splits its flows over the node's NIC rails (NCCL's channels) or runs
+    them as posted (gloo's sends, nccl-tests' sendrecv)."""
+
+    schedule: ScheduleFn
+    terms: TermsFn
+    channels: bool = True
+
+
+def no_check(n, **_) -> None:
+    """Parameters every algorithm accepts: nothing to refuse."""
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """What the registry knows of one algorithm: its name, the ops it serves (op -> Form),
+    whether it runs on whole nodes only, whether its closed form needs two link tiers,
+    whether `auto` (and the planner) choose among it or it runs only when named (gloo's
+    own), and a check of its parameters (n, ps_shards) raising ValueError."""
+
+    name: str
+    forms: Mapping[str, Form]
+    whole_nodes: bool = False
+    two_tier: bool = False
+    searched: bool = True
+    check: Callable[..., None] = field(default=no_check)

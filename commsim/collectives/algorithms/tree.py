@@ -1,11 +1,19 @@
-"""NCCL's double binary tree all-reduce (src/graph/trees.cc)."""
+"""NCCL's double binary tree all-reduce (src/graph/trees.cc): two complementary binary
+trees over the nodes, each carrying half the buffer up (reduce) and down (broadcast),
+pipelined in chunks; a chain inside each node. Runs on whole nodes only."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from commsim.collectives.algorithms.base import Schedule, floor_log2, make_step, pipelined
-from commsim.topology.routing import alpha_with_fanin
+from commsim.collectives.algorithms.base import (
+    Algorithm,
+    Form,
+    Pipeline,
+    Schedule,
+    floor_log2,
+    make_step,
+)
 
 
 def tree_height(n) -> np.ndarray:
@@ -28,17 +36,6 @@ def tree_peers(n) -> np.ndarray:
     edges (n = 2: both are the one edge), which run in parallel: 1, 2, 3, 3 for n = 2..5."""
     n = np.asarray(n)
     return np.where(n >= 6, tree_degree(n), np.clip(n - 1, 0, 3))
-
-
-def tree_time(op, n, s, a, b, o, chunks, **_):
-    # NCCL double binary tree (Sanders, Speck & Traeff 2009, "Two-tree algorithms for full
-    # bandwidth broadcast, reduction and scan"; Jeaugey 2019, NVIDIA blog on NCCL 2.4): each
-    # tree carries S/2, reduced up then broadcast down, one pipeline of 2 * height stages.
-    # In steady state every tree edge carries a chunk S/(2k) each way, so the busiest rank
-    # moves tree_degree chunks per step: (k + 2h - 1)(a' + deg S/(2 k b)), where a' is
-    # alpha_with_fanin over the tree_peers distinct neighbours it handles each step.
-    a_step = alpha_with_fanin(a, tree_peers(n), o)
-    return pipelined(2 * tree_height(n), s, a_step, tree_degree(n) * s / (2 * b), chunks)
 
 
 def btree_parents(n: int) -> np.ndarray:
@@ -75,7 +72,9 @@ def tree_depth(parent: np.ndarray) -> np.ndarray:
     return depth
 
 
-def tree_allreduce(n: int, gpn: int, size: float, chunks: int) -> Schedule:
+def schedule(
+    op: str, n: int, size: float, *, gpus_per_node: int = 1, chunks: int = 1, **_
+) -> Schedule:
     """NCCL tree all-reduce: a double binary tree over nodes, a chain inside each node.
 
     Tree t carries S/2. In tree 0 a node's local GPU 0 is its head (the GPU that talks to
@@ -84,6 +83,7 @@ def tree_allreduce(n: int, gpn: int, size: float, chunks: int) -> Schedule:
     down; in steady state every edge carries one chunk each way per round, so a rank
     handles a message from and to each of its distinct neighbours every round.
     """
+    gpn = gpus_per_node
     nodes = np.arange(n // gpn)
     parents = dtree_parents(nodes.size)
     up_src, up_dst = [], []
@@ -108,3 +108,17 @@ def tree_allreduce(n: int, gpn: int, size: float, chunks: int) -> Schedule:
             stages=stages,
         )
     ]
+
+
+def terms(op: str, n, **_) -> list[Pipeline]:
+    # NCCL double binary tree (Sanders, Speck & Traeff 2009, "Two-tree algorithms for full
+    # bandwidth broadcast, reduction and scan"; Jeaugey 2019, NVIDIA blog on NCCL 2.4) over
+    # n ranks (one a node): each tree carries S/2, reduced up then broadcast down, one
+    # pipeline of 2 * height stages. In steady state every tree edge carries a chunk S/(2k)
+    # each way, so the busiest rank moves tree_degree chunks per step:
+    # (k + 2h - 1)(a' + deg S/(2 k b)), where a' is alpha_with_fanin over the tree_peers
+    # distinct neighbours it handles each step.
+    return [Pipeline(2 * tree_height(n), tree_peers(n), tree_degree(n) / 2)]
+
+
+ALGORITHM = Algorithm("tree", {"all-reduce": Form(schedule, terms)}, whole_nodes=True)
