@@ -1,8 +1,9 @@
 """Fit each link tier's alpha and bandwidth to measured collectives, with 95% intervals.
 
 The model is commsim's own graph evaluator: a measurement of `op` over a group of ranks
-placed on the cluster's GPUs costs what the backend's algorithm (profile.ALGORITHMS) costs
-there, step by step, with flows routed and sharing links max-min fairly. Its parameters
+placed on the cluster's GPUs costs what the backend's algorithm (backends.ALGORITHMS,
+priced by GroupCost) costs there, step by step, with flows routed and sharing links
+max-min fairly. Its parameters
 are, per tier, alpha (seconds per message) and beta = 1 / bandwidth (seconds per byte);
 apply_tiers writes them into the cluster's links.
 
@@ -42,9 +43,7 @@ from scipy import optimize, stats
 
 from commsim import __version__, catalog
 from commsim.calibrate.records import MetaRecord, Results
-from commsim.collectives.algorithms import build_schedule
 from commsim.collectives.backends import ALGORITHMS
-from commsim.collectives.evaluate import evaluate
 from commsim.collectives.group import GroupCost
 from commsim.profile import (
     TIERS,
@@ -59,7 +58,7 @@ from commsim.profile import (
     tier_params,
 )
 from commsim.specs import ClusterSpec, SpecError
-from commsim.topology.build import Cluster, build_cluster
+from commsim.topology.build import build_cluster
 
 MIN_SHARE = 1e-3  # a parameter moving no point's time by this much is not fitted
 BETA_FLOOR = 1e-6  # beta may fall to this fraction of its start (bandwidth x 1e6), no lower
@@ -174,47 +173,18 @@ def collect_points(results: Results, spec: ClusterSpec) -> tuple[list[Point], li
 # --------------------------------------------------------------------------- the model
 
 
-class GroupModel:
-    """Times of one group's collectives on one built cluster, by the names of
-    profile.ALGORITHMS: commsim's algorithms, 'a|b' (the faster), 'allreduce-ring' (a
-    full ring all-reduce, as gloo's reduce-scatter), 'binomial' (gloo's broadcast)."""
-
-    def __init__(self, cluster: Cluster, gpus) -> None:
-        self.cluster = cluster
-        self.gpus = np.asarray(gpus, dtype=np.int64)
-        self.cost = GroupCost(cluster, self.gpus)
-
-    def time(self, op: str, algorithm: str, size: float) -> float:
-        """Seconds of `op` on `size` bytes (nccl-tests' S) by `algorithm`."""
-        if "|" in algorithm:  # tree and hierarchical run only on whole nodes
-            names = [
-                a
-                for a in algorithm.split("|")
-                if a not in ("tree", "hierarchical") or a in self.cost.algorithms(op)
-            ]
-            return min(self.time(op, a, size) for a in names)
-        n = self.gpus.size
-        if op == "send-recv" and algorithm == "direct":
-            return evaluate(build_schedule(op, algorithm, n, size), self.cluster, self.gpus)
-        if algorithm == "binomial" and op == "broadcast":
-            return evaluate(build_schedule(op, algorithm, n, size), self.cluster, self.gpus)
-        if algorithm == "allreduce-ring" and op == "reduce-scatter":
-            return float(self.cost.time("all-reduce", "ring", size)[0])
-        return float(self.cost.time(op, algorithm, size)[0])
-
-
 def model_times(spec: ClusterSpec, points: list[Point], algorithms: dict[str, str]) -> np.ndarray:
     """Predicted seconds of every point on the cluster `spec` describes."""
     top = max(max(p.gpus) for p in points)
     cluster = build_cluster(spec, top + 1)
-    groups: dict[tuple[int, ...], GroupModel] = {}
+    groups: dict[tuple[int, ...], GroupCost] = {}
     memo: dict[tuple[tuple[int, ...], str, float], float] = {}
     out = np.empty(len(points))
     for i, p in enumerate(points):
         key = (p.gpus, p.op, p.bytes)
         if key not in memo:
-            model = groups.get(p.gpus) or groups.setdefault(p.gpus, GroupModel(cluster, p.gpus))
-            memo[key] = model.time(p.op, algorithms[p.op], p.bytes)
+            cost = groups.get(p.gpus) or groups.setdefault(p.gpus, GroupCost(cluster, p.gpus))
+            memo[key] = float(cost.time(p.op, algorithms[p.op], p.bytes)[0])
         out[i] = memo[key]
     return out
 

@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from commsim import catalog
-from commsim.calibrate.fit import GroupModel, collect_points, placement, span
+from commsim.calibrate.fit import collect_points, placement, span
 from commsim.calibrate.records import DDPRecord, ModelRecord, Results
+from commsim.collectives.group import GroupCost
 from commsim.compression import parse_compressor
 from commsim.profile import Profile, apply_profile
 from commsim.specs import ClusterSpec, GPUSpec, SpecError
@@ -106,7 +107,7 @@ def codec_gpu(spec: ClusterSpec, profile: Profile | None) -> GPUSpec:
 
 
 def predict_ddp(
-    group: GroupModel, model: ModelRecord, ddp: DDPRecord, algorithm: str, gpu: GPUSpec
+    group: GroupCost, model: ModelRecord, ddp: DDPRecord, algorithm: str, gpu: GPUSpec
 ) -> StepReport:
     """The predicted data-parallel step of the harness model for one bucket size and comm hook.
 
@@ -129,12 +130,12 @@ def predict_ddp(
 
     def sync(sizes: np.ndarray) -> np.ndarray:
         if not hooked:
-            return np.array([group.time("all-reduce", algorithm, s) for s in sizes])
+            return group.time("all-reduce", algorithm, sizes)
         if len(shapes) == len(tensor_bytes):  # the hook sees the bucket's tensors
             plans = [compressor.tensor_collectives([shapes[i] for i in b], n) for b in buckets]
         else:  # an older file without shapes: the bucket as one flat vector
             plans = [compressor.collectives(int(s / elt), n) for s in sizes]
-        return np.array([sum(group.time(op, algorithm, s) for op, s in p) for p in plans])
+        return np.array([sum(float(group.time(op, algorithm, s)[0]) for op, s in p) for p in plans])
 
     def codec(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         pairs = [
@@ -189,15 +190,15 @@ def validate(
         raise SpecError(", ".join(results.files), "", "nothing measured to validate")
     cluster = build_cluster(fitted, max(gpus_used) + 1)
     gpu = codec_gpu(fitted, profile)
-    groups: dict[tuple[int, ...], GroupModel] = {}
+    groups: dict[tuple[int, ...], GroupCost] = {}
 
-    def group(gpus) -> GroupModel:
+    def group(gpus) -> GroupCost:
         key = tuple(int(g) for g in gpus)
-        return groups.get(key) or groups.setdefault(key, GroupModel(cluster, key))
+        return groups.get(key) or groups.setdefault(key, GroupCost(cluster, np.array(key)))
 
     rows = []
     for p in points:
-        pred = group(p.gpus).time(p.op, profile.algorithms[p.op], p.bytes)
+        pred = float(group(p.gpus).time(p.op, profile.algorithms[p.op], p.bytes)[0])
         rows.append(
             Row(
                 "collective",

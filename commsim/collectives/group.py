@@ -1,4 +1,5 @@
-"""What a collective costs among one group of ranks placed on the cluster.
+"""What a collective costs among one group of ranks placed on the cluster, by any
+registered algorithm (gloo's own too), 'auto', a backend table's 'a|b' or 'nccl'.
 
 The algorithm's schedule is evaluated on the graph (routes, link sharing, oversubscription)
 at powers of two of the size, cached, and interpolated linearly in between. Within a step
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from commsim.collectives import backends
 from commsim.collectives.algorithms import SEARCHED, algorithms_for, check_algorithm, runs_on
 from commsim.collectives.evaluate import graph_time
 from commsim.collectives.nccl import nccl_like_choice
@@ -80,12 +82,32 @@ class GroupCost:
         t_hi = self._graph_time(op, algorithm, 2 * lo)
         return t_lo + (t_hi - t_lo) * (size - lo) / lo
 
+    def _candidates(self, op: str, algorithm: str) -> tuple[str, ...]:
+        """What `algorithm` names: 'auto' every algorithm auto chooses among that runs on
+        this group; 'a|b' (a backend table's "the faster of") those of a, b that run on it
+        (algorithms.runs_on); else the one algorithm."""
+        if algorithm == "auto":
+            return self.algorithms(op)
+        names = tuple(algorithm.split("|"))
+        for name in names:
+            check_algorithm(op, name)
+        if len(names) == 1:
+            return names
+        runnable = tuple(a for a in names if runs_on(op, a, self.n, self.gpus_per_node))
+        if not runnable:
+            raise ValueError(
+                f"none of {algorithm} runs on {self.n} ranks, {self.gpus_per_node} per node"
+            )
+        return runnable
+
     def nccl_choice(self, op: str, sizes: np.ndarray) -> list[str]:
-        """The algorithm NCCL runs for each size: for all-reduce on whole nodes its tuner's
-        ring-or-tree pick (select.nccl_like_choice, fed this group's ring bus bandwidth
-        from the graph); otherwise the one it has for the op (ring; all-to-all: direct)."""
-        if op != "all-reduce" or "tree" not in self.algorithms(op):
-            return [SEARCHED[op][0]] * sizes.size
+        """The algorithm NCCL runs for each size (backends.ALGORITHMS["nccl"]): for
+        all-reduce on whole nodes its tuner's ring-or-tree pick (nccl.nccl_like_choice, fed
+        this group's ring bus bandwidth from the graph); otherwise the one it has for the
+        op (ring; all-to-all, send-recv: direct)."""
+        names = self._candidates(op, backends.ALGORITHMS["nccl"][op])
+        if len(names) == 1:
+            return [names[0]] * sizes.size
         big = 2.0**28
         busbw = 2 * (self.n - 1) / self.n * big / self._graph_time(op, "ring", big)
         names, _ = nccl_like_choice(
@@ -101,15 +123,15 @@ class GroupCost:
     def time_and_choice(
         self, op: str, algorithm: str, sizes: np.ndarray | float
     ) -> tuple[np.ndarray, list[str]]:
-        """Seconds per size, and which algorithm ran ('auto' takes the fastest per size,
-        'nccl' what NCCL's tuner would pick)."""
+        """Seconds per size, and which algorithm ran: any registered one, 'auto' (the
+        fastest per size), 'a|b' (the faster of those that run here), 'nccl' (what NCCL's
+        tuner would pick)."""
         sizes = np.atleast_1d(np.asarray(sizes, dtype=float))
         if algorithm == "nccl":
             names = self.nccl_choice(op, sizes)
             times = [self._interpolated(op, a, s) for a, s in zip(names, sizes, strict=True)]
             return np.array(times), names
-        candidates = self.algorithms(op) if algorithm == "auto" else (algorithm,)
-        check_algorithm(op, candidates[0])
+        candidates = self._candidates(op, algorithm)
         table = np.array([[self._interpolated(op, a, s) for s in sizes] for a in candidates])
         best = np.argmin(table, axis=0)
         return table[best, np.arange(sizes.size)], [candidates[i] for i in best]
@@ -124,5 +146,5 @@ class GroupCost:
         return t_lo - slope * lo, slope
 
     def time(self, op: str, algorithm: str, sizes: np.ndarray | float) -> np.ndarray:
-        """Seconds of `op` with `algorithm` (or 'auto', 'nccl') for each size in bytes."""
+        """Seconds of `op` with `algorithm` (or 'auto', 'a|b', 'nccl') for each size in bytes."""
         return self.time_and_choice(op, algorithm, sizes)[0]
