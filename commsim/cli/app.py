@@ -71,7 +71,10 @@ MicroBatchOpt = Annotated[int | None, typer.Option(help="Samples per GPU per mic
 SeqLenOpt = Annotated[int | None, typer.Option(help="Tokens per sample.")]
 BucketOpt = Annotated[float | None, typer.Option(help="DDP bucket cap in MiB.")]
 AlgorithmOpt = Annotated[
-    str | None, typer.Option(help="All-reduce algorithm: auto, ring, tree, rhd, ps, hierarchical.")
+    str | None,
+    typer.Option(
+        help=f"All-reduce algorithm: {', '.join(('auto', 'nccl', *ALGORITHMS['all-reduce']))}."
+    ),
 ]
 PlacementOpt = Annotated[
     str | None, typer.Option(help="Rank placement: blocked, interleaved, topology-aware.")
@@ -402,16 +405,19 @@ def plan_cmd(
 
 @app.command("collective")
 def collective_cmd(
-    op: Annotated[
-        str, typer.Argument(help="all-reduce, reduce-scatter, all-gather, broadcast, all-to-all")
-    ],
+    op: Annotated[str, typer.Argument(help=", ".join(ALGORITHMS))],
     cluster: Annotated[str, typer.Option(help="Topology name or YAML path.")] = "dgx-h100-ib",
     gpus: Annotated[int, typer.Option(help="Ranks in the group.")] = 64,
     sizes: Annotated[
         str, typer.Option(help="Size sweep LOW:HIGH, doubling (nccl-tests -b/-e/-f 2).")
     ] = "8B:4GiB",
     algorithm: Annotated[
-        str, typer.Option(help="An algorithm, 'auto' (fastest), 'nccl' (NCCL's pick) or 'all'.")
+        str,
+        typer.Option(
+            help="'all' (those auto chooses among), 'auto' (fastest), 'nccl' (NCCL's pick), "
+            "'a|b' (the faster) or one of the op's: "
+            + "; ".join(f"{op}: {', '.join(algs)}" for op, algs in ALGORITHMS.items())
+        ),
     ] = "all",
     placement: Annotated[
         str, typer.Option(help="blocked, interleaved or topology-aware.")

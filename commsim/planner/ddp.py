@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from commsim.collectives.algorithms import SEARCHED
 from commsim.collectives.group import GroupCost
 from commsim.scenario import Setup
 from commsim.specs import Strategy
@@ -22,7 +23,7 @@ from commsim.step.prediction import Prediction
 from commsim.topology.build import build_cluster
 from commsim.topology.placement import PLACEMENTS
 
-ALGORITHMS = ("ring", "tree", "rhd", "ps", "hierarchical")
+ALGORITHMS = SEARCHED["all-reduce"]  # every all-reduce auto chooses among
 BUCKET_MB = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0)  # DDP bucket_cap_mb choices
 # One of each kind: half precision, 8-bit, sparse (+ 8-bit values), low rank, 1-bit.
 COMPRESSIONS = ("none", "fp16", "int8", "topk:0.01", "topk:0.05+int8", "powersgd:4", "sign")

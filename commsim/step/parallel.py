@@ -23,6 +23,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from commsim.collectives.algorithms import SEARCHED
+from commsim.collectives.backends import choices
 from commsim.collectives.group import GroupCost
 from commsim.specs import GPUSpec
 from commsim.step.memory import RECOMPUTE, memory_per_gpu_batch, stage_layers, usable_bytes
@@ -94,8 +96,9 @@ class Layouts:
         return out
 
 
-ALGORITHMS = ("ring", "tree", "rhd", "hierarchical")
-NCCL_ALGORITHMS = ("ring", "tree")  # what NCCL picks between for all-reduce
+# the all-reduces auto chooses among, but a parameter server: DDP's, not a Megatron layout's
+ALGORITHMS = tuple(a for a in SEARCHED["all-reduce"] if a != "ps")
+NCCL_ALGORITHMS = choices("nccl", "all-reduce")  # what NCCL picks between for all-reduce
 
 
 @dataclass(frozen=True)
