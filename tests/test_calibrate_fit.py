@@ -20,9 +20,7 @@ from commsim.calibrate.records import (
     Run,
 )
 from commsim.calibrate.validate import codec_gpu, harness_workload, predict_ddp, validate
-from commsim.collectives.algorithms import build_schedule
 from commsim.collectives.backends import ALGORITHMS
-from commsim.collectives.evaluate import evaluate
 from commsim.collectives.group import GroupCost
 from commsim.profile import (
     Profile,
@@ -292,30 +290,6 @@ def test_placement_that_does_not_fit(ranks, spec_kw, words):
     kw = {"nodes": 4, "gpus_per_node": 1, "nodes_per_leaf": 2} | spec_kw
     with pytest.raises(SpecError, match=words):
         fit.placement(_meta(ranks), make_spec(**kw))
-
-
-# --------------------------------------------------------------------------- schedules
-
-
-def test_binomial_broadcast_is_glooss_tree():
-    steps = build_schedule("broadcast", "binomial", 8, 100.0)
-    pairs = [sorted(zip(s.src.tolist(), s.dst.tolist(), strict=True)) for s in steps]
-    assert pairs == [[(0, 1), (0, 2), (0, 4)], [(1, 3), (1, 5), (2, 6)], [(3, 7)]]
-    # the root's three sends share its link: 3 S/B, then 2 S/B, then S/B, plus 3 alphas
-    # and the overheads of extra peers (alpha_with_fanin: (k-1) alpha/2 per step)
-    cluster = build_cluster(make_spec(nodes=8, gpus_per_node=1, nodes_per_leaf=8))
-    lat = 2e-6 + 400e-9  # NIC, then cable + switch + cable
-    s, bw = 1e6, 100e9 / 8
-    expect = (3 + 2 + 1) * s / bw + 3 * lat + (2 + 1 + 0) * 1e-6
-    assert evaluate(
-        build_schedule("broadcast", "binomial", 8, s), cluster, np.arange(8)
-    ) == pytest.approx(expect)
-    assert build_schedule("broadcast", "binomial", 2, 1.0)[0].src.tolist() == [0]
-
-
-def test_shift_is_one_step_of_neighbours():
-    (step,) = build_schedule("send-recv", "direct", 3, 64.0)
-    assert step.src.tolist() == [0, 1, 2] and step.dst.tolist() == [1, 2, 0]
 
 
 # --------------------------------------------------------------------------- DDP, compute
