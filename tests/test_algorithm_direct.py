@@ -39,3 +39,17 @@ def test_all_to_all_bytes_each_rank_sends(n):
 def test_shift_is_one_step_of_neighbours():
     (step,) = build_schedule("send-recv", "direct", 3, 64.0)
     assert step.src.tolist() == [0, 1, 2] and step.dst.tolist() == [1, 2, 0]
+
+
+def test_send_recv_by_hand():
+    # one step, one peer each way, the whole buffer: alpha + S/B at any n > 1
+    got = collective_time("send-recv", "direct", [1, 2, 4, 100], S, A, B)
+    assert got.tolist() == pytest.approx([0.0] + [A + S / B] * 3, rel=1e-12)
+
+
+def test_send_recv_is_not_split_over_channels():
+    # as calibrated against gloo and nccl-tests: one message each way, on the GPU's own NIC
+    (step,) = build_schedule("send-recv", "direct", 4, S, channels=4)
+    assert step.src.size == 4 and set(step.rail.tolist()) == {-1}
+    (a2a,) = build_schedule("all-to-all", "direct", 4, S, channels=4)
+    assert a2a.src.size == 4 * 12

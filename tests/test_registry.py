@@ -1,13 +1,23 @@
 """Every registered algorithm, every op it serves: the closed form equals the schedule
-routed on uniform networks; groups of one, zero bytes, broadcasting, bad input."""
+routed on uniform networks (flat ones on one switch, one leaf and a fat tree; two-tier
+ones on whole nodes of one leaf), whole-node algorithms refuse partial nodes; groups of
+one, zero bytes, broadcasting, bad input."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import typer
 from conftest import make_cluster
 
-from commsim.collectives.algorithms import ALGORITHMS, build_schedule, bus_factor, lookup
+from commsim.collectives.algorithms import (
+    ALGORITHMS,
+    SEARCHED,
+    build_schedule,
+    bus_factor,
+    lookup,
+    runs_on,
+)
 from commsim.collectives.algorithms.base import traffic
 from commsim.collectives.evaluate import collective_time, graph_time, hierarchical_time
 from commsim.topology.routing import endpoint_overhead, path_params
@@ -79,73 +89,118 @@ def test_bad_schedules_are_refused():
         build_schedule("all-to-all", "ring", 4, S)
 
 
-# --- closed form against the schedule on the graph --------------------------------------
+# --- closed form against the schedule on uniform networks ------------------------------
 
-SIZES = [1024.0, 2.0**20, 2.0**28]
-
-
-def _uniform_clusters():
-    return {
-        "nvswitch-8": make_cluster(nodes=1, gpus_per_node=8),
-        "one-leaf-12": make_cluster(nodes=12, gpus_per_node=1, nodes_per_leaf=12),
-    }
+SIZES = [0.0, 1.0, 8.0, 1000.0, 2.0**20, 3.0e7, 2.0**30]
+TWO_TIER = [
+    (op, alg) for op, algs in ALGORITHMS.items() for alg in algs if lookup(op, alg).two_tier
+]
+WHOLE_NODES = [
+    (op, alg) for op, algs in ALGORITHMS.items() for alg in algs if lookup(op, alg).whole_nodes
+]
 
 
 @pytest.fixture(scope="module")
 def uniform():
-    return _uniform_clusters()
+    """Networks on which every pair of GPUs sees the same latency and bandwidth, with the
+    group sizes, channel counts and per-message overhead (None: alpha / 2) to try there."""
+    switch = make_cluster(nodes=1, gpus_per_node=64)
+    leaf = make_cluster(nodes=12, gpus_per_node=1, nodes_per_leaf=12)
+    fat = make_cluster(
+        nodes=16, gpus_per_node=1, nodes_per_leaf=4, link_latency="0s", switch_latency="0s"
+    )
+    # one switch: alpha is all endpoint, o = alpha / 2 (the closed form's default). One
+    # leaf: alpha has a fabric part (2 us NIC + 0.4 us cable and switch), so o, the
+    # endpoint's 1 us, is passed; channels = 2 duplicates every (src, dst) pair, which must
+    # not count as a second peer. Fat tree: 16 single-GPU nodes, 4 leaves, non-blocking,
+    # destination-mod-k uplinks: every schedule on all 16 GPUs is free of uplink
+    # collisions; no switch or cable latency, so o = alpha / 2 again.
+    return {
+        "switch-64": (switch, [*range(1, 34), 48, 63, 64], (1,), None),
+        "one-leaf-12": (leaf, [1, 2, 3, 5, 7, 12], (1, 2), endpoint_overhead(leaf, 0, 1)),
+        "fat-tree-16": (fat, [16], (1,), None),
+    }
 
 
+@pytest.mark.parametrize("where", ["switch-64", "one-leaf-12", "fat-tree-16"])
 @pytest.mark.parametrize("op,alg", FLAT)
-@pytest.mark.parametrize("where,n", [("nvswitch-8", 8), ("nvswitch-8", 5), ("one-leaf-12", 12),
-                                     ("one-leaf-12", 7)])  # fmt: skip
-def test_graph_equals_closed_form_on_uniform_topologies(uniform, where, n, op, alg):
-    # one-leaf-12's alpha has a fabric part (2 us NIC + 0.4 us cable and switch): the
-    # per-message overhead is the endpoint's 1 us, not alpha / 2, so it is passed; channels
-    # = 2 duplicates every (src, dst) pair, which must not count as a second peer
-    cluster = uniform[where]
-    alpha, bw = path_params(cluster, 0, 1)
-    o = float(endpoint_overhead(cluster, 0, 1))
-    for size in SIZES:
-        for channels in (1, 2):
-            graph = graph_time(op, alg, size, cluster, np.arange(n), ps_shards=3, channels=channels)
-            closed = float(collective_time(op, alg, n, size, alpha, bw, ps_shards=3, overhead=o))
-            assert graph == pytest.approx(closed, rel=1e-9), (size, channels)
+def test_closed_form_equals_schedule_on_uniform_networks(uniform, where, op, alg):
+    # every registered flat algorithm, every op it serves: group sizes 1, 2, powers of two
+    # and not, sizes 0 B .. 1 GiB, parameter-server shards 1, 3 and n; pipelined ones pick
+    # their chunk count from the graph's step (graph_time) and from the closed form's
+    cluster, group_sizes, channel_counts, o = uniform[where]
+    far = max(group_sizes) - 1
+    alpha, bw = path_params(cluster, 0, far)
+    assert o is not None or float(endpoint_overhead(cluster, 0, far)) == pytest.approx(alpha / 2)
+    for n in group_sizes:
+        for shards in sorted({1, min(3, n), n}) if alg == "ps" else (1,):
+            closed = collective_time(op, alg, n, SIZES, alpha, bw, ps_shards=shards, overhead=o)
+            for channels in channel_counts:
+                graph = [
+                    graph_time(
+                        op, alg, s, cluster, np.arange(n), ps_shards=shards, channels=channels
+                    )
+                    for s in SIZES
+                ]
+                assert graph == pytest.approx(closed, rel=1e-9), (n, shards, channels)
 
 
-@pytest.mark.parametrize("op,alg", FLAT)
-def test_graph_equals_closed_form_on_fat_tree(uniform_fat_tree, op, alg):
-    # 16 single-GPU nodes, 4 leaves, non-blocking, destination-mod-k uplinks: every
-    # schedule on all 16 GPUs is free of uplink collisions. No switch or cable latency:
-    # alpha is all endpoint and the closed form's default overhead alpha / 2 is the graph's.
-    alpha, bw = path_params(uniform_fat_tree, 0, 15)
-    assert float(endpoint_overhead(uniform_fat_tree, 0, 15)) == pytest.approx(alpha / 2)
-    for size in SIZES:
-        graph = graph_time(op, alg, size, uniform_fat_tree, np.arange(16), ps_shards=4)
-        closed = float(collective_time(op, alg, 16, size, alpha, bw, ps_shards=4))
-        assert graph == pytest.approx(closed, rel=1e-9)
+@pytest.mark.parametrize("op,alg", TWO_TIER)
+@pytest.mark.parametrize(
+    "nodes,gpn", [(1, 2), (1, 4), (2, 1), (2, 4), (3, 2), (3, 4), (4, 3), (5, 2)]
+)
+def test_two_tier_closed_form_equals_schedule(op, alg, nodes, gpn):
+    # nodes x gpn GPUs, a NIC per GPU, one leaf: intra and inter links are each uniform
+    cluster = make_cluster(nodes=nodes, gpus_per_node=gpn, nics=gpn, nodes_per_leaf=nodes)
+    intra = path_params(cluster, 0, 1) if gpn > 1 else (1e-6, 1e11)  # unused: no intra ring
+    inter = path_params(cluster, 0, gpn) if nodes > 1 else (1e-6, 1e10)  # unused: no inter
+    inter_o = float(endpoint_overhead(cluster, 0, gpn)) if nodes > 1 else None
+    n = nodes * gpn
+    closed = hierarchical_time(op, nodes, gpn, SIZES, *intra, *inter, inter_overhead=inter_o)
+    graph = [graph_time(op, alg, s, cluster, np.arange(n), gpus_per_node=gpn) for s in SIZES]
+    assert graph == pytest.approx(closed, rel=1e-9)
 
 
-@pytest.mark.parametrize("n", range(2, 33))
-def test_tree_and_fan_in_graph_equals_closed_form_at_every_size(n):
-    # one 32-GPU switch: tree (shared edges at n <= 5), PS (1 and n shards) and all-to-all
-    # charge the same per-message overhead on the graph and in the closed form
-    cluster = make_cluster(nodes=1, gpus_per_node=32)
-    alpha, bw = path_params(cluster, 0, 1)
-    for op, alg, shards in [("all-reduce", "tree", 1), ("all-reduce", "ps", 1),
-                            ("all-reduce", "ps", n), ("all-to-all", "direct", 1)]:  # fmt: skip
-        for size in (8.0, 2.0**20):
-            graph = graph_time(op, alg, size, cluster, np.arange(n), ps_shards=shards)
-            closed = float(collective_time(op, alg, n, size, alpha, bw, ps_shards=shards))
-            assert graph == pytest.approx(closed, rel=1e-9), (alg, shards, size)
+@pytest.mark.parametrize("op,alg", WHOLE_NODES)
+def test_whole_node_algorithms_refuse_partial_nodes(op, alg):
+    for n, gpn in [(10, 4), (5, 2), (7, 8)]:
+        assert not runs_on(op, alg, n, gpn)
+        with pytest.raises(ValueError, match="whole nodes"):
+            build_schedule(op, alg, n, S, gpus_per_node=gpn)
+    assert runs_on(op, alg, [12, 4, 1], [4, 4, 1]).all()
 
 
-@pytest.mark.parametrize("op", ["all-reduce", "reduce-scatter", "all-gather"])
-def test_hierarchical_graph_equals_two_tier_closed_form(op):
-    # 3 nodes x 4 GPUs, a NIC per GPU, one leaf: intra and inter links are each uniform
-    cluster = make_cluster(nodes=3, gpus_per_node=4, nics=4, nodes_per_leaf=3)
-    intra, inter = path_params(cluster, 0, 1), path_params(cluster, 0, 4)
-    for size in SIZES:
-        graph = graph_time(op, "hierarchical", size, cluster, np.arange(12), gpus_per_node=4)
-        closed = float(hierarchical_time(op, 3, 4, size, *intra, *inter))
-        assert graph == pytest.approx(closed, rel=1e-9)
+# --- the one list of names ----------------------------------------------------------------
+
+
+def test_every_module_is_registered_once_in_order():
+    assert ALGORITHMS["all-reduce"] == ("ring", "tree", "rhd", "ps", "hierarchical")
+    assert ALGORITHMS["reduce-scatter"] == ("ring", "rhd", "hierarchical", "allreduce-ring")
+    assert ALGORITHMS["broadcast"] == ("ring", "binomial")
+    assert ALGORITHMS["send-recv"] == ("direct",)
+    # gloo's own run when named (a backend table, --algorithm), never as auto's choice
+    assert SEARCHED["reduce-scatter"] == ("ring", "rhd", "hierarchical")
+    assert SEARCHED["broadcast"] == ("ring",)
+    assert lookup("broadcast", "ring") is not lookup("all-reduce", "ring")  # chain.py
+
+
+def test_everything_that_names_algorithms_reads_the_registry():
+    from commsim.cli import app
+    from commsim.collectives.backends import ALGORITHMS as BACKENDS
+    from commsim.planner import ddp
+    from commsim.specs import Strategy
+    from commsim.step import parallel
+
+    for name in ("auto", "nccl", *ALGORITHMS["all-reduce"]):
+        assert Strategy(algorithm=name).algorithm == name
+    with pytest.raises(ValueError):
+        Strategy(algorithm="binomial")
+    assert SEARCHED["all-reduce"] == ddp.ALGORITHMS
+    assert set(parallel.ALGORITHMS) | {"ps"} == set(SEARCHED["all-reduce"])
+    assert parallel.NCCL_ALGORITHMS == ("ring", "tree")
+    for table in BACKENDS.values():
+        for op, spelling in table.items():
+            assert all(a in ALGORITHMS[op] for a in spelling.split("|"))
+    params = typer.main.get_command(app.app).commands["collective"].params
+    help_text = " ".join(p.help or "" for p in params)
+    assert all(f"{op}: {', '.join(algs)}" in help_text for op, algs in ALGORITHMS.items())
