@@ -134,10 +134,10 @@ def _plus(total, part):
 def _link(alpha, bandwidth, overhead) -> Link:
     """(alpha, bandwidth, o) as arrays; o defaults to alpha / 2 (alpha all endpoint)."""
     alpha, bandwidth = np.asarray(alpha, dtype=float), np.asarray(bandwidth, dtype=float)
-    if np.any(alpha < 0) or np.any(bandwidth <= 0):
+    if (alpha < 0).any() or (bandwidth <= 0).any():
         raise ValueError("need size >= 0, alpha >= 0 and bandwidth > 0")
     o = alpha / 2 if overhead is None else np.asarray(overhead, dtype=float)
-    if np.any(o < 0):
+    if (o < 0).any():
         raise ValueError(f"overhead must be >= 0, got {overhead}")
     return alpha, bandwidth, o
 
@@ -145,7 +145,7 @@ def _link(alpha, bandwidth, overhead) -> Link:
 def _sizes(size) -> np.ndarray:
     """Bytes as a float array, refusing negative sizes."""
     size = np.asarray(size, dtype=float)
-    if np.any(size < 0):
+    if (size < 0).any():
         raise ValueError("need size >= 0, alpha >= 0 and bandwidth > 0")
     return size
 
@@ -154,7 +154,7 @@ def _group_sizes(n) -> np.ndarray:
     """n as an int64 array, refusing non-integers and groups smaller than one rank."""
     arr = np.asarray(n)
     as_int = arr.astype(np.int64)
-    if np.any(as_int != arr) or np.any(as_int < 1):
+    if (as_int != arr).any() or (as_int < 1).any():
         raise ValueError(f"group sizes must be integers >= 1, got {n}")
     return as_int
 

@@ -18,9 +18,10 @@ def schedule(op: str, n: int, size: float, *, ps_shards: int = 1, **_) -> Schedu
 
 
 def terms(op: str, n, *, ps_shards=1, **_) -> list[Rounds]:
-    # Push and pull: a server's link carries N-1 shards each way, and the server handles
-    # the N-1 messages one by one (a worker's k <= N-1 shards never outnumber them):
-    # 2 (a + (N-2) o + (N-1) S/(k b)).
+    # Shard j (S/k bytes) on rank j < k (Li et al. 2014; BytePS, Jiang et al. 2020): push,
+    # every rank sends each shard to its server; pull, the reverse. A server's link carries
+    # N-1 shards each way, and the server handles the N-1 messages one by one (a worker's
+    # k <= N-1 shards never outnumber them): 2 (a + (N-2) o + (N-1) S/(k b)).
     return [Rounds(2, n - 1, 2 * (n - 1) / ps_shards)]
 
 
