@@ -4,7 +4,7 @@ the group (GroupCost)."""
 
 from __future__ import annotations
 
-from commsim.collectives.algorithms import check_algorithm
+from commsim.collectives.algorithms import lookup
 
 ALGORITHMS: dict[str, dict[str, str]] = {
     # gloo as torch's ProcessGroupGloo calls it for CPU tensors (ProcessGroupGloo.cpp):
@@ -41,4 +41,4 @@ def choices(backend: str, op: str) -> tuple[str, ...]:
 for _backend, _table in ALGORITHMS.items():  # every name is a registered algorithm of its op
     for _op in _table:
         for _name in choices(_backend, _op):
-            check_algorithm(_op, _name)
+            lookup(_op, _name)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from commsim.collectives import backends
-from commsim.collectives.algorithms import SEARCHED, algorithms_for, check_algorithm, runs_on
+from commsim.collectives.algorithms import SEARCHED, algorithms_for, lookup, runs_on
 from commsim.collectives.evaluate import graph_time
 from commsim.collectives.nccl import nccl_like_choice
 from commsim.topology.build import Cluster
@@ -90,7 +90,7 @@ class GroupCost:
             return self.algorithms(op)
         names = tuple(algorithm.split("|"))
         for name in names:
-            check_algorithm(op, name)
+            lookup(op, name)  # a ValueError naming the choices for an unknown one
         if len(names) == 1:
             return names
         runnable = tuple(a for a in names if runs_on(op, a, self.n, self.gpus_per_node))

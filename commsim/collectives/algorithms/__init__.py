@@ -71,11 +71,6 @@ def lookup(op: str, algorithm: str) -> Algorithm:
     return REGISTRY[op][algorithm]
 
 
-def check_algorithm(op: str, algorithm: str) -> None:
-    """Raise a ValueError naming the choices when `op` or the (op, algorithm) pair is unknown."""
-    lookup(op, algorithm)
-
-
 def runs_on(op: str, algorithm: str, n, gpus_per_node) -> np.ndarray:
     """Whether `algorithm` can run `op` on n ranks, gpus_per_node to a node (broadcasts):
     a whole-node algorithm (a tree over nodes, rings per rail) needs n a multiple of it."""
