@@ -116,6 +116,8 @@ def test_unknown_pairs_are_value_errors():
         cost.time("broadcast", "rhd", 1e6)
     with pytest.raises(ValueError, match="unknown"):
         cost.time("gather", "ring", 1e6)
+    with pytest.raises(ValueError, match="unknown"):
+        cost.time("gather", "nccl", 1e6)
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "rhd", "ps", "hierarchical", "tree"])

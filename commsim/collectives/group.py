@@ -105,6 +105,7 @@ class GroupCost:
         all-reduce on whole nodes its tuner's ring-or-tree pick (nccl.nccl_like_choice, fed
         this group's ring bus bandwidth from the graph); otherwise the one it has for the
         op (ring; all-to-all, send-recv: direct)."""
+        algorithms_for(op)  # a ValueError naming the collectives for an unknown op
         names = self._candidates(op, backends.ALGORITHMS["nccl"][op])
         if len(names) == 1:
             return [names[0]] * sizes.size
