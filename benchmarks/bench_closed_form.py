@@ -11,7 +11,8 @@ from functools import partial
 
 import numpy as np
 
-from commsim.collectives.alphabeta import ALGORITHMS, collective_time, hierarchical_time
+from commsim.collectives.algorithms import ALGORITHMS
+from commsim.collectives.evaluate import collective_time, hierarchical_time
 from commsim.collectives.select import best_algorithm
 
 GOAL = 1_000_000

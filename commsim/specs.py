@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from commsim import units
+from commsim.collectives.algorithms import ALGORITHMS
 
 
 class SpecError(Exception):
@@ -168,7 +169,8 @@ def _compressor(spelling: str) -> str:
 
 
 Compression = Annotated[str, AfterValidator(_compressor)]
-Algorithm = Literal["auto", "nccl", "ring", "tree", "rhd", "ps", "hierarchical"]
+# the data-parallel all-reduce: auto (the fastest), nccl (NCCL's pick) or a registered one
+Algorithm = Literal[("auto", "nccl", *ALGORITHMS["all-reduce"])]  # type: ignore[valid-type]
 Placement = Literal["blocked", "interleaved", "topology-aware"]
 GradDtype = Literal["fp32", "fp16", "bf16"]
 

@@ -61,6 +61,15 @@ def test_collective_auto_is_fastest_of_all():
         assert a["time_s"] == pytest.approx(min(same))
 
 
+def test_collective_runs_any_registered_algorithm():
+    # gloo's binomial broadcast is not among 'all' (auto's choices) but runs when named
+    doc = run_json("collective", "broadcast", "--gpus", "8", "--sizes", "1KiB:2KiB",
+                   "--algorithm", "binomial")  # fmt: skip
+    assert [r["algorithm"] for r in doc["rows"]] == ["binomial", "binomial"]
+    every = run_json("collective", "broadcast", "--gpus", "8", "--sizes", "1KiB:1KiB")["rows"]
+    assert [r["algorithm"] for r in every] == ["ring"]
+
+
 def test_collective_table_prints():
     result = run(
         "collective", "all-gather", "--cluster", "pcie-4gpu", "--gpus", "8", "--sizes", "1KiB:1MiB"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from commsim.catalog import gpu
-from commsim.collectives.alphabeta import ALGORITHMS
+from commsim.collectives.algorithms import ALGORITHMS
 from commsim.collectives.group import GroupCost
 from commsim.compression import (
     INT8_CHUNK,

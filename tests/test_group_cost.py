@@ -7,7 +7,7 @@ import pytest
 from conftest import make_cluster
 
 from commsim import catalog
-from commsim.collectives.alphabeta import collective_time
+from commsim.collectives.evaluate import collective_time
 from commsim.collectives.group import GroupCost
 from commsim.specs import ClusterSpec, load_spec
 from commsim.topology.build import build_cluster
@@ -116,6 +116,8 @@ def test_unknown_pairs_are_value_errors():
         cost.time("broadcast", "rhd", 1e6)
     with pytest.raises(ValueError, match="unknown"):
         cost.time("gather", "ring", 1e6)
+    with pytest.raises(ValueError, match="unknown"):
+        cost.time("gather", "nccl", 1e6)
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "rhd", "ps", "hierarchical", "tree"])
@@ -125,7 +127,7 @@ def test_interpolation_between_powers_of_two(algorithm):
     # chunk sizes (intra- and inter-node flows differ in latency, and since LogP's per-
     # message overhead also in peers). Over a 300-size sweep of 8 B..1 GiB on this group
     # the worst is 1.28% at ~2.9 KB (1.26% at ~1.4 KB before that overhead).
-    from commsim.collectives.schedule import graph_time
+    from commsim.collectives.evaluate import graph_time
 
     c = make_cluster(nodes=4, gpus_per_node=4, nics=2, nodes_per_leaf=2, oversubscription=(2.0,))
     cost = GroupCost(c, place(c, 16, "interleaved"))
@@ -176,3 +178,38 @@ def test_nccl_runs_its_tuners_pick_priced_on_the_graph():
     assert cost.time_and_choice("all-to-all", "nccl", sizes)[1] == ["direct"] * sizes.size
     partial = GroupCost(c, place(c, 12, "blocked"))
     assert partial.time_and_choice("all-reduce", "nccl", sizes)[1] == ["ring"] * sizes.size
+
+
+def test_gloos_own_algorithms_are_priced_on_the_graph():
+    # what calibrate's fit prices gloo with: binomial broadcast and sendrecv as posted (no
+    # channel split), reduce-scatter as the full ring all-reduce; auto never picks them
+    from commsim.collectives.algorithms import build_schedule
+    from commsim.collectives.evaluate import evaluate
+
+    c = make_cluster(nodes=4, gpus_per_node=4, nics=2, nodes_per_leaf=2, oversubscription=(2.0,))
+    gpus = place(c, 12, "blocked")
+    cost = GroupCost(c, gpus)
+    for op, alg in (("broadcast", "binomial"), ("send-recv", "direct")):
+        direct = evaluate(build_schedule(op, alg, 12, BIG), c, gpus)
+        assert cost.time(op, alg, BIG)[0] == pytest.approx(direct, rel=1e-12)  # affine in size
+    rs = cost.time("reduce-scatter", "allreduce-ring", [8.0, BIG])
+    assert rs.tolist() == cost.time("all-reduce", "ring", [8.0, BIG]).tolist()
+    assert cost.algorithms("broadcast") == ("ring",)
+    assert "allreduce-ring" not in cost.algorithms("reduce-scatter")
+
+
+def test_a_backend_tables_faster_of_runs_what_fits():
+    c = make_cluster(nodes=3, gpus_per_node=8, nics=8)
+    whole = GroupCost(c, place(c, 16, "blocked"))
+    sizes = np.array([8.0, BIG])
+    both = np.minimum(*(whole.time("all-reduce", a, sizes) for a in ("ring", "tree")))
+    times, names = whole.time_and_choice("all-reduce", "ring|tree", sizes)
+    assert times.tolist() == both.tolist() and set(names) <= {"ring", "tree"}
+    partial = GroupCost(c, place(c, 20, "blocked"))  # tree needs whole nodes
+    times, names = partial.time_and_choice("all-reduce", "ring|tree", sizes)
+    assert names == ["ring", "ring"]
+    assert times.tolist() == partial.time("all-reduce", "ring", sizes).tolist()
+    with pytest.raises(ValueError, match=r"none of tree\|hierarchical runs"):
+        partial.time("all-reduce", "tree|hierarchical", sizes)
+    with pytest.raises(ValueError, match="no 'magic'"):
+        whole.time("all-reduce", "ring|magic", sizes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from commsim.collectives.alphabeta import collective_time, hierarchical_time
+from commsim.collectives.evaluate import collective_time, hierarchical_time
 from commsim.collectives.nccl import nccl_like_choice
 from commsim.collectives.select import best_algorithm
 

@@ -1,8 +1,9 @@
 """Fit each link tier's alpha and bandwidth to measured collectives, with 95% intervals.
 
 The model is commsim's own graph evaluator: a measurement of `op` over a group of ranks
-placed on the cluster's GPUs costs what the backend's algorithm (profile.ALGORITHMS) costs
-there, step by step, with flows routed and sharing links max-min fairly. Its parameters
+placed on the cluster's GPUs costs what the backend's algorithm (backends.ALGORITHMS,
+priced by GroupCost) costs there, step by step, with flows routed and sharing links
+max-min fairly. Its parameters
 are, per tier, alpha (seconds per message) and beta = 1 / bandwidth (seconds per byte);
 apply_tiers writes them into the cluster's links.
 
@@ -44,7 +45,6 @@ from commsim import __version__, catalog
 from commsim.calibrate.records import MetaRecord, Results
 from commsim.collectives.backends import ALGORITHMS
 from commsim.collectives.group import GroupCost
-from commsim.collectives.schedule import Schedule, Step, evaluate
 from commsim.profile import (
     TIERS,
     ComputeFit,
@@ -58,7 +58,7 @@ from commsim.profile import (
     tier_params,
 )
 from commsim.specs import ClusterSpec, SpecError
-from commsim.topology.build import Cluster, build_cluster
+from commsim.topology.build import build_cluster
 
 MIN_SHARE = 1e-3  # a parameter moving no point's time by this much is not fitted
 BETA_FLOOR = 1e-6  # beta may fall to this fraction of its start (bandwidth x 1e6), no lower
@@ -173,86 +173,18 @@ def collect_points(results: Results, spec: ClusterSpec) -> tuple[list[Point], li
 # --------------------------------------------------------------------------- the model
 
 
-def _step(src, dst, nbytes: float) -> Step:
-    """One step: flows src[i] -> dst[i] of nbytes each, on no particular NIC rail."""
-    src = np.asarray(src, dtype=np.int64)
-    return Step(
-        src=src,
-        dst=np.asarray(dst, dtype=np.int64),
-        nbytes=np.full(src.shape, float(nbytes)),
-        rail=np.full(src.shape, -1, dtype=np.int64),
-    )
-
-
-def binomial_broadcast(n: int, size: float) -> Schedule:
-    """gloo's broadcast (gloo/broadcast.cc) from rank 0: rank v receives the whole buffer
-    from v minus its highest set bit, then sends it to v + 2^i for every 2^i above that bit,
-    all sends posted at once. Step d holds the sends of the ranks at depth d (d set bits),
-    so the root shares its link among ceil(lg n) children."""
-    steps = []
-    for depth in range(max(1, (n - 1).bit_length())):
-        src, dst = [], []
-        for v in range(n):
-            if v.bit_count() != depth:
-                continue
-            i = v.bit_length()  # children v + 2^i for 2^i above v's highest bit
-            while v + (1 << i) < n:
-                src.append(v)
-                dst.append(v + (1 << i))
-                i += 1
-        if src:
-            steps.append(_step(src, dst, size))
-    return steps
-
-
-def shift(n: int, size: float) -> Schedule:
-    """nccl-tests' sendrecv: every rank sends the buffer to the next and receives from the
-    previous, at once (one step, one peer each way)."""
-    ranks = np.arange(n)
-    return [_step(ranks, (ranks + 1) % n, size)]
-
-
-class GroupModel:
-    """Times of one group's collectives on one built cluster, by the names of
-    profile.ALGORITHMS: commsim's algorithms, 'a|b' (the faster), 'allreduce-ring' (a
-    full ring all-reduce, as gloo's reduce-scatter), 'binomial' (gloo's broadcast)."""
-
-    def __init__(self, cluster: Cluster, gpus) -> None:
-        self.cluster = cluster
-        self.gpus = np.asarray(gpus, dtype=np.int64)
-        self.cost = GroupCost(cluster, self.gpus)
-
-    def time(self, op: str, algorithm: str, size: float) -> float:
-        """Seconds of `op` on `size` bytes (nccl-tests' S) by `algorithm`."""
-        if "|" in algorithm:  # tree and hierarchical run only on whole nodes
-            names = [
-                a
-                for a in algorithm.split("|")
-                if a not in ("tree", "hierarchical") or a in self.cost.algorithms(op)
-            ]
-            return min(self.time(op, a, size) for a in names)
-        n = self.gpus.size
-        if op == "send-recv" and algorithm == "direct":
-            return evaluate(shift(n, size), self.cluster, self.gpus)
-        if algorithm == "binomial" and op == "broadcast":
-            return evaluate(binomial_broadcast(n, size), self.cluster, self.gpus)
-        if algorithm == "allreduce-ring" and op == "reduce-scatter":
-            return float(self.cost.time("all-reduce", "ring", size)[0])
-        return float(self.cost.time(op, algorithm, size)[0])
-
-
 def model_times(spec: ClusterSpec, points: list[Point], algorithms: dict[str, str]) -> np.ndarray:
     """Predicted seconds of every point on the cluster `spec` describes."""
     top = max(max(p.gpus) for p in points)
     cluster = build_cluster(spec, top + 1)
-    groups: dict[tuple[int, ...], GroupModel] = {}
+    groups: dict[tuple[int, ...], GroupCost] = {}
     memo: dict[tuple[tuple[int, ...], str, float], float] = {}
     out = np.empty(len(points))
     for i, p in enumerate(points):
         key = (p.gpus, p.op, p.bytes)
         if key not in memo:
-            model = groups.get(p.gpus) or groups.setdefault(p.gpus, GroupModel(cluster, p.gpus))
-            memo[key] = model.time(p.op, algorithms[p.op], p.bytes)
+            cost = groups.get(p.gpus) or groups.setdefault(p.gpus, GroupCost(cluster, p.gpus))
+            memo[key] = float(cost.time(p.op, algorithms[p.op], p.bytes)[0])
         out[i] = memo[key]
     return out
 

@@ -51,7 +51,7 @@ from torch import nn
 
 from commsim import __version__
 from commsim.calibrate.records import FORMAT_VERSION, append_records
-from commsim.collectives.alphabeta import bus_factor
+from commsim.collectives.algorithms import bus_factor
 from commsim.profile import OPS
 from commsim.specs import SpecError
 from commsim.units import fmt_bytes, parse_size_range

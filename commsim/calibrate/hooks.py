@@ -26,10 +26,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from commsim.calibrate.fit import GroupModel, placement
+from commsim.calibrate.fit import placement
 from commsim.calibrate.records import Results
 from commsim.calibrate.validate import codec_gpu, predict_ddp
 from commsim.collectives.backends import ALGORITHMS
+from commsim.collectives.group import GroupCost
 from commsim.profile import Profile, apply_profile
 from commsim.specs import ClusterSpec, SpecError
 from commsim.topology.build import build_cluster
@@ -71,7 +72,7 @@ def hook_speedups(
         if run.model is None:
             raise SpecError(", ".join(results.files), "", f"run {rid} recorded no model")
         gpus = placement(run.meta, spec, f"run {rid}")
-        group = GroupModel(build_cluster(spec, int(max(gpus)) + 1), gpus)
+        group = GroupCost(build_cluster(spec, int(max(gpus)) + 1), gpus)
         algorithms = profile.algorithms if profile is not None else ALGORITHMS[run.meta.backend]
         algorithm = algorithms["all-reduce"]
         for cap in dict.fromkeys(d.bucket_mb for d in ddps):

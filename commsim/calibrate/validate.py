@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from commsim import catalog
-from commsim.calibrate.fit import GroupModel, collect_points, placement, span
+from commsim.calibrate.fit import collect_points, placement, span
 from commsim.calibrate.records import DDPRecord, ModelRecord, Results
+from commsim.collectives.group import GroupCost
 from commsim.compression import parse_compressor
 from commsim.profile import Profile, apply_profile
 from commsim.specs import ClusterSpec, GPUSpec, SpecError
@@ -108,7 +109,7 @@ def codec_gpu(spec: ClusterSpec, profile: Profile | None) -> GPUSpec:
 
 
 def predict_ddp(
-    group: GroupModel, model: ModelRecord, ddp: DDPRecord, algorithm: str, gpu: GPUSpec
+    group: GroupCost, model: ModelRecord, ddp: DDPRecord, algorithm: str, gpu: GPUSpec
 ) -> StepReport:
     """The predicted data-parallel step of the harness model for one bucket size and comm hook,
     by the step model's own DDP timeline (step.predict.ddp_timeline) and bucket rule.
@@ -137,7 +138,7 @@ def predict_ddp(
     n = len(group.gpus)
 
     def price(op, alg, sizes, expert):
-        return np.array([group.time(op, alg, s) for s in sizes])
+        return group.time(op, alg, sizes)
 
     if ddp.compression == "none" or n == 1:
         network = allreduce_costs(price, algorithm, buckets.bytes, buckets.expert, 0, elt)
@@ -205,15 +206,15 @@ def validate(
         raise SpecError(", ".join(results.files), "", "nothing measured to validate")
     cluster = build_cluster(fitted, max(gpus_used) + 1)
     gpu = codec_gpu(fitted, profile)
-    groups: dict[tuple[int, ...], GroupModel] = {}
+    groups: dict[tuple[int, ...], GroupCost] = {}
 
-    def group(gpus) -> GroupModel:
+    def group(gpus) -> GroupCost:
         key = tuple(int(g) for g in gpus)
-        return groups.get(key) or groups.setdefault(key, GroupModel(cluster, key))
+        return groups.get(key) or groups.setdefault(key, GroupCost(cluster, np.array(key)))
 
     rows = []
     for p in points:
-        pred = group(p.gpus).time(p.op, profile.algorithms[p.op], p.bytes)
+        pred = float(group(p.gpus).time(p.op, profile.algorithms[p.op], p.bytes)[0])
         rows.append(
             Row(
                 "collective",

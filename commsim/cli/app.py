@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from commsim import catalog
 from commsim.cli.calibrate import calibrate_app
 from commsim.cli.testbed import testbed_app
-from commsim.collectives.alphabeta import ALGORITHMS, bus_factor
+from commsim.collectives.algorithms import ALGORITHMS, SEARCHED, bus_factor
 from commsim.collectives.group import GroupCost
 from commsim.planner.plan import plan
 from commsim.planner.sizing import (
@@ -71,7 +71,10 @@ MicroBatchOpt = Annotated[int | None, typer.Option(help="Samples per GPU per mic
 SeqLenOpt = Annotated[int | None, typer.Option(help="Tokens per sample.")]
 BucketOpt = Annotated[float | None, typer.Option(help="DDP bucket cap in MiB.")]
 AlgorithmOpt = Annotated[
-    str | None, typer.Option(help="All-reduce algorithm: auto, ring, tree, rhd, ps, hierarchical.")
+    str | None,
+    typer.Option(
+        help=f"All-reduce algorithm: {', '.join(('auto', 'nccl', *ALGORITHMS['all-reduce']))}."
+    ),
 ]
 PlacementOpt = Annotated[
     str | None, typer.Option(help="Rank placement: blocked, interleaved, topology-aware.")
@@ -404,16 +407,19 @@ def plan_cmd(
 
 @app.command("collective")
 def collective_cmd(
-    op: Annotated[
-        str, typer.Argument(help="all-reduce, reduce-scatter, all-gather, broadcast, all-to-all")
-    ],
+    op: Annotated[str, typer.Argument(help=", ".join(ALGORITHMS))],
     cluster: Annotated[str, typer.Option(help="Topology name or YAML path.")] = "dgx-h100-ib",
     gpus: Annotated[int, typer.Option(help="Ranks in the group.")] = 64,
     sizes: Annotated[
         str, typer.Option(help="Size sweep LOW:HIGH, doubling (nccl-tests -b/-e/-f 2).")
     ] = "8B:4GiB",
     algorithm: Annotated[
-        str, typer.Option(help="An algorithm, 'auto' (fastest), 'nccl' (NCCL's pick) or 'all'.")
+        str,
+        typer.Option(
+            help="'all' (those auto chooses among), 'auto' (fastest), 'nccl' (NCCL's pick), "
+            "'a|b' (the faster) or one of the op's: "
+            + "; ".join(f"{op}: {', '.join(algs)}" for op, algs in ALGORITHMS.items())
+        ),
     ] = "all",
     placement: Annotated[
         str, typer.Option(help="blocked, interleaved or topology-aware.")
@@ -433,7 +439,7 @@ def collective_cmd(
         cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
         lo, hi = parse_size_range(sizes)
         grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
-        algs = ALGORITHMS[op] if algorithm == "all" else (algorithm,)
+        algs = SEARCHED[op] if algorithm == "all" else (algorithm,)
         rows = []
         with _progress(len(algs), f"{op} on {gpus} GPUs") as bar:
             for alg in algs:

@@ -1,7 +1,10 @@
-"""What each communication backend runs for each collective, by the algorithm names the
-graph evaluator prices (calibrate.fit.GroupModel)."""
+"""What each communication backend runs for each collective, by the registry's algorithm
+names (collectives.algorithms); 'a|b' runs the faster of a and b, of those that can run on
+the group (GroupCost)."""
 
 from __future__ import annotations
+
+from commsim.collectives.algorithms import lookup
 
 ALGORITHMS: dict[str, dict[str, str]] = {
     # gloo as torch's ProcessGroupGloo calls it for CPU tensors (ProcessGroupGloo.cpp):
@@ -28,3 +31,14 @@ ALGORITHMS: dict[str, dict[str, str]] = {
         "send-recv": "direct",
     },
 }
+
+
+def choices(backend: str, op: str) -> tuple[str, ...]:
+    """The algorithms `backend` chooses between for `op` (one unless spelled 'a|b')."""
+    return tuple(ALGORITHMS[backend][op].split("|"))
+
+
+for _backend, _table in ALGORITHMS.items():  # every name is a registered algorithm of its op
+    for _op in _table:
+        for _name in choices(_backend, _op):
+            lookup(_op, _name)

@@ -1,4 +1,5 @@
-"""What a collective costs among one group of ranks placed on the cluster.
+"""What a collective costs among one group of ranks placed on the cluster, by any
+registered algorithm (gloo's own too), 'auto', a backend table's 'a|b' or 'nccl'.
 
 The algorithm's schedule is evaluated on the graph (routes, link sharing, oversubscription)
 at powers of two of the size, cached, and interpolated linearly in between. Within a step
@@ -13,14 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from commsim.collectives.alphabeta import ALGORITHMS, check_algorithm
+from commsim.collectives import backends
+from commsim.collectives.algorithms import SEARCHED, algorithms_for, lookup, pipelined, runs_on
+from commsim.collectives.evaluate import graph_time
 from commsim.collectives.nccl import nccl_like_choice
-from commsim.collectives.schedule import graph_time
 from commsim.topology.build import Cluster
-
-# (op, algorithm) whose schedules are pipelined: their chunk count, so their time's shape,
-# changes with the size (alphabeta.pipeline_chunks)
-PIPELINED = {("all-reduce", "tree"), ("broadcast", "ring")}
 
 
 def _ranks_per_node(cluster: Cluster, gpus: np.ndarray) -> int:
@@ -68,17 +66,17 @@ class GroupCost:
         return self._cache[key]
 
     def algorithms(self, op: str) -> tuple[str, ...]:
-        """The algorithms `op` can run on this group: tree and hierarchical need whole nodes."""
-        check_algorithm(op, ALGORITHMS.get(op, ("",))[0])
-        whole_nodes = self.n % self.gpus_per_node == 0
-        return tuple(a for a in ALGORITHMS[op] if whole_nodes or a not in ("tree", "hierarchical"))
+        """The algorithms `auto` chooses among for `op` on this group (algorithms.SEARCHED):
+        those needing whole nodes only where the group is whole nodes (algorithms.runs_on)."""
+        algorithms_for(op)
+        return tuple(a for a in SEARCHED[op] if runs_on(op, a, self.n, self.gpus_per_node))
 
     def _times(self, op: str, algorithm: str, sizes: np.ndarray) -> np.ndarray:
         """Graph time of one algorithm at each size. Unpipelined schedules are affine in the
         size (see the module docstring): two cached graph evaluations give every size. A
         pipelined one (tree, ring broadcast) is interpolated between the powers of two
         around each size (exact at a power of two), each evaluated once and cached."""
-        if (op, algorithm) not in PIPELINED:
+        if not pipelined(op, algorithm):
             intercept, slope = self.affine(op, algorithm)
             return intercept + slope * sizes
         out = np.empty(sizes.shape)
@@ -93,12 +91,33 @@ class GroupCost:
         out[~tiny] = t_lo + (t_hi - t_lo) * (big - lo) / lo
         return out
 
+    def _candidates(self, op: str, algorithm: str) -> tuple[str, ...]:
+        """What `algorithm` names: 'auto' every algorithm auto chooses among that runs on
+        this group; 'a|b' (a backend table's "the faster of") those of a, b that run on it
+        (algorithms.runs_on); else the one algorithm."""
+        if algorithm == "auto":
+            return self.algorithms(op)
+        names = tuple(algorithm.split("|"))
+        for name in names:
+            lookup(op, name)  # a ValueError naming the choices for an unknown one
+        if len(names) == 1:
+            return names
+        runnable = tuple(a for a in names if runs_on(op, a, self.n, self.gpus_per_node))
+        if not runnable:
+            raise ValueError(
+                f"none of {algorithm} runs on {self.n} ranks, {self.gpus_per_node} per node"
+            )
+        return runnable
+
     def nccl_choice(self, op: str, sizes: np.ndarray) -> list[str]:
-        """The algorithm NCCL runs for each size: for all-reduce on whole nodes its tuner's
-        ring-or-tree pick (select.nccl_like_choice, fed this group's ring bus bandwidth
-        from the graph); otherwise the one it has for the op (ring; all-to-all: direct)."""
-        if op != "all-reduce" or "tree" not in self.algorithms(op):
-            return [ALGORITHMS[op][0]] * sizes.size
+        """The algorithm NCCL runs for each size (backends.ALGORITHMS["nccl"]): for
+        all-reduce on whole nodes its tuner's ring-or-tree pick (nccl.nccl_like_choice, fed
+        this group's ring bus bandwidth from the graph); otherwise the one it has for the
+        op (ring; all-to-all, send-recv: direct)."""
+        algorithms_for(op)  # a ValueError naming the collectives for an unknown op
+        names = self._candidates(op, backends.ALGORITHMS["nccl"][op])
+        if len(names) == 1:
+            return [names[0]] * sizes.size
         big = 2.0**28
         busbw = 2 * (self.n - 1) / self.n * big / self._graph_time(op, "ring", big)
         names, _ = nccl_like_choice(
@@ -114,8 +133,9 @@ class GroupCost:
     def time_and_choice(
         self, op: str, algorithm: str, sizes: np.ndarray | float
     ) -> tuple[np.ndarray, list[str]]:
-        """Seconds per size, and which algorithm ran ('auto' takes the fastest per size,
-        'nccl' what NCCL's tuner would pick)."""
+        """Seconds per size, and which algorithm ran: any registered one, 'auto' (the
+        fastest per size), 'a|b' (the faster of those that run here), 'nccl' (what NCCL's
+        tuner would pick)."""
         sizes = np.atleast_1d(np.asarray(sizes, dtype=float))
         if algorithm == "nccl":
             names = np.array(self.nccl_choice(op, sizes))
@@ -124,8 +144,7 @@ class GroupCost:
                 mine = names == name
                 times[mine] = self._times(op, str(name), sizes[mine])
             return times, names.tolist()
-        candidates = self.algorithms(op) if algorithm == "auto" else (algorithm,)
-        check_algorithm(op, candidates[0])
+        candidates = self._candidates(op, algorithm)
         table = np.array([self._times(op, a, sizes) for a in candidates])
         best = np.argmin(table, axis=0)
         return table[best, np.arange(sizes.size)], [candidates[i] for i in best]
@@ -140,5 +159,5 @@ class GroupCost:
         return t_lo - slope * lo, slope
 
     def time(self, op: str, algorithm: str, sizes: np.ndarray | float) -> np.ndarray:
-        """Seconds of `op` with `algorithm` (or 'auto', 'nccl') for each size in bytes."""
+        """Seconds of `op` with `algorithm` (or 'auto', 'a|b', 'nccl') for each size in bytes."""
         return self.time_and_choice(op, algorithm, sizes)[0]

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from commsim.collectives.alphabeta import ALGORITHMS as OP_ALGORITHMS
+from commsim.collectives.algorithms import SEARCHED
 from commsim.scenario import Setup
 from commsim.specs import Strategy
 from commsim.step.layouts import ALGORITHMS, GRAD_DTYPES, Layouts
@@ -147,7 +147,7 @@ def sync_grids(setup: Setup, base: Strategy, pins: dict[str, Any]) -> tuple[list
         (0, 0, b, a, p, o, c, e)
         for b, a, p, o, c in itertools.product(
             _choices(pins, "bucket_mb", DDP_BUCKETS_MB),
-            _choices(pins, "algorithm", OP_ALGORITHMS["all-reduce"]),
+            _choices(pins, "algorithm", SEARCHED["all-reduce"]),
             _choices(pins, "placement", placements),
             overlap,
             _choices(pins, "compression", COMPRESSIONS),

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from commsim.collectives.alphabeta import ALGORITHMS as OP_ALGORITHMS
-from commsim.collectives.group import PIPELINED, GroupCost
+from commsim.collectives.algorithms import ALGORITHMS as OP_ALGORITHMS
+from commsim.collectives.algorithms import pipelined
+from commsim.collectives.group import GroupCost
 from commsim.step.layouts import ALGORITHMS, Layouts
 from commsim.topology.build import Cluster
 from commsim.topology.placement import PLACEMENTS, place
@@ -119,7 +120,7 @@ class Groups:
                 continue
             if name not in ("auto", "nccl") and name not in cost.algorithms(op):
                 line[k] = np.inf
-            elif name in ("auto", "nccl") or (op, name) in PIPELINED:
+            elif name in ("auto", "nccl") or pipelined(op, name):
                 general.append((k, name, key))
             else:
                 line[k] = cost.affine(op, name)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from commsim.collectives.alphabeta import ALGORITHMS as OP_ALGORITHMS
+from commsim.collectives.algorithms import ALGORITHMS as OP_ALGORITHMS
 from commsim.compression import parse_compressor
 from commsim.specs import GPUSpec
 from commsim.step.buckets import MIB, STAGE_KINDS, BucketPlan, stage_buckets
