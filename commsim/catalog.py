@@ -8,6 +8,16 @@ from commsim.specs import GPUSpec, SpecError
 
 # Peak figures are dense (no structured sparsity) BF16/FP16 tensor-core FLOP/s, HBM size
 # and bandwidth, and NVLink bandwidth per direction (vendors quote the bidirectional sum).
+# Kernel figures: gemm_efficiency is the Maximum Achievable Matmul FLOPS (MAMF, the best
+# BF16 matmul over a sweep of large shapes) over peak, as measured in S. Bekman's "Machine
+# Learning Engineering" (github.com/stas00/ml-engineering, compute/accelerator/README.md,
+# "Maximum Achievable Matmul FLOPS comparison table", and its H200 -> B200 upgrade guide for
+# H200/B200 and FP8). attention_efficiency is FlashAttention's forward + backward FLOP/s
+# over peak on causal attention with 128-wide heads: FlashAttention-2 reaches 50-73% of the
+# A100's peak (Dao 2023, arXiv:2307.08691); FlashAttention-3 up to 75% of the H100's BF16
+# peak forward, its backward 1.5-1.75x FlashAttention-2's 35% (Shah et al. 2024,
+# arXiv:2407.08608): 0.6 lies in both ranges and is used for both generations.
+_ATTENTION_EFFICIENCY = 0.6
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
@@ -28,6 +38,11 @@ GPUS: dict[str, GPUSpec] = {
             nvlink_bandwidth="300GB/s",
             source="NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 1,555 GB/s, "
             "NVLink 600 GB/s bidirectional",
+            sm_count=108,
+            gemm_efficiency=267.9 / 312,
+            attention_efficiency=_ATTENTION_EFFICIENCY,
+            kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
+            "A100 SXM 267.9 of 312 TFLOPS (ml-engineering, CUDA 12.1)",
         ),
         GPUSpec(
             name="a100-80gb",
@@ -37,6 +52,11 @@ GPUS: dict[str, GPUSpec] = {
             nvlink_bandwidth="300GB/s",
             source="NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16 dense, 2,039 GB/s, "
             "NVLink 600 GB/s bidirectional",
+            sm_count=108,
+            gemm_efficiency=267.9 / 312,
+            attention_efficiency=_ATTENTION_EFFICIENCY,
+            kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
+            "A100 SXM 267.9 of 312 TFLOPS (ml-engineering, CUDA 12.1)",
         ),
         GPUSpec(
             name="h100",
@@ -45,7 +65,15 @@ GPUS: dict[str, GPUSpec] = {
             hbm_bandwidth="3350GB/s",
             nvlink_bandwidth="450GB/s",
             source="NVIDIA H100 datasheet (SXM5): 989 TFLOPS BF16 dense (1,979 with "
-            "sparsity), 80 GB, 3.35 TB/s, NVLink 900 GB/s bidirectional",
+            "sparsity), 80 GB, 3.35 TB/s, NVLink 900 GB/s bidirectional; FP8 1,979 dense",
+            sm_count=132,
+            fp8_flops=1979e12,
+            gemm_efficiency=792.1 / 989,
+            fp8_gemm_efficiency=1453.4 / 1979,
+            attention_efficiency=_ATTENTION_EFFICIENCY,
+            kernel_source="132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5); "
+            "MAMF H100 SXM 792.1 of 989 TFLOPS BF16 (ml-engineering, CUDA 12.1); FP8 as the "
+            "same die's H200 SXM: 1,453.4 of 1,979",
         ),
         GPUSpec(
             name="h200",
@@ -54,7 +82,14 @@ GPUS: dict[str, GPUSpec] = {
             hbm_bandwidth="4800GB/s",
             nvlink_bandwidth="450GB/s",
             source="NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 141 GB, 4.8 TB/s, "
-            "NVLink 900 GB/s bidirectional",
+            "NVLink 900 GB/s bidirectional; FP8 1,979 dense",
+            sm_count=132,
+            fp8_flops=1979e12,
+            gemm_efficiency=794.5 / 989,
+            fp8_gemm_efficiency=1453.4 / 1979,
+            attention_efficiency=_ATTENTION_EFFICIENCY,
+            kernel_source="132 SMs (GH100, as H100 SXM5); MAMF H100/H200 SXM 794.5 of 989 "
+            "TFLOPS BF16 and H200 SXM 1,453.4 of 1,979 FP8 (ml-engineering)",
         ),
         GPUSpec(
             name="b200",
@@ -65,6 +100,13 @@ GPUS: dict[str, GPUSpec] = {
             source="NVIDIA DGX B200 datasheet: 72 PFLOPS FP8 training for 8 GPUs "
             "(4.5 PF FP8, 2.25 PF BF16 dense per GPU), 1,440 GB HBM3e, 64 TB/s; "
             "NVLink 5 1.8 TB/s bidirectional",
+            sm_count=148,
+            fp8_flops=4500e12,
+            gemm_efficiency=1745.0 / 2250,
+            fp8_gemm_efficiency=3432.5 / 4500,
+            attention_efficiency=_ATTENTION_EFFICIENCY,
+            kernel_source="148 SMs (NVIDIA Blackwell architecture technical brief, B200); MAMF "
+            "B200 SXM 1,745.0 of 2,250 TFLOPS BF16 and 3,432.5 of 4,500 FP8 (ml-engineering)",
         ),
         GPUSpec(
             name="cpu-host",

@@ -45,7 +45,9 @@ class Setup:
         return self.scenario.global_batch // (self.dp(strategy) * self.scenario.micro_batch)
 
     def dp(self, strategy: Strategy) -> int:
-        return self.n_gpus // (strategy.tp * strategy.pp)
+        """Data-parallel replicas: the GPUs over tp x pp x cp (context-parallel ranks hold
+        the same weights but different tokens)."""
+        return self.n_gpus // (strategy.tp * strategy.pp * strategy.cp)
 
 
 def load_scenario(path: str | None, overrides: dict[str, Any]) -> tuple[Scenario, str]:
@@ -113,13 +115,14 @@ def resolve(scenario: Scenario, source: str = "scenario", check: bool = True) ->
 def check_layout(setup: Setup, strategy: Strategy) -> None:
     """The strategy's degrees must fit the GPU count, the batch and the model (SpecError)."""
     s, w, src = setup.scenario, setup.workload, setup.source
-    if setup.n_gpus % (strategy.tp * strategy.pp):
+    if setup.n_gpus % (strategy.tp * strategy.pp * strategy.cp):
         raise SpecError(
             src,
             "strategy",
-            f"tp x pp = {strategy.tp} x {strategy.pp} does not "
+            f"tp x pp x cp = {strategy.tp} x {strategy.pp} x {strategy.cp} does not "
             f"divide the {setup.n_gpus} GPUs into data-parallel replicas",
         )
+    _check_kernels(setup, strategy)
     per_step = setup.dp(strategy) * s.micro_batch
     if s.global_batch % per_step:
         raise SpecError(
@@ -130,6 +133,7 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
         )
     if strategy.data_parallel_only:
         return
+    _check_model_parallel(setup, strategy)
     if strategy.compression != "none":
         raise SpecError(
             src,
@@ -212,4 +216,36 @@ def _check_uneven_split(strategy: Strategy, blocks: int, src: str) -> None:
             field,
             f"{blocks} layers minus {' + '.join(map(str, ends))} on the end stages leave "
             f"{rest} for the other {others} stages: they must split evenly, at least one each",
+        )
+
+
+def _check_kernels(setup: Setup, strategy: Strategy) -> None:
+    """FP8 needs a GPU with FP8 tensor cores; overlapping tensor-parallel collectives needs
+    a tensor-parallel group; hybrid sharding needs ZeRO-3 and shard groups that divide dp."""
+    src = setup.source
+    if strategy.precision == "fp8" and not setup.gpu.fp8_flops:
+        raise SpecError(src, "strategy.precision", f"{setup.gpu.name} has no FP8 tensor cores")
+    if strategy.tp_overlap and strategy.tp == 1:
+        raise SpecError(src, "strategy.tp_overlap", "needs tensor parallelism (tp > 1)")
+    if strategy.fsdp_shard is not None:
+        if strategy.zero != 3:
+            raise SpecError(src, "strategy.fsdp_shard", "hybrid sharding is ZeRO-3 (FSDP)")
+        if setup.dp(strategy) % strategy.fsdp_shard:
+            raise SpecError(
+                src,
+                "strategy.fsdp_shard",
+                f"{strategy.fsdp_shard} does not divide the data-parallel degree "
+                f"{setup.dp(strategy)}",
+            )
+
+
+def _check_model_parallel(setup: Setup, strategy: Strategy) -> None:
+    """Context parallelism splits each sequence into 2 cp chunks (Megatron-core balances the
+    causal mask that way), so the sequence must divide by 2 cp."""
+    seq = setup.workload.seq_len or 0
+    if strategy.cp > 1 and seq % (2 * strategy.cp):
+        raise SpecError(
+            setup.source,
+            "strategy.cp",
+            f"sequence length {seq} does not split into 2 x cp = {2 * strategy.cp} chunks",
         )

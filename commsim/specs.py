@@ -59,7 +59,9 @@ class Spec(BaseModel):
 
 
 class GPUSpec(Spec):
-    """One accelerator: dense BF16/FP16 tensor peak, memory, NVLink bandwidth per direction."""
+    """One accelerator: dense BF16/FP16 tensor peak, memory, NVLink bandwidth per direction,
+    and what its kernels reach (the compute roofline, step.compute): streaming
+    multiprocessors, the largest GEMMs' fraction of peak (measured), FlashAttention's."""
 
     name: str
     peak_flops: FlopRate  # dense BF16/FP16 tensor-core FLOP/s
@@ -67,6 +69,12 @@ class GPUSpec(Spec):
     hbm_bandwidth: Rate
     nvlink_bandwidth: Rate  # per GPU, per direction (half the bidirectional figure)
     source: str
+    sm_count: int | None = Field(default=None, ge=1)  # streaming multiprocessors
+    fp8_flops: FlopRate | None = None  # dense FP8 tensor-core FLOP/s (None: no FP8)
+    gemm_efficiency: float | None = Field(default=None, gt=0, le=1)  # best BF16 GEMM / peak
+    fp8_gemm_efficiency: float | None = Field(default=None, gt=0, le=1)  # best FP8 GEMM / peak
+    attention_efficiency: float | None = Field(default=None, gt=0, le=1)  # FlashAttention / peak
+    kernel_source: str = ""  # where the measured kernel figures come from
 
 
 class NICSpec(Spec):
@@ -201,6 +209,11 @@ class Strategy(Spec):
     ps_shards: int = Field(default=1, ge=1)
     compression: Compression = "none"  # what a DDP comm hook does to each bucket
     error_feedback: bool = False  # keep what compression dropped and add it next step
+    cp: int = Field(default=1, ge=1)  # context-parallel degree (Megatron-core ring attention)
+    precision: Literal["bf16", "fp8"] = "bf16"  # the blocks' GEMMs (Transformer Engine FP8)
+    flash_attention: bool = True  # fused attention: no s x s scores kept, causal half computed
+    tp_overlap: bool = False  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
+    fsdp_shard: int | None = Field(default=None, ge=1)  # hybrid sharding: ZeRO-3 groups (HSDP)
 
     @property
     def split_layers(self) -> tuple[int, int]:
@@ -211,9 +224,9 @@ class Strategy(Spec):
     @property
     def data_parallel_only(self) -> bool:
         """Plain DDP: what the per-bucket timeline models in full detail."""
-        layout = (self.tp, self.pp, self.ep, self.zero, self.recompute, self.interleave)
+        layout = (self.tp, self.pp, self.ep, self.cp, self.zero, self.recompute, self.interleave)
         split = (self.first_stage_layers, self.last_stage_layers)
-        return layout == (1, 1, 1, 0, "none", 1) and split == (None, None)
+        return layout == (1, 1, 1, 1, 0, "none", 1) and split == (None, None)
 
 
 Metric = Literal[
@@ -278,7 +291,10 @@ class Scenario(Spec):
     global_batch: int = Field(ge=1)  # samples (sequences) per optimizer step
     micro_batch: int = Field(default=1, ge=1)  # samples per GPU per forward/backward
     seq_len: int | None = Field(default=None, ge=1)  # default: the model's
-    compute_efficiency: float = Field(default=0.5, gt=0, le=1)  # achieved / peak FLOP/s
+    # achieved / peak FLOP/s for every FLOP: None prices compute by the roofline of
+    # step.compute (the GPU's measured kernel rates); a number (or a calibration profile's
+    # measured rate) overrides it
+    compute_efficiency: float | None = Field(default=None, gt=0, le=1)
     profile: str | None = None  # a calibration profile (commsim calibrate fit) for the cluster
     tokens: float | None = Field(default=None, gt=0)  # training tokens, for time-to-train
     price_per_gpu_hour: float | None = Field(default=None, gt=0)  # for cost

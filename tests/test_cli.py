@@ -107,13 +107,13 @@ def test_predict_flags_override_the_scenario():
 
 
 def test_plan_ranks_best_first():
-    ddp = ("--tp", "1", "--pp", "1", "--zero", "0", "--recompute", "none")
+    ddp = ("--tp", "1", "--pp", "1", "--zero", "0", "--recompute", "none", "--micro-batch", "1")
     doc = run_json(
         "plan", "--placement", "blocked", "--algorithm", "ring", "--compression", "none", *ddp
     )
     times = [c["step_time_s"] for c in doc["candidates"]]
     assert times == sorted(times)
-    assert len(times) == 8 * 2  # bucket sizes x overlap on/off (DDP, micro-batch pinned below)
+    assert len(times) == 8 * 2  # bucket sizes x overlap on/off (DDP, micro-batch pinned)
     hybrid = run_json("plan", "--placement", "blocked", "--algorithm", "ring")["candidates"]
     assert any(c["strategy"]["zero"] or c["strategy"]["tp"] > 1 for c in hybrid)
     assert [c["step_time_s"] for c in hybrid] == sorted(c["step_time_s"] for c in hybrid)

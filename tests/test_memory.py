@@ -95,9 +95,15 @@ def test_gpt3_megatron_layout_fits_80gb():
     assert m.buffers == BUCKETS
     assert m.total == pytest.approx(16 * first + acts + BUCKETS)  # 34.8 GB
     assert m.fits(gpu("h100")) and m.reason(gpu("h100")) == ""
-    # tensor parallelism alone: sbh(10 + 24/8 + 5 x 96 x 2048/(12288 x 8)) = 23sbh a layer
-    bare = memory_per_gpu(w, ParallelLayout(tp=8, pp=16))
+    # tensor parallelism alone, scores kept (no FlashAttention): sbh(10 + 24/8 + 5 x 96 x
+    # 2048/(12288 x 8)) = 23sbh a layer; with FlashAttention the 5as/h term goes: 13sbh
+    bare = memory_per_gpu(w, ParallelLayout(tp=8, pp=16, flash=False))
     assert bare.activations == pytest.approx(16 * 6 * 23 * SBH)  # 55.6 GB
+    flash = memory_per_gpu(w, ParallelLayout(tp=8, pp=16))
+    assert flash.activations == pytest.approx(16 * 6 * 13 * SBH)
+    # context parallelism over 4: each GPU keeps a quarter of every sequence
+    cp = memory_per_gpu(w, ParallelLayout(tp=8, pp=16, cp=4, flash=False, recompute="selective"))
+    assert cp.activations == pytest.approx(16 * 6 * 13 * SBH / 4)
     assert not bare.fits(gpu("h100"))
 
 
@@ -121,7 +127,7 @@ def test_korthikanti_table_2(t, sp, recompute, per_sbh):
 def test_single_stage_activations_add_the_output_layer():
     # pp = 1: 96 layers of 23sbh, plus 4sbh/t(1 + v/h) for norm, logits and cross-entropy
     w = build_workload("gpt3-175b")
-    m = memory_per_gpu(w, ParallelLayout(tp=8, micro_batch=2))
+    m = memory_per_gpu(w, ParallelLayout(tp=8, micro_batch=2, flash=False))
     per_layer = 23 * 2 * SBH
     assert m.activations == pytest.approx(96 * per_layer + 4 * 2 * SBH / 8 * (1 + 50257 / H))
 
@@ -186,7 +192,7 @@ def test_custom_transformer_takes_its_heads_from_the_spec():
     spec = ModelSpec(name="mine", layers=4, hidden=512, heads=8, vocab=1000, seq_len=128)
     w = build_workload(spec)
     assert w.heads == 8
-    m = memory_per_gpu(w, ParallelLayout())
+    m = memory_per_gpu(w, ParallelLayout(flash=False))
     sbh = 128 * 512
     assert m.activations == pytest.approx(
         4 * sbh * (34 + 5 * 8 * 128 / 512) + 4 * sbh * (1 + 1000 / 512)

@@ -58,17 +58,34 @@ def test_ddp_sends_twice_the_gradient_bytes_through_a_ring():
     assert slope == pytest.approx(2 * 31 / 32 / 200e9, rel=1e-6)
 
 
-def test_zero3_moves_one_and_a_half_times_ddp():
+def test_zero3_gathers_and_reduce_scatters_block_by_block():
+    # FSDP units: each block's bf16 parameters gathered for the forward and again for the
+    # backward, its gradients reduce-scattered; the embedding and head join the first unit
     hm = _model()
-    ddp = hm.evaluate(_layout()).row(0)
+    sh = hm.shape
     z3 = hm.evaluate(_layout(zero=3, micro_batches=1)).row(0)
+    cost = GroupCost(hm.cluster, np.arange(32))
+
+    def ag(params):
+        a, s = cost.affine("all-gather", "ring")
+        return a + s * 2 * params
+
+    def rs(params):
+        a, s = cost.affine("reduce-scatter", "ring")
+        return a + s * 2 * params
+
+    block, ends = sh.block_params, sh.pre_params + sh.post_params
+    units = 8 * (2 * ag(block) + rs(block)) + 2 * ag(ends)
+    assert z3["dp_comm"] == pytest.approx(units, rel=1e-9)
+    # 1.5x an all-reduce's volume: the bandwidth terms of 2 gathers + 1 reduce-scatter
     z0 = hm.evaluate(_layout(micro_batches=1)).row(0)
-    # all-gather params (forward) + all-gather (backward) + reduce-scatter grads = 3 halves of
-    # an all-reduce's volume; latency terms are 1.5x too (3 phases of N-1 steps vs 2)
-    assert z3["dp_comm"] == pytest.approx(1.5 * z0["dp_comm"], rel=1e-6)
-    assert z0["dp_comm"] == pytest.approx(ddp["dp_comm"])  # DDP syncs once per step
     z1 = hm.evaluate(_layout(zero=1, micro_batches=1)).row(0)
     assert z1["dp_comm"] == pytest.approx(z0["dp_comm"], rel=1e-6)  # RS + AG = AR volume
+    a_ag, s_ag = cost.affine("all-gather", "ring")
+    a_ar, s_ar = cost.affine("all-reduce", "ring")
+    assert 3 * s_ag == pytest.approx(1.5 * s_ar, rel=1e-9)
+    # overlap off: every gather and reduce-scatter on the critical path
+    assert z3["dp_exposed"] == pytest.approx(z3["dp_comm"])
 
 
 def test_tensor_parallel_four_allreduces_per_layer_per_micro_batch():
@@ -126,7 +143,7 @@ def test_interleaved_placement_hurts_tensor_parallelism():
     [
         (("--tp", "2"), "2 does not divide the model's 25 attention heads"),
         (("--pp", "64"), "64 pipeline stages for 48 layers"),
-        (("--tp", "3"), "tp x pp = 3 x 1 does not divide"),
+        (("--tp", "3"), "tp x pp x cp = 3 x 1 x 1 does not divide"),
         (("--model", "resnet50", "--tp", "2"), "not a transformer"),
         (("--pp", "2", "--interleave", "5"), "do not split evenly"),
         (
@@ -285,7 +302,8 @@ def test_uneven_split_prices_the_slowest_stage():
     # first 1, last 3, middle 2 each: the last stage (3 layers + head) is the slowest
     skew = hm.evaluate(_layout(dp=8, pp=4, micro_batches=8, first_layers=1, last_layers=3))
     b = skew.row(0)
-    per_mb = (3 * sh.block_flops + sh.post_flops) * 3 / hm.flop_rate  # fwd + 2x bwd
+    rate = GPU.peak_flops * hm.efficiency
+    per_mb = (3 * sh.block_flops + sh.post_flops) * 3 / rate  # fwd + 2x bwd
     assert b["compute"] == pytest.approx(8 * per_mb)
     assert b["compute"] > even["compute"]
     # the memory of the worst stage grows with its layers: the first holds 4 in flight of 1

@@ -62,11 +62,15 @@ def _prediction(
     strategy = one.strategy(0, base)
     variant = _at_micro_batch(setup, int(one.micro_batch[0]))
     b = found.breakdown.row(k)
+    single = float(model.single_gpu_step(one)[0])
     memory = layout_memory(variant, strategy)
     if one.plain[0]:
         report = layouts_timeline(variant, model, one, b["optimizer"])
-        return prediction(variant, strategy, b, memory, tuple(report.buckets), tuple(report.events))
-    return prediction(variant, strategy, b, memory, events=tuple(pipeline_events(one.row(0), b)))
+        return prediction(
+            variant, strategy, b, single, memory, tuple(report.buckets), tuple(report.events)
+        )
+    events = tuple(pipeline_events(one.row(0), b))
+    return prediction(variant, strategy, b, single, memory, events=events)
 
 
 def _at_micro_batch(setup: Setup, micro_batch: int) -> Setup:

@@ -1,13 +1,16 @@
 """The communicating groups of a layout on the cluster, and what their collectives cost.
 
-Ranks follow Megatron's order: tensor-parallel rank fastest, then data-parallel, then
-pipeline stage, so a tensor-parallel group is consecutive GPUs (inside a node when tp is at
-most the node's GPUs) and a data-parallel group is strided by tp. Expert parallelism (MoE)
-carves its groups out of the data-parallel group: ep consecutive data-parallel ranks (stride
-tp) hold different experts; the dp / ep ranks holding the same experts (stride tp x ep)
-reduce their gradients (Megatron-LM / DeepSpeed-MoE, Rajbhandari et al. 2022,
-arXiv:2201.05596). Every group of one kind runs its collective at the same time, sharing NICs
-and uplinks; the graph prices that, once per distinct group and cached.
+Ranks follow Megatron-core's order (tp-cp-ep-dp-pp): tensor-parallel rank fastest, then
+context-parallel, then data-parallel, then pipeline stage, so a tensor-parallel group is
+consecutive GPUs (inside a node when tp is at most the node's GPUs). Gradients are reduced
+over the data-parallel ranks and the context-parallel ones (they hold the same weights).
+Expert parallelism (MoE) carves its groups out of the data-parallel group: ep consecutive
+data-parallel ranks hold different experts; the dp / ep ranks holding the same experts
+(and their cp ranks) reduce their gradients (Megatron-LM / DeepSpeed-MoE, Rajbhandari et
+al. 2022, arXiv:2201.05596). Hybrid sharding (HSDP) shards over `shard` consecutive
+data-parallel ranks and replicates across the dp / shard groups. Every group of one kind
+runs its collective at the same time, sharing NICs and uplinks; the graph prices that, once
+per distinct group and cached.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from commsim.topology.build import Cluster
 from commsim.topology.placement import PLACEMENTS, place
 from commsim.topology.routing import step_time
 
-KINDS = ("tp", "dp", "ep", "edp")  # tensor, data, expert, expert-data parallel
+# tensor, context, data (with cp), expert, expert-data, hybrid-shard and replica groups
+KINDS = ("tp", "cp", "dp", "ep", "edp", "shard", "replica")
 
 
 def op_algorithm(op: str, algorithm: str) -> str:
@@ -42,26 +46,34 @@ class Groups:
         self._costs: dict[tuple, GroupCost | None] = {}
         self._sends: dict[tuple, tuple[float, float]] = {}
 
-    def _ranks(self, placement: int, tp: int, dp: int, pp: int) -> np.ndarray:
-        """GPU of each rank as [stage, data-parallel index, tensor-parallel index]."""
-        return self.orders[PLACEMENTS[placement]].reshape(pp, dp, tp)
+    def _ranks(self, placement: int, tp: int, cp: int, dp: int, pp: int) -> np.ndarray:
+        """GPU of each rank as [stage, data-parallel, context-parallel, tensor-parallel]."""
+        return self.orders[PLACEMENTS[placement]].reshape(pp, dp, cp, tp)
 
-    def members(self, placement, kind, tp, dp, pp, ep) -> np.ndarray:
+    def members(self, placement, kind, tp, dp, pp, ep=1, cp=1, shard=1) -> np.ndarray:
         """GPUs of every group of one kind, a row each (see the module docstring)."""
-        ranks = self._ranks(placement, tp, dp, pp).reshape(pp, dp // ep, ep, tp)
+        ranks = self._ranks(placement, tp, cp, dp, pp)
         if kind == "tp":
             return ranks.reshape(-1, tp)
+        if kind == "cp":
+            return ranks.transpose(0, 1, 3, 2).reshape(-1, cp)
         if kind == "dp":
-            return ranks.transpose(0, 3, 1, 2).reshape(-1, dp)
-        if kind == "ep":
-            return ranks.transpose(0, 1, 3, 2).reshape(-1, ep)
-        return ranks.transpose(0, 2, 3, 1).reshape(-1, dp // ep)
+            return ranks.transpose(0, 3, 1, 2).reshape(-1, dp * cp)
+        if kind in ("ep", "edp"):
+            split = ranks.reshape(pp, dp // ep, ep, cp, tp)
+            if kind == "ep":
+                return split.transpose(0, 1, 3, 4, 2).reshape(-1, ep)
+            return split.transpose(0, 2, 4, 1, 3).reshape(-1, dp // ep * cp)
+        split = ranks.reshape(pp, dp // shard, shard, cp, tp)
+        if kind == "shard":
+            return split.transpose(0, 1, 4, 2, 3).reshape(-1, shard * cp)
+        return split.transpose(0, 2, 3, 4, 1).reshape(-1, dp // shard)
 
-    def cost(self, placement, kind, tp, dp, pp, ep=1, ps_shards=1) -> GroupCost | None:
+    def cost(self, placement, kind, tp, dp, pp, ep=1, ps_shards=1, cp=1, shard=1):
         """The GroupCost of every group of `kind` at once (None: groups of one rank)."""
-        key = (placement, kind, tp, dp, pp, ep, ps_shards)
+        key = (placement, kind, tp, dp, pp, ep, ps_shards, cp, shard)
         if key not in self._costs:
-            groups = self.members(placement, kind, tp, dp, pp, ep)
+            groups = self.members(placement, kind, tp, dp, pp, ep, cp, shard)
             if groups.shape[1] == 1:
                 self._costs[key] = None
             else:
@@ -72,14 +84,14 @@ class Groups:
                 self._costs[key] = GroupCost(self.cluster, groups, ps_shards=shards)
         return self._costs[key]
 
-    def send(self, placement, tp, dp, pp) -> tuple[float, float]:
+    def send(self, placement, tp, dp, pp, cp=1) -> tuple[float, float]:
         """(intercept, slope per byte) of every stage handing activations to the next at
         once, each rank to its peer in the next stage (1F1B's steady state)."""
         if pp == 1:  # one stage: nothing to send
             return 0.0, 0.0
-        key = (placement, tp, dp, pp)
+        key = (placement, tp, dp, pp, cp)
         if key not in self._sends:
-            ranks = self._ranks(placement, tp, dp, pp)
+            ranks = self._ranks(placement, tp, cp, dp, pp)
             src, dst = ranks[:-1].ravel(), ranks[1:].ravel()
             t0 = step_time(self.cluster, src, dst, np.zeros(src.size))
             t1 = step_time(self.cluster, src, dst, np.full(src.size, 2.0**24))
@@ -105,16 +117,18 @@ class Groups:
         unpipelined algorithm's time is affine in the size (GroupCost), so those groups are
         priced by one multiply-add over all their layouts."""
         alg = L.algorithm if algorithm is None else np.broadcast_to(algorithm, L.dp.shape)
-        ep = L.ep if kind in ("ep", "edp") else np.ones_like(L.ep)
-        shards = L.ps_shards if kind == "dp" else np.ones_like(L.ps_shards)
-        cols = [alg, L.placement, L.tp, L.dp, L.pp, ep, shards]
+        one = np.ones_like(L.dp)
+        ep = L.ep if kind in ("ep", "edp") else one
+        shards = L.ps_shards if kind == "dp" else one
+        shard = np.maximum(L.fsdp_shard, 1) if kind in ("shard", "replica") else one
+        cols = [alg, L.placement, L.tp, L.dp, L.pp, ep, shards, L.cp, shard]
         inverse, firsts = _group_rows(cols)
         nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), L.dp.shape)
         line = np.zeros((len(firsts), 2))
         general = []
         for k, i in enumerate(firsts.tolist()):
-            a, pl, t, d, p, e, s = (int(c[i]) for c in cols)
-            name, key = op_algorithm(op, ALGORITHMS[a]), (pl, kind, t, d, p, e, s)
+            a, pl, t, d, p, e, s, c, g = (int(col[i]) for col in cols)
+            name, key = op_algorithm(op, ALGORITHMS[a]), (pl, kind, t, d, p, e, s, c, g)
             cost = self.cost(*key)
             if cost is None:
                 continue

@@ -42,6 +42,11 @@ _DEFAULTS: dict[str, Any] = {
     "compression": 0,
     "error_feedback": False,
     "grad_dtype": GRAD_DTYPES.index("fp32"),
+    "cp": 1,
+    "fp8": False,
+    "flash": True,
+    "tp_overlap": False,
+    "fsdp_shard": 0,
 }
 
 
@@ -70,6 +75,11 @@ class Layouts:
     compression: np.ndarray
     error_feedback: np.ndarray
     grad_dtype: np.ndarray  # the gradients' dtype on the wire
+    cp: np.ndarray  # context-parallel degree (the sequence split over cp ranks)
+    fp8: np.ndarray  # the blocks' linear layers in FP8 (Transformer Engine)
+    flash: np.ndarray  # FlashAttention (fused attention: no s x s scores kept)
+    tp_overlap: np.ndarray  # tensor-parallel collectives overlapped with the GEMMs
+    fsdp_shard: np.ndarray  # ZeRO-3 shards over groups of this many dp ranks (0: all of dp)
     compressions: tuple[str, ...] = field(default=("none",))
 
     def __len__(self) -> int:
@@ -86,7 +96,7 @@ class Layouts:
         values = [np.asarray(columns.get(n, _DEFAULTS[n])) for n in names]
         arrays = np.broadcast_arrays(*(np.atleast_1d(v) for v in values))
         types = {"bucket_mb": float, "first_bucket_mb": float}
-        types |= {"overlap": bool, "error_feedback": bool}
+        types |= {k: bool for k in ("overlap", "error_feedback", "fp8", "flash", "tp_overlap")}
         cast = {n: a.astype(types.get(n, np.int64)) for n, a in zip(names, arrays, strict=True)}
         return cls(**cast, compressions=tuple(compressions))
 
@@ -120,6 +130,11 @@ class Layouts:
             compression=col(lambda s: compressions.index(s.compression)),
             error_feedback=col(lambda s: s.error_feedback),
             grad_dtype=col(lambda s: GRAD_DTYPES.index(s.grad_dtype)),
+            cp=col(lambda s: s.cp),
+            fp8=col(lambda s: s.precision == "fp8"),
+            flash=col(lambda s: s.flash_attention),
+            tp_overlap=col(lambda s: s.tp_overlap),
+            fsdp_shard=col(lambda s: s.fsdp_shard or 0),
         )
 
     def take(self, index: np.ndarray) -> Layouts:
@@ -143,6 +158,9 @@ class Layouts:
         update |= {
             "first_stage_layers": r["first_layers"] if r["first_layers"] >= 0 else None,
             "last_stage_layers": r["last_layers"] if r["last_layers"] >= 0 else None,
+            "precision": "fp8" if r["fp8"] else "bf16",
+            "flash_attention": r["flash"],
+            "fsdp_shard": r["fsdp_shard"] or None,
         }
         return base.model_copy(update=update)
 
@@ -161,6 +179,7 @@ class Layouts:
             & (self.zero == 0)
             & (self.recompute == 0)
             & (self.interleave == 1)
+            & (self.cp == 1)
         )
 
 
@@ -180,6 +199,8 @@ _STRATEGY_FIELDS = (
     "compression",
     "error_feedback",
     "grad_dtype",
+    "cp",
+    "tp_overlap",
 )
 
 

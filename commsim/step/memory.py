@@ -56,6 +56,9 @@ class ParallelLayout:
     bucket_mb: float = 25.0  # gradient bucket (MiB), DDP bucket_cap_mb
     first_layers: int = -1  # layers on the first / last pipeline stage (-1: an even split)
     last_layers: int = -1
+    cp: int = 1  # context-parallel degree: each GPU holds s / cp of every sequence
+    flash: bool = True  # FlashAttention: no s x s attention scores kept
+    shard: int = 0  # hybrid sharding (HSDP): ZeRO-3 groups of this many dp ranks (0: all)
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -105,10 +108,15 @@ def usable_bytes(gpu: GPUSpec, reserve_fraction: float = RESERVE_FRACTION) -> fl
     return gpu.hbm_bytes * (1.0 - reserve_fraction)
 
 
-def activation_bytes_per_layer(s, b, h, a, t, sequence_parallel, recompute, routed=1.0):
+def activation_bytes_per_layer(
+    s, b, h, a, t, sequence_parallel, recompute, routed=1.0, flash=False
+):
     """Activation bytes one transformer layer keeps for one micro-batch (Korthikanti Table 2);
     `recompute` is a code of RECOMPUTE, arrays broadcast; `routed` = top_k x capacity factor
-    copies of each token an MoE MLP processes (1 for a dense layer)."""
+    copies of each token an MoE MLP processes (1 for a dense layer); s is the tokens this GPU
+    holds of a sequence (s / cp under context parallelism). FlashAttention (Dao et al. 2022)
+    keeps no s x s scores, softmax or dropout of them: the 5as/h term goes, as under
+    selective recomputation (its softmax statistics, a s b fp32 values, are negligible)."""
     # tensor parallel: sbh(10 + 24/t + 5as/(ht)), t = 1: sbh(34 + 5as/h); sequence parallel also
     # splits the 10 (norms, dropout masks, replicated inputs): sbh/t(34 + 5as/h); selective
     # recompute drops the 5as/h attention-score term; full recompute keeps the 2sbh layer input,
@@ -116,7 +124,7 @@ def activation_bytes_per_layer(s, b, h, a, t, sequence_parallel, recompute, rout
     # masks. A GPT block (4h MLP, dropout) is
     # assumed; a LLaMA block (SwiGLU, no dropout) is charged the same, an approximation.
     sbh = np.asarray(s, float) * b * h
-    scores = np.where(np.asarray(recompute) == 0, 5.0 * a * s / h, 0.0)
+    scores = np.where((np.asarray(recompute) == 0) & ~np.asarray(flash), 5.0 * a * s / h, 0.0)
     replicated = np.where(sequence_parallel, 10.0 / t, 10.0)
     # MoE: the MLP's 18sbh/t (its 2sbh input and 16sbh inside, Korthikanti Sec. 4.1) is kept
     # for each routed copy of a token, so (routed - 1) x 18sbh/t more than a dense MLP
@@ -221,7 +229,10 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     shape = _transformer_shape(workload)
     if shape is None:
         return _other_components(workload, c, schedule)
-    dp, t, pp, v, zero, ep = c["dp"], c["tp"], c["pp"], c["interleave"], c["zero"], c["ep"]
+    t, pp, v, zero, ep = c["tp"], c["pp"], c["interleave"], c["zero"], c["ep"]
+    # ZeRO shards over the data-parallel ranks and their context-parallel ones (Megatron's
+    # distributed optimizer group); hybrid sharding over its groups of `shard` dp ranks
+    dp = np.where((zero == 3) & (c["shard"] > 0), c["shard"], c["dp"]) * c["cp"]
     per_chunk = np.ceil(shape.blocks / (pp * v))  # layers per virtual stage, worst rank
     uneven = (c["first_layers"] >= 0) | (c["last_layers"] >= 0)  # only with v = 1
     k_first, k_mid, k_last = stage_layers(shape.blocks, pp, c["first_layers"], c["last_layers"])
@@ -229,8 +240,9 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     block = (shape.block[0] - shape.expert) / t + shape.block[1] + experts
     first = shape.first[0] / t + shape.first[1]
     last = shape.last[0] / t + shape.last[1] + np.where(pp > 1, shape.tied / t, 0.0)
+    held_seq = c["seq_len"] / c["cp"]
     per_layer = activation_bytes_per_layer(
-        c["seq_len"],
+        held_seq,
         c["micro_batch"],
         shape.hidden,
         shape.heads,
@@ -238,10 +250,11 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         c["sp"],
         c["recompute"],
         shape.routed,
+        c["flash"],
     )
     # Output layer: norm output, logits and fp32 cross-entropy, 4sbh/t(1 + v/h) (Korthikanti
     # Sec. 4.3), per micro-batch its chunk holds: one under 1F1B, interleaved or not
-    sbh = c["seq_len"] * c["micro_batch"] * shape.hidden
+    sbh = held_seq * c["micro_batch"] * shape.hidden
     output = 4.0 * sbh / t * (1.0 + shape.vocab / shape.hidden)
     output = output * in_flight(pp - 1, pp, 1, c["micro_batches"], schedule)
     stages = []
@@ -291,7 +304,8 @@ def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: st
 
 
 def _check(c: dict[str, np.ndarray]) -> None:
-    for key in ("dp", "tp", "pp", "ep", "micro_batch", "interleave", "seq_len", "micro_batches"):
+    keys = ("dp", "tp", "pp", "ep", "cp", "micro_batch", "interleave", "seq_len", "micro_batches")
+    for key in keys:
         if np.any(c[key] < 1):
             raise ValueError(f"{key} must be at least 1")
     if np.any(c["dp"] % c["ep"]):
@@ -333,6 +347,9 @@ def memory_per_gpu_batch(
     ep=1,
     first_layers=-1,
     last_layers=-1,
+    cp=1,
+    flash=True,
+    shard=0,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -354,6 +371,9 @@ def memory_per_gpu_batch(
         bucket_mb=bucket_mb,
         first_layers=first_layers,
         last_layers=last_layers,
+        cp=cp,
+        flash=flash,
+        shard=shard,
     )
     return sum(_components(workload, c, schedule))
 
@@ -383,5 +403,8 @@ def memory_per_gpu(
         bucket_mb=layout.bucket_mb,
         first_layers=layout.first_layers,
         last_layers=layout.last_layers,
+        cp=layout.cp,
+        flash=layout.flash,
+        shard=layout.shard,
     )
     return MemoryBreakdown(*(float(x) for x in _components(workload, c, schedule)))

@@ -1,14 +1,18 @@
 """The training step, one model for every layout, vectorised over many layouts at once.
 
-Data x tensor x pipeline x expert parallelism with ZeRO/FSDP, sequence parallelism and
-activation recomputation, as Megatron-LM lays a transformer out (Narayanan et al. 2021,
-"Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", SC'21;
-Korthikanti et al. 2022); plain DDP is the layout with none of them. Every quantity is a
-numpy array with one entry per layout, so a planner prices 100,000s of layouts in one pass,
-and `predict` prices one the same way. Collectives are priced on the cluster graph
-(step.groups); data-parallel gradients go in PyTorch DDP's buckets (step.buckets), synced
-on a serial stream under the last backward (step.sync), the same schedule that
-timeline.schedule_streams draws event by event.
+Data x tensor x pipeline x context x expert parallelism with ZeRO/FSDP, sequence
+parallelism and activation recomputation, as Megatron-LM lays a transformer out (Narayanan
+et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", SC'21; Korthikanti et al. 2022); plain DDP is the layout with none of them.
+Every quantity is a numpy array with one entry per layout, so a planner prices 100,000s of
+layouts in one pass, and `predict` prices one the same way.
+
+Per micro-batch on the slowest pipeline stage: its compute (step.compute's roofline, or
+FLOPs at one efficiency), the collectives on its critical path (tensor-parallel, context-
+parallel ring attention, expert all-to-alls, ZeRO-3/FSDP gathers not hidden by prefetch,
+pipeline sends) make a tick; the pipeline takes (m + (p - 1) / v) ticks. Then the ZeRO 0-2
+data-parallel sync not hidden under the last backward (step.dpsync) and the optimizer.
+Collectives are priced on the cluster graph, every concurrent group at once (step.groups).
 """
 
 from __future__ import annotations
@@ -17,25 +21,16 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from commsim.collectives.algorithms import ALGORITHMS as OP_ALGORITHMS
-from commsim.compression import parse_compressor
 from commsim.specs import GPUSpec
-from commsim.step.buckets import MIB, STAGE_KINDS, BucketPlan, stage_buckets
+from commsim.step.compute import StageTimes, stage_times
+from commsim.step.dpsync import DataParallel
+from commsim.step.fsdp import fsdp_per_micro_batch
 from commsim.step.groups import Groups, _group_rows
 from commsim.step.layouts import Layouts
 from commsim.step.memory import memory_per_gpu_batch, usable_bytes
 from commsim.step.shape import Shape, slowest, stage_layers
-from commsim.step.sync import (
-    BucketCosts,
-    Tail,
-    allreduce_costs,
-    compressed_costs,
-    tail,
-    zero3_costs,
-)
 from commsim.step.timeline import adam_step_time
 from commsim.topology.build import Cluster
-from commsim.topology.placement import PLACEMENTS
 from commsim.workload.model import BACKWARD_FACTOR, Workload
 
 ACT_BYTES = 2  # bf16 activations on the wire (tensor-parallel collectives, pipeline sends)
@@ -56,12 +51,13 @@ def state_grad_bytes(plain, grad_bytes):
 class StepBreakdown:
     """Per-layout arrays of where a step's time goes (seconds) and its figures of merit."""
 
-    step: np.ndarray  # = compute + tp_comm + ep_comm + pp_comm + bubble + dp_exposed + optimizer
+    step: np.ndarray  # = compute + tp + cp + ep + pp comm + bubble + dp_exposed + optimizer
     compute: np.ndarray  # forward + backward (+ recomputation) on the slowest stage, all mb
     forward: np.ndarray  # of compute: the forwards
     backward: np.ndarray  # of compute: the backwards (recomputation included)
     bubble: np.ndarray  # pipeline fill and drain: (p - 1) / v ticks, comm included
-    tp_comm: np.ndarray  # tensor-parallel collectives, on the critical path
+    tp_comm: np.ndarray  # tensor-parallel collectives on the critical path (after overlap)
+    cp_comm: np.ndarray  # context-parallel K/V exchange not hidden under attention
     ep_comm: np.ndarray  # expert-parallel all-to-alls (MoE), on the critical path
     pp_comm: np.ndarray  # pipeline sends between stages, on the critical path
     dp_comm: np.ndarray  # data-parallel / ZeRO collectives in all
@@ -79,24 +75,28 @@ class StepBreakdown:
     @classmethod
     def concat(cls, parts: list[StepBreakdown]) -> StepBreakdown:
         """The breakdowns of several sets of layouts, one after another."""
-        return cls(
-            **{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)}
-        )
+        columns = {f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)}
+        return cls(**columns)
 
 
 @dataclass(frozen=True)
-class SyncPlan:
-    """One stage's data-parallel sync under one way of reducing: its buckets, their costs,
-    and the closed-form schedule (ZeRO 0-2) or the per-micro-batch volume (ZeRO-3)."""
+class Compute:
+    """Per micro-batch compute of each layout's slowest stage: its blocks, forward and
+    backward seconds (recomputation included), and one block's forward, backward and
+    linear-layer GEMM seconds (what collectives overlap with)."""
 
-    buckets: BucketPlan
-    costs: BucketCosts
-    tail: Tail
+    blocks: np.ndarray
+    forward: np.ndarray
+    backward: np.ndarray
+    block_fwd: np.ndarray
+    block_bwd: np.ndarray
+    core_fwd: np.ndarray
 
 
 class StepModel:
-    """Prices layouts of one workload on one cluster: compute from FLOPs, collectives from
-    the graph (one cached GroupCost per distinct group), memory from step.memory."""
+    """Prices layouts of one workload on one cluster: compute by the roofline of
+    step.compute (or FLOPs at one `efficiency`), collectives from the graph (one cached
+    GroupCost per distinct group), memory from step.memory."""
 
     def __init__(
         self,
@@ -105,34 +105,37 @@ class StepModel:
         gpu: GPUSpec,
         n_gpus: int,
         global_batch: int,
-        efficiency: float,
+        efficiency: float | None,
     ):
         self.workload, self.cluster, self.gpu = workload, cluster, gpu
         self.shape = Shape.of(workload)
         self.n, self.global_batch = n_gpus, global_batch
-        self.flop_rate = gpu.peak_flops * efficiency
+        self.efficiency = efficiency
         self.usable = usable_bytes(gpu)  # bytes of HBM a training process may fill
         self.groups = Groups(cluster, n_gpus)
-        self._sync: dict[tuple, SyncPlan] = {}
+        self.dp = DataParallel(workload, self.shape, gpu, self.groups)
 
     def evaluate(self, L: Layouts) -> StepBreakdown:
         """Step time, its parts, memory and utilisation of every layout."""
         sh = self.shape
         pp, m, v = L.pp, L.micro_batches, L.interleave
-        per_stage, t_fwd, t_bwd = self._compute(L)
-        tp_f, tp_b = self._tensor_parallel(L, per_stage)
-        ep_f, ep_b = self._expert_parallel(L, per_stage)
+        c = self.compute(L)
+        tp_f, tp_b = self._tensor_parallel(L, c)
+        cp_f, cp_b = self._context_parallel(L, c)
+        ep_f, ep_b = self._expert_parallel(L, c.blocks)
+        z3_net, z3_exposed = fsdp_per_micro_batch(self, L, c)
         p2p = np.where(pp == 1, 0.0, self._sends(L) * v)
-        tick = t_fwd + t_bwd + tp_f + tp_b + ep_f + ep_b + 2.0 * p2p
+        comm = tp_f + tp_b + cp_f + cp_b + ep_f + ep_b + z3_exposed
+        tick = c.forward + c.backward + comm + 2.0 * p2p
         # 1F1B: (m + p - 1) ticks; interleaved with v chunks: (m + (p - 1) / v) ticks
         # (Narayanan et al. 2021, Sec. 2.2); the bubble is the (p - 1) / v extra ticks.
         pipeline = (m + (pp - 1) / v) * tick
-        # the sync hides under the last micro-batch's backward, its collectives included
-        dp_comm, dp_exposed, codec, local_params = self._data_parallel(
-            L, t_fwd, t_bwd, t_bwd + tp_b + ep_b, per_stage
-        )
+        # the ZeRO 0-2 sync hides under the last micro-batch's backward, its collectives too
+        span = c.backward + tp_b + cp_b + ep_b
+        dp_comm, tail, codec, local_params = self.dp.sync(L, span)
+        zero3 = L.zero == 3
         optimizer = adam_step_time(local_params, self.gpu, L.grad_bytes)
-        step = pipeline + dp_exposed + optimizer
+        step = pipeline + tail + optimizer
         memory = self.memory(L)
         peak = self.n * self.gpu.peak_flops
         model = 3.0 * sh.model_flops * self.global_batch
@@ -143,15 +146,16 @@ class StepModel:
         )
         return StepBreakdown(
             step=step,
-            compute=m * (t_fwd + t_bwd),
-            forward=m * t_fwd,
-            backward=m * t_bwd,
+            compute=m * (c.forward + c.backward),
+            forward=m * c.forward,
+            backward=m * c.backward,
             bubble=(pp - 1) / v * tick,
             tp_comm=m * (tp_f + tp_b),
+            cp_comm=m * (cp_f + cp_b),
             ep_comm=m * (ep_f + ep_b),
             pp_comm=m * 2.0 * p2p,
-            dp_comm=dp_comm,
-            dp_exposed=dp_exposed,
+            dp_comm=np.where(zero3, m * z3_net, dp_comm),
+            dp_exposed=np.where(zero3, m * z3_exposed, tail),
             codec=codec,
             optimizer=optimizer,
             memory=memory,
@@ -160,34 +164,85 @@ class StepModel:
             hfu=(model + recomputed * self.global_batch) / step / peak,
         )
 
-    def _compute(self, L: Layouts):
-        """(blocks on the slowest stage, its forward and backward seconds per micro-batch).
-        The slowest stage is the first (embedding), a middle or the last (head) one, by its
-        forward FLOPs per sample."""
+    def compute(self, L: Layouts) -> Compute:
+        """Each layout's slowest stage (the first, with the embedding; a middle one; the
+        last, with the head and loss: by compute time) and its compute per micro-batch."""
         sh = self.shape
-        k_first, k_mid, k_last = stage_layers(sh.blocks, L.pp, L.first_layers, L.last_layers)
-        ends = (sh.pre_flops + sh.post_flops, sh.pre_flops, sh.post_flops)
-        _, per_stage, flops = slowest(k_first, k_mid, k_last, sh.block_flops, L.pp == 1, *ends)
+        t = self._stage_times(L)
+        k = stage_layers(sh.blocks, L.pp, L.first_layers, L.last_layers)
+        per_block = t.block_fwd + t.block_bwd
+        pre, post = t.pre_fwd + t.pre_bwd, t.post_fwd + t.post_bwd
+        which, blocks, _ = slowest(*k, per_block, L.pp == 1, pre + post, pre, post)
+        pre_on = (which == 0) | (L.pp == 1)
+        post_on = (which == 2) | (L.pp == 1)
+        forward = blocks * t.block_fwd + pre_on * t.pre_fwd + post_on * t.post_fwd
+        backward = blocks * t.block_bwd + pre_on * t.pre_bwd + post_on * t.post_bwd
         # full: the forward again; selective: the attention core again (Korthikanti 2022)
-        extra = np.select(
-            [L.recompute == 2, L.recompute == 1],
-            [flops, per_stage * sh.attention_core_flops],
-            0.0,
+        extra = np.select([L.recompute == 2, L.recompute == 1], [forward, blocks * t.core_fwd])
+        return Compute(blocks, forward, backward + extra, t.block_fwd, t.block_bwd, t.core_fwd)
+
+    def single_gpu_step(self, L: Layouts) -> np.ndarray:
+        """Seconds one GPU takes for the global batch, by accumulation at each layout's
+        micro-batch and kernels, with no communication or recomputation: the reference of
+        scaling efficiency."""
+        one = Layouts.build(
+            micro_batch=L.micro_batch, fp8=L.fp8, flash=L.flash, grad_dtype=L.grad_dtype
         )
-        rate = L.tp * self.flop_rate / L.micro_batch
-        return per_stage, flops / rate, (BACKWARD_FACTOR * flops + extra) / rate
+        c = self.compute(one)
+        steps = self.global_batch / L.micro_batch
+        return steps * (c.forward + c.backward) + adam_step_time(
+            self.shape.total_params, self.gpu, L.grad_bytes
+        )
 
-    def _tensor_parallel(self, L: Layouts, per_stage: np.ndarray):
-        """Seconds of tensor-parallel collectives per micro-batch, forward and backward: 2
-        all-reduces of b s h activations per layer forward, 2 backward, 2 more when a full
-        recompute replays the forward; with sequence parallelism each is a reduce-scatter +
-        all-gather of the same volume (Korthikanti Sec. 4.2.2)."""
-        act = L.micro_batch * self.shape.seq_len * self.shape.hidden * ACT_BYTES
+    def _stage_times(self, L: Layouts) -> StageTimes:
+        """The roofline's per-block and end-layer times, or, with one efficiency, FLOPs /
+        (peak x efficiency) for everything (a calibration profile's measured rate)."""
+        if self.efficiency is None:
+            return stage_times(self.workload, self.gpu, L)
+        sh = self.shape
+        rate = L.tp * L.cp * self.gpu.peak_flops * self.efficiency / L.micro_batch
+        block, core = sh.block_flops / rate, sh.attention_core_flops / rate
+        pre, post = sh.pre_flops / rate, sh.post_flops / rate
+        b = BACKWARD_FACTOR
+        if not sh.blocks:  # no blocks: the whole model as the layers before them
+            pre = sh.model_flops / rate
+        return StageTimes(block, b * block, core, pre, b * pre, post, b * post)
+
+    def _tensor_parallel(self, L: Layouts, c: Compute):
+        """Seconds of tensor-parallel collectives on the critical path per micro-batch,
+        forward and backward: 2 all-reduces of b s h activations per layer forward, 2
+        backward, 2 more when a full recompute replays the forward; with sequence
+        parallelism each is a reduce-scatter + all-gather of the same volume (Korthikanti
+        Sec. 4.2.2). With tp_overlap (Transformer Engine's userbuffers, Megatron-core
+        --tp-comm-overlap) they run under the block's compute: only what exceeds it shows."""
+        act = L.micro_batch * self.shape.seq_len / L.cp * self.shape.hidden * ACT_BYTES
         ar = self.groups.price("all-reduce", "tp", L, act)
-        forward = TP_ALLREDUCES_FORWARD * per_stage * ar
-        return forward, forward * np.where(L.recompute == 2, 2.0, 1.0)
+        fwd = TP_ALLREDUCES_FORWARD * ar
+        bwd = fwd * np.where(L.recompute == 2, 2.0, 1.0)
+        fwd = np.where(L.tp_overlap, np.maximum(fwd - c.block_fwd, 0.0), fwd)
+        bwd = np.where(L.tp_overlap, np.maximum(bwd - c.block_bwd, 0.0), bwd)
+        return c.blocks * fwd, c.blocks * bwd
 
-    def _expert_parallel(self, L: Layouts, per_stage: np.ndarray):
+    def _context_parallel(self, L: Layouts, c: Compute):
+        """Seconds of ring attention's K/V exchange not hidden under attention, per micro-
+        batch (Megatron-core / Transformer Engine context parallelism, Liu et al. 2023 ring
+        attention): cp - 1 steps a layer, each passing this rank's K and V chunk (b s/cp
+        x kv width / tp, 2 bytes) to the next rank while attending to the one it holds;
+        backward passes K, V and their gradients. A step shows when its transfer outlasts a
+        1/cp share of the attention core."""
+        arch = self.workload.arch
+        if arch is None:
+            zero = np.zeros(len(L))
+            return zero, zero
+        kv = 2 * arch.kv_heads * arch.head_width
+        chunk = L.micro_batch * self.shape.seq_len / L.cp * kv / L.tp * ACT_BYTES
+        step = self.groups.price("send-recv", "cp", L, chunk)  # ring neighbours: direct
+        core = c.core_fwd / L.cp
+        fwd = (L.cp - 1) * np.maximum(step - core, 0.0)
+        bwd = (L.cp - 1) * np.maximum(2.0 * step - 2.5 * core, 0.0)
+        return c.blocks * fwd, c.blocks * bwd * np.where(L.recompute == 2, 1.5, 1.0)
+
+    def _expert_parallel(self, L: Layouts, blocks: np.ndarray):
         """Seconds of expert-parallel all-to-alls per micro-batch, forward and backward: per
         MoE layer one dispatches tokens to their experts and one combines them back, again
         backward (and with a full recompute's replayed forward). Each GPU sends b (s / tp) h
@@ -199,146 +254,24 @@ class StepModel:
         if not sh.routed:
             zero = np.zeros(len(L))
             return zero, zero
-        act = L.micro_batch * sh.seq_len * sh.hidden * ACT_BYTES * sh.routed / L.tp
+        arch = self.workload.arch
+        moe = (arch.layers - arch.dense_layers) / arch.layers if arch is not None else 1.0
+        act = L.micro_batch * sh.seq_len / L.cp * sh.hidden * ACT_BYTES * sh.routed / L.tp
         a2a = self.groups.price("all-to-all", "ep", L, act)
-        forward = ALL_TO_ALLS_FORWARD * per_stage * a2a
+        forward = ALL_TO_ALLS_FORWARD * moe * blocks * a2a
         return forward, forward * np.where(L.recompute == 2, 2.0, 1.0)
 
     def _sends(self, L: Layouts) -> np.ndarray:
         """Seconds of one activation hand-off between neighbouring stages: each micro-batch
         crosses a stage boundary forward and back, v times with interleaving; the tp ranks
         split the activation (scatter-gather optimisation)."""
-        act = L.micro_batch * self.shape.seq_len * self.shape.hidden * ACT_BYTES / L.tp
-        inverse, firsts = _group_rows([L.placement, L.tp, L.dp, L.pp])
+        act = L.micro_batch * self.shape.seq_len / L.cp * self.shape.hidden * ACT_BYTES / L.tp
+        cols = (L.placement, L.tp, L.dp, L.pp, L.cp)
+        inverse, firsts = _group_rows(list(cols))
         line = np.array(
-            [
-                self.groups.send(*(int(c[i]) for c in (L.placement, L.tp, L.dp, L.pp)))
-                for i in firsts.tolist()
-            ]
+            [self.groups.send(*(int(col[i]) for col in cols)) for i in firsts.tolist()]
         ).reshape(-1, 2)
         return line[inverse, 0] + line[inverse, 1] * act
-
-    def _data_parallel(self, L: Layouts, t_fwd, t_bwd, span, per_stage):
-        """(network seconds, exposed seconds, codec seconds, parameters the optimizer steps)
-        of each layout's data-parallel sync, on the stage with the most parameters.
-
-        ZeRO 0-2: the buckets' serial stream under the last backward (sync.Tail), a comm
-        hook's encodes stretching it. ZeRO-3 / FSDP: per micro-batch, gathers prefetched
-        under the compute but for the first layer's, the reduce-scatter hidden likewise."""
-        sh = self.shape
-        ends = (sh.pre_params + sh.post_params, sh.pre_params, sh.post_params)
-        which, held, params = slowest(
-            *stage_layers(sh.blocks, L.pp, L.first_layers, L.last_layers),
-            sh.block_params,
-            L.pp == 1,
-            *ends,
-        )
-        kind = np.where(L.pp == 1, 0, which + 1)  # STAGE_KINDS
-        inverse, firsts = _group_rows(_sync_columns(L, kind, held))
-        plans = [self._sync_plan(L, int(i), int(kind[i]), int(held[i])) for i in firsts]
-        network = np.array([p.tail.network for p in plans])[inverse]
-        encode = np.array([p.tail.encode for p in plans])[inverse]
-        codec = np.array([p.tail.codec for p in plans])[inverse]
-        width = max((len(p.tail.slopes) for p in plans), default=1)
-        slopes = np.zeros((len(plans), width))
-        cuts = np.full((len(plans), width), -np.inf)
-        for k, p in enumerate(plans):
-            slopes[k, : len(p.tail.slopes)] = p.tail.slopes
-            cuts[k, : len(p.tail.intercepts)] = p.tail.intercepts
-        hidden = np.max(cuts[inverse] + slopes[inverse] * span[:, None], axis=1)
-        serial = np.array([p.tail.serial for p in plans])[inverse]
-        sync_exposed = encode + np.where(L.overlap, hidden, serial)
-        m = L.micro_batches
-        z3_hidden = m * (np.maximum(network - (t_fwd + t_bwd), 0.0) + network / (per_stage + 1))
-        z3_exposed = np.where(L.overlap, z3_hidden, m * network)
-        zero3 = L.zero == 3
-        # ZeRO shards optimizer states over dp, expert ones over the dp / ep expert replicas
-        sparse = held * sh.expert_params / (L.tp * L.ep)
-        dense = (params - held * sh.expert_params) / L.tp
-        zeroed = L.zero >= 1
-        local = dense / np.where(zeroed, L.dp, 1) + sparse / np.where(zeroed, L.dp // L.ep, 1)
-        return (
-            np.where(zero3, m * network, network),
-            np.where(zero3, z3_exposed, sync_exposed),
-            codec,
-            local,
-        )
-
-    def sync_plan(self, L: Layouts, i: int) -> SyncPlan:
-        """Layout i's data-parallel sync (for drawing its buckets)."""
-        sh = self.shape
-        stages = stage_layers(sh.blocks, L.pp[i], L.first_layers[i], L.last_layers[i])
-        ends = (sh.pre_params + sh.post_params, sh.pre_params, sh.post_params)
-        which, held, _ = slowest(*stages, sh.block_params, L.pp[i] == 1, *ends)
-        kind = 0 if L.pp[i] == 1 else int(which) + 1
-        return self._sync_plan(L, i, kind, int(held))
-
-    def _sync_plan(self, L: Layouts, i: int, kind: int, blocks: int) -> SyncPlan:
-        """The sync of layout i's stage (STAGE_KINDS[kind], `blocks` blocks), cached: a
-        search meets each a few hundred times."""
-        r = L.row(i)
-        key = (kind, blocks, *(r[c] for c in _SYNC_KEY))
-        if key in self._sync:
-            return self._sync[key]
-        g = int(L.grad_bytes[i])
-        buckets = stage_buckets(
-            self.workload,
-            STAGE_KINDS[kind],
-            blocks,
-            r["tp"],
-            r["ep"],
-            g,
-            r["bucket_mb"] * MIB,
-            r["first_bucket_mb"] * MIB,
-            self._layer_weights(r["recompute"] == "selective"),
-        )
-        costs = self.bucket_costs(r, buckets.bytes, buckets.expert, g)
-        self._sync[key] = plan = SyncPlan(buckets, costs, tail(costs, buckets.ready))
-        return plan
-
-    def bucket_costs(
-        self, r: dict, nbytes: np.ndarray, expert: np.ndarray, grad_bytes: int
-    ) -> BucketCosts:
-        """Network and codec seconds of buckets of `nbytes` (expert: on the expert-data-
-        parallel group) under one layout (a Layouts.row)."""
-        dp, ep = r["dp"], r["ep"]
-        shape = (r["tp"], dp, r["pp"], ep, r["ps_shards"])
-        placement = PLACEMENTS.index(r["placement"])
-
-        def price(op, algorithm, sizes, expert):
-            kind = "edp" if expert else "dp"
-            return self.groups.time(op, algorithm, sizes, placement, kind, *shape)
-
-        none = np.zeros(len(nbytes))
-        if dp == 1:
-            return BucketCosts(none, none, none)
-        alg = r["algorithm"]
-        if r["compression"] != "none":
-            return compressed_costs(
-                price,
-                alg,
-                lambda op: OP_ALGORITHMS[op],
-                parse_compressor(r["compression"]),
-                np.rint(nbytes / grad_bytes),
-                dp,
-                self.gpu,
-                r["error_feedback"],
-            )
-        if r["zero"] == 3:
-            network = zero3_costs(price, alg, nbytes, expert, grad_bytes)
-        else:
-            network = allreduce_costs(price, alg, nbytes, expert, r["zero"], grad_bytes)
-        return BucketCosts(network, none, none)
-
-    def _layer_weights(self, selective: bool) -> tuple[float, ...]:
-        """Each workload layer's share of a backward (any scale): 2x its forward FLOPs, and
-        selective recomputation's attention replay in the blocks."""
-        core = self.shape.attention_core_flops if selective else 0.0
-        return tuple(
-            BACKWARD_FACTOR * layer.forward_flops
-            + (core if layer.name.startswith("block.") else 0.0)
-            for layer in self.workload.layers
-        )
 
     def memory(self, L: Layouts) -> np.ndarray:
         """Bytes per GPU on the fullest stage (step.memory)."""
@@ -359,34 +292,7 @@ class StepModel:
             ep=L.ep,
             first_layers=L.first_layers,
             last_layers=L.last_layers,
+            cp=L.cp,
+            flash=L.flash,
+            shard=L.fsdp_shard,
         )
-
-
-# what a data-parallel sync depends on besides its stage: a Layouts.row's fields
-_SYNC_KEY = (
-    "tp",
-    "ep",
-    "dp",
-    "pp",
-    "grad_dtype",
-    "bucket_mb",
-    "first_bucket_mb",
-    "recompute",
-    "zero",
-    "algorithm",
-    "placement",
-    "ps_shards",
-    "compression",
-    "error_feedback",
-)
-
-
-def _sync_columns(L: Layouts, kind: np.ndarray, held: np.ndarray) -> list[np.ndarray]:
-    """The columns _SYNC_KEY names, as integer codes, with the stage's kind and blocks."""
-    cols = [kind, held.astype(np.int64)]
-    for name in _SYNC_KEY:
-        col = getattr(L, name)
-        if col.dtype.kind == "f":
-            col = np.unique(col, return_inverse=True)[1]
-        cols.append(col)
-    return cols

@@ -20,7 +20,7 @@ from commsim.step.pipeline import pipeline_events
 from commsim.step.prediction import Prediction, prediction
 from commsim.step.sync import BucketCosts
 from commsim.step.timeline import StepReport, schedule_streams
-from commsim.workload.model import Workload, layer_times
+from commsim.workload.model import Workload
 
 
 def step_model(setup: Setup) -> StepModel:
@@ -51,18 +51,14 @@ def predict(
     model = model or step_model(setup)
     layouts = strategy_layouts(setup, [strategy])
     b = model.evaluate(layouts).row(0)
+    single = float(model.single_gpu_step(layouts)[0])
+    memory = layout_memory(setup, strategy)
     if layouts.plain[0]:
         report = layouts_timeline(setup, model, layouts, b["optimizer"])
-        return prediction(
-            setup,
-            strategy,
-            b,
-            layout_memory(setup, strategy),
-            tuple(report.buckets),
-            tuple(report.events),
-        )
+        buckets, events = tuple(report.buckets), tuple(report.events)
+        return prediction(setup, strategy, b, single, memory, buckets, events)
     events = tuple(pipeline_events(layouts.row(0), b))
-    return prediction(setup, strategy, b, layout_memory(setup, strategy), events=events)
+    return prediction(setup, strategy, b, single, memory, events=events)
 
 
 def ddp_timeline(
@@ -98,12 +94,17 @@ def ddp_timeline(
 def layouts_timeline(
     setup: Setup, model: StepModel, layouts: Layouts, optimizer_s: float
 ) -> StepReport:
-    """The first layout's plain-DDP step with the buckets and costs the step model priced."""
-    s = setup.scenario
-    sync = model.sync_plan(layouts, 0)
-    forward, backward = layer_times(setup.workload, setup.gpu, s.compute_efficiency, s.micro_batch)
+    """The first layout's plain-DDP step with the buckets and costs the step model priced:
+    its forward and backward per micro-batch spread over the layers by their FLOPs (the
+    shares that set when each bucket is ready)."""
+    sync = model.dp.sync_plan(layouts, 0)
+    c = model.compute(layouts)
+    w = setup.workload
+    weights = np.array(model.dp.layer_weights(False))
+    forward = float(c.forward[0]) * w.layer_flops / max(float(w.layer_flops.sum()), 1e-300)
+    backward = float(c.backward[0]) * weights / max(float(weights.sum()), 1e-300)
     return ddp_timeline(
-        setup.workload,
+        w,
         forward,
         backward,
         sync.buckets,
@@ -135,5 +136,8 @@ def layout_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
         bucket_mb=strategy.bucket_mb,
         first_layers=strategy.split_layers[0],
         last_layers=strategy.split_layers[1],
+        cp=strategy.cp,
+        flash=strategy.flash_attention,
+        shard=strategy.fsdp_shard or 0,
     )
     return memory_per_gpu(w, layout)

@@ -9,12 +9,11 @@ from commsim.scenario import Setup
 from commsim.specs import (
     Strategy,
 )
-from commsim.step.layouts import DTYPE_BYTES
 from commsim.step.memory import (
     MemoryBreakdown,
     usable_bytes,
 )
-from commsim.step.timeline import Bucket, Event, adam_step_time
+from commsim.step.timeline import Bucket, Event
 
 
 @dataclass(frozen=True)
@@ -96,6 +95,7 @@ def prediction(
     setup: Setup,
     strategy: Strategy,
     b: dict[str, float],
+    single: float,
     memory: MemoryBreakdown,
     buckets: tuple[Bucket, ...] = (),
     events: tuple[Event, ...] = (),
@@ -106,14 +106,16 @@ def prediction(
     of it on the critical path (a comm hook's encodes included); overlap ratio = 1 -
     exposed / (comm + codec); overlap efficiency = compute / max(compute, comm + codec).
     scaling efficiency = throughput(N) / (N throughput(1)), one GPU running the global
-    batch by accumulation with no communication. tflops_per_gpu is hardware FLOP/s per GPU,
-    recomputation included (the Megatron papers' convention); MFU counts model FLOPs only.
+    batch by accumulation with no communication (`single` seconds). tflops_per_gpu is
+    hardware FLOP/s per GPU, recomputation included (the Megatron papers' convention); MFU
+    counts model FLOPs only.
     time to train = tokens / tokens per step x step time; GPU-hours = N x that; cost =
     GPU-hours x price."""
     s, n, w = setup.scenario, setup.n_gpus, setup.workload
     step = b["step"]
-    comm = b["tp_comm"] + b["ep_comm"] + b["pp_comm"] + b["dp_comm"]
-    exposed = b["tp_comm"] + b["ep_comm"] + b["pp_comm"] + b["dp_exposed"]
+    critical = b["tp_comm"] + b["cp_comm"] + b["ep_comm"] + b["pp_comm"]
+    comm = critical + b["dp_comm"]
+    exposed = critical + b["dp_exposed"]
     compute = b["compute"] + b["optimizer"]
     parts = {
         "compute_s": compute,
@@ -125,14 +127,13 @@ def prediction(
         "exposed_comm_s": exposed,
         "bubble_s": b["bubble"],
         "tp_comm_s": b["tp_comm"],
+        "cp_comm_s": b["cp_comm"],
         "ep_comm_s": b["ep_comm"],
         "pp_comm_s": b["pp_comm"],
         "dp_comm_s": b["dp_comm"],
         "dp_exposed_s": b["dp_exposed"],
     }
     busy = comm + b["codec"]
-    single = s.global_batch * w.train_flops / (setup.gpu.peak_flops * s.compute_efficiency)
-    single += adam_step_time(w.params, setup.gpu, DTYPE_BYTES[strategy.grad_dtype])
     throughput = s.global_batch / step
     seq = w.seq_len
     training = None

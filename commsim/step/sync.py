@@ -65,22 +65,6 @@ def allreduce_costs(
     return out
 
 
-def zero3_costs(
-    price: Price, algorithm: str, nbytes: np.ndarray, expert: np.ndarray, grad_bytes: int
-) -> np.ndarray:
-    """Network seconds per bucket and micro-batch under ZeRO-3 / FSDP: all-gather its bf16
-    parameters for the forward and again for the backward, reduce-scatter its gradients:
-    1.5x an all-reduce's volume (ZeRO Sec. 7.2.2)."""
-    out = np.zeros(nbytes.shape)
-    for e in (False, True):
-        mine = expert == e
-        if mine.any():
-            sizes = nbytes[mine]
-            gather = price("all-gather", algorithm, sizes / grad_bytes * PARAM_WIRE_BYTES, e)
-            out[mine] = 2.0 * gather + price("reduce-scatter", algorithm, sizes, e)
-    return out
-
-
 def compressed_costs(
     price: Price,
     algorithm: str,

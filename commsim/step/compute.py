@@ -1,0 +1,247 @@
+"""Compute time per micro-batch: a roofline per kernel class, vectorised over layouts.
+
+A transformer block runs its linear layers as GEMMs, its attention core as FlashAttention
+(or as batched GEMMs and a softmax without it), and element-wise work (norms, residual
+adds, the MLP's activation, rotary embeddings, MoE's token permutation) that is bound by
+HBM bandwidth. Each kernel class has its own rate:
+
+- GEMM: 2 M N K FLOPs at the GPU's best measured GEMM rate (catalog: MAMF / peak) times
+  the fraction of the GPU its output tiles keep busy. cuBLAS tiles the output in 256 x 128
+  blocks, one block per SM at a time (NVIDIA, "Matrix Multiplication Background User's
+  Guide", DU-09799-001, sec. 3): a dimension that is not a multiple of its tile wastes the
+  rest of the tile (tile quantization), and ceil(tiles / SMs) waves run where tiles / SMs
+  would do (wave quantization). Small GEMMs (tensor-parallel slices, a MoE expert's ~1,000
+  tokens) lose most there. FP8 (Transformer Engine) runs the blocks' linear layers at the
+  FP8 peak and rate, and pays a cast of each GEMM input (read 2 bytes, write 1).
+- Attention core: the QK^T and AV FLOPs FlashAttention executes (causal: half of the s x s
+  square; the model's FLOP count, Megatron's, keeps the whole square) at the GPU's
+  FlashAttention rate; backward 2.5x forward (it recomputes the scores: 5 matmuls to 2,
+  Dao 2023). Without FlashAttention: the full square as GEMMs, and the softmax, its mask
+  and dropout over b x heads x s^2 elements through HBM.
+- Element-wise: bytes through HBM at its datasheet bandwidth; backward twice the forward.
+
+A model without blocks (a CNN, custom layers) runs its FLOPs at the GEMM rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from commsim.specs import GPUSpec
+from commsim.workload.model import BACKWARD_FACTOR, Workload
+
+TILE_M, TILE_N = 256, 128  # cuBLAS's large output tile (NVIDIA GEMM guide, sec. 3.2)
+ACT = 2  # bytes of a bf16 activation element
+FP8_CAST = 3  # bytes to cast a bf16 element to fp8: read 2, write 1
+LOGIT = 4  # fp32 logits in the cross-entropy
+ATTENTION_BACKWARD = 2.5  # FlashAttention's backward / forward FLOPs (5 matmuls to 2)
+CAUSAL = 0.5  # the share of the s x s square causal FlashAttention computes
+EAGER_SCORE_BYTES = 10  # per score element, forward, without FlashAttention: write scores
+# (2), softmax read + write (4), dropout mask and output (1 + 2), AV reads the probabilities
+# (1 more than the fused path keeps): Korthikanti et al. 2022's 5 a s^2 b of stored scores
+
+
+@dataclass(frozen=True)
+class Rates:
+    """A GPU's kernel rates (FLOP/s, bytes/s) for the roofline."""
+
+    gemm: float  # BF16 GEMM FLOP/s at its best shapes
+    fp8: float  # FP8 GEMM FLOP/s at its best shapes (0: no FP8)
+    attention: float  # FlashAttention FLOP/s
+    memory: float  # HBM bytes/s
+    sms: int
+
+    @classmethod
+    def of(cls, gpu: GPUSpec) -> Rates:
+        """The rates of a catalog GPU; a ValueError naming what the catalog lacks."""
+        missing = [
+            f
+            for f in ("sm_count", "gemm_efficiency", "attention_efficiency")
+            if getattr(gpu, f) is None
+        ]
+        if missing:
+            raise ValueError(
+                f"GPU {gpu.name!r} has no measured {', '.join(missing)} for the compute "
+                "roofline: set the scenario's compute_efficiency instead"
+            )
+        fp8 = (gpu.fp8_flops or 0.0) * (gpu.fp8_gemm_efficiency or 0.0)
+        return cls(
+            gemm=gpu.peak_flops * gpu.gemm_efficiency,
+            fp8=fp8,
+            attention=gpu.peak_flops * gpu.attention_efficiency,
+            memory=gpu.hbm_bandwidth,
+            sms=int(gpu.sm_count),
+        )
+
+
+def tile_utilisation(m, n, sms: int) -> np.ndarray:
+    """The share of the GPU a GEMM with an m x n output keeps doing useful work: its tiles'
+    useful area over their area, times tiles over the SMs that whole waves occupy."""
+    m, n = np.maximum(np.asarray(m, dtype=float), 1.0), np.maximum(np.asarray(n, dtype=float), 1)
+    tm, tn = np.ceil(m / TILE_M), np.ceil(n / TILE_N)
+    tiles = tm * tn
+    waves = np.ceil(tiles / sms)
+    return (m * n) / (tiles * TILE_M * TILE_N) * tiles / (waves * sms)
+
+
+def gemm_seconds(m, n, k, rate: float, sms: int, count=1.0) -> np.ndarray:
+    """Seconds of `count` GEMMs of (m x k) by (k x n) at `rate` (FLOP/s at the best shapes)."""
+    flops = 2.0 * np.asarray(m, float) * np.asarray(n, float) * np.asarray(k, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = count * flops / (rate * tile_utilisation(m, n, sms))
+    return np.where(flops > 0, out, 0.0)
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Per micro-batch seconds on one GPU: a block's forward and backward, the attention
+    core's forward (what selective recomputation replays), the layers before the blocks
+    (embedding) and after them (final norm, head, loss), forward and backward."""
+
+    block_fwd: np.ndarray
+    block_bwd: np.ndarray
+    core_fwd: np.ndarray
+    pre_fwd: np.ndarray
+    pre_bwd: np.ndarray
+    post_fwd: np.ndarray
+    post_bwd: np.ndarray
+
+
+def stage_times(workload: Workload, gpu: GPUSpec, L) -> StageTimes:
+    """The roofline times of every layout's block and end layers (step.layouts.Layouts)."""
+    rates = Rates.of(gpu)
+    arch = workload.arch
+    b, tp = L.micro_batch.astype(float), L.tp.astype(float)
+    cp, fp8, flash = L.cp.astype(float), L.fp8, L.flash
+    if arch is None:  # no blocks: every FLOP at the GEMM rate, as one "pre" layer
+        fwd = workload.forward_flops * b / (tp * rates.gemm)
+        zero = np.zeros(len(L))
+        return StageTimes(zero, zero, zero, fwd, BACKWARD_FACTOR * fwd, zero, zero)
+    tokens = b * workload.seq_len / cp  # a GEMM's rows: the whole sequence (SP gathers it)
+    block = _Block(arch, rates, tokens, tp, L.ep.astype(float), fp8, flash, workload)
+    fwd, bwd, core = block.times(b, cp)
+    pre_fwd, pre_bwd, post_fwd, post_bwd = _ends(arch, rates, tokens, tp)
+    return StageTimes(fwd, bwd, core, pre_fwd, pre_bwd, post_fwd, post_bwd)
+
+
+@dataclass
+class _Block:
+    """One block's kernels on one GPU, for many layouts (the mean over dense and MoE blocks)."""
+
+    arch: object
+    rates: Rates
+    tokens: np.ndarray
+    tp: np.ndarray
+    ep: np.ndarray
+    fp8: np.ndarray
+    flash: np.ndarray
+    workload: Workload
+
+    def times(self, b, cp):
+        """(forward, backward, attention core forward) seconds of the mean block."""
+        c = self.arch
+        moe_share = (c.layers - c.dense_layers) / c.layers if c.experts > 1 else 0.0
+        attn_f, attn_cast = self._gemms(self._attention_gemms())
+        dense_f, dense_cast = self._gemms(self._mlp_gemms(c.ffn_hidden, 1.0, 1.0))
+        moe_f, moe_cast, moe_bytes = self._moe() if moe_share else (0.0, 0.0, 0.0)
+        mlp_f = (1 - moe_share) * dense_f + moe_share * moe_f
+        cast = attn_cast + (1 - moe_share) * dense_cast + moe_share * moe_cast
+        core_f, core_bytes = self._core(b, cp)
+        elementwise = self._elementwise(1 - moe_share) + moe_share * moe_bytes
+        gemm_f = attn_f + mlp_f
+        fwd = gemm_f + core_f + (elementwise + core_bytes + cast) / self.rates.memory
+        bwd = BACKWARD_FACTOR * (gemm_f + (elementwise + core_bytes + cast) / self.rates.memory)
+        bwd = bwd + ATTENTION_BACKWARD * core_f
+        return fwd, bwd, core_f
+
+    def _rate(self) -> np.ndarray:
+        return np.where(self.fp8, self.rates.fp8, self.rates.gemm)
+
+    def _gemms(self, shapes):
+        """(seconds, FP8 cast bytes) of (m, n, k, count) GEMMs in the layouts' precision."""
+        seconds, cast = 0.0, 0.0
+        for m, n, k, count in shapes:
+            seconds = seconds + gemm_seconds(m, n, k, self._rate(), self.rates.sms, count)
+            cast = cast + np.where(self.fp8, FP8_CAST * m * k * count, 0.0)
+        return seconds, cast
+
+    def _attention_gemms(self):
+        """Attention's projections: fused QKV and the output (or MLA's latents)."""
+        c, t, tp = self.arch, self.tokens, self.tp
+        h, hd = c.hidden, c.head_width
+        if c.mla:
+            qk, vd = hd + c.rope_head_dim, c.v_head_dim or hd
+            q = (
+                [(t, c.q_lora_rank, h, 1.0), (t, c.heads * qk / tp, c.q_lora_rank, 1.0)]
+                if c.q_lora_rank
+                else [(t, c.heads * qk / tp, h, 1.0)]
+            )
+            kv = [(t, c.kv_lora_rank + c.rope_head_dim, h, 1.0)]
+            kv += [(t, c.heads * (hd + vd) / tp, c.kv_lora_rank, 1.0)]
+            return q + kv + [(t, h, c.heads * vd / tp, 1.0)]
+        qw, kvw = c.heads * hd, c.kv_heads * hd
+        return [(t, (qw + 2 * kvw) / tp, h, 1.0), (t, h, qw / tp, 1.0)]
+
+    def _mlp_gemms(self, width, rows_scale, count):
+        """An MLP of `width` split over tp: up (and gate, fused), down."""
+        c, t = self.arch, self.tokens * rows_scale
+        up = (2 if c.gated_mlp else 1) * width / self.tp
+        return [(t, up, c.hidden, count), (t, c.hidden, width / self.tp, count)]
+
+    def _moe(self):
+        """(seconds, cast bytes, HBM bytes) of an MoE MLP: the router, the shared experts,
+        and the routed experts as grouped GEMMs: each of the E / ep local experts gets the
+        ep group's ep x tokens x top_k x capacity / E tokens (Megatron's expert tensor
+        parallelism splits them over tp), plus permuting each routed copy of a token to its
+        expert and back (read and write h, twice)."""
+        c, t = self.arch, self.tokens
+        width = c.moe_ffn_hidden or c.ffn_hidden
+        routed = c.top_k * c.capacity_factor
+        per_expert = self.ep * routed / c.experts  # rows per local expert, per token
+        shapes = [(t, c.experts, c.hidden, 1.0)]  # router (replicated)
+        if c.shared_experts:
+            shapes += self._mlp_gemms(width * c.shared_experts, 1.0, 1.0)
+        shapes += self._mlp_gemms(width, per_expert, c.experts / self.ep)
+        seconds, cast = self._gemms(shapes)
+        act = (3 if c.gated_mlp else 2) * width / self.tp * ACT  # the activation, per copy
+        permute = 4 * c.hidden * ACT
+        return seconds, cast, t * routed * (act + permute)
+
+    def _core(self, b, cp):
+        """(seconds, HBM bytes) of the attention core's forward."""
+        c = self.arch
+        flops = self.workload.attention_flops * b / (self.tp * cp)  # the whole s x s square
+        flash = CAUSAL * flops / self.rates.attention
+        eager = flops / self.rates.gemm
+        squares = b * c.heads / self.tp * self.workload.seq_len**2 / cp  # score elements
+        score_bytes = np.where(self.flash, 0.0, EAGER_SCORE_BYTES * squares)
+        return np.where(self.flash, flash, eager), score_bytes
+
+    def _elementwise(self, dense_share: float) -> np.ndarray:
+        """HBM bytes of a block's element-wise forward: two norms (read and write h each)
+        and two residual adds (read 2 h, write h) on the tokens this GPU holds (sequence
+        parallelism splits them over tp), rotary embeddings of Q and K (read and write) and,
+        in a dense block (`dense_share` of them), the MLP's activation (gated: read 2 f,
+        write f; else read and write f, its bias fused) on its slice of the whole sequence."""
+        c, t, tp = self.arch, self.tokens, self.tp
+        held = (2 * 2 + 2 * 3) * c.hidden * ACT
+        activation = dense_share * (3 if c.gated_mlp else 2) * c.ffn_hidden * ACT
+        rotary = 0 if c.style.learned_positions else 2 * (c.heads + c.kv_heads) * c.head_width
+        return t / tp * held + t * (activation + rotary * ACT) / tp
+
+
+def _ends(arch, rates: Rates, tokens, tp):
+    """Forward and backward seconds of the layers before the blocks (the embedding: gather
+    b s rows of h) and after them (the final norm, the LM head's GEMM in BF16, the fp32
+    cross-entropy over the vocabulary slice: write, read for the softmax, write its
+    gradient)."""
+    h, v = arch.hidden, arch.vocab
+    embed = 2 * tokens / tp * h * ACT / rates.memory
+    head = gemm_seconds(tokens, v / tp, h, rates.gemm, rates.sms)
+    loss = 3 * tokens * v / tp * LOGIT / rates.memory
+    norm = 2 * tokens / tp * h * ACT / rates.memory
+    post_fwd = norm + head + loss
+    post_bwd = BACKWARD_FACTOR * (norm + head) + loss
+    return embed, embed, post_fwd, post_bwd
