@@ -1,5 +1,5 @@
-"""The terminal: consoles, the --json option every command takes, and input errors as one
-line and exit code 2."""
+"""The terminal: consoles, the --json option every command takes, input errors as one line
+and exit code 2, and progress bars on stderr."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from commsim.specs import SpecError
 from commsim.units import UnitError
@@ -52,3 +53,17 @@ def _jsonable(obj: Any) -> Any:
 def print_json(doc: dict[str, Any]) -> None:
     """One JSON document on stdout, nothing else."""
     sys.stdout.write(json.dumps(_jsonable(doc), indent=2) + "\n")
+
+
+def progress(total: int, label: str) -> Progress:
+    """A progress bar on stderr, shown only if the work lasts over a second."""
+    bar = Progress(
+        TextColumn(label),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    )
+    bar.add_task(label, total=total)
+    return bar

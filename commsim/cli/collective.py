@@ -1,0 +1,83 @@
+"""`commsim collective`: one collective over a size sweep, nccl-tests style."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from commsim import catalog
+from commsim.cli.options import ProfileOpt
+from commsim.collectives.alphabeta import ALGORITHMS, bus_factor
+from commsim.collectives.group import GroupCost
+from commsim.profile import apply_profile, load_profile
+from commsim.report import tables, terminal
+from commsim.specs import ClusterSpec, load_spec
+from commsim.topology.build import build_cluster
+from commsim.topology.placement import place
+from commsim.units import parse_size_range
+
+
+def collective_cmd(
+    op: Annotated[
+        str, typer.Argument(help="all-reduce, reduce-scatter, all-gather, broadcast, all-to-all")
+    ],
+    cluster: Annotated[str, typer.Option(help="Topology name or YAML path.")] = "dgx-h100-ib",
+    gpus: Annotated[int, typer.Option(help="Ranks in the group.")] = 64,
+    sizes: Annotated[
+        str, typer.Option(help="Size sweep LOW:HIGH, doubling (nccl-tests -b/-e/-f 2).")
+    ] = "8B:4GiB",
+    algorithm: Annotated[
+        str, typer.Option(help="An algorithm, 'auto' (fastest), 'nccl' (NCCL's pick) or 'all'.")
+    ] = "all",
+    placement: Annotated[
+        str, typer.Option(help="blocked, interleaved or topology-aware.")
+    ] = "blocked",
+    ps_shards: Annotated[int, typer.Option(help="Parameter-server shards.")] = 1,
+    profile: ProfileOpt = None,
+    json_out: terminal.JsonOpt = False,
+) -> None:
+    """Time one collective over a size sweep, nccl-tests style (time, algbw, busbw)."""
+    with terminal.user_errors():
+        if op not in ALGORITHMS:
+            raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
+        spec = load_spec(ClusterSpec, catalog.topology_path(cluster, cluster))
+        if profile:
+            spec = apply_profile(spec, load_profile(profile), profile)
+        built = build_cluster(spec, gpus, cluster)
+        cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
+        lo, hi = parse_size_range(sizes)
+        grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
+        algs = ALGORITHMS[op] if algorithm == "all" else (algorithm,)
+        rows = []
+        with terminal.progress(len(algs), f"{op} on {gpus} GPUs") as bar:
+            for alg in algs:
+                times, chosen = cost.time_and_choice(op, alg, grid)
+                for size, t, name in zip(grid, times, chosen, strict=True):
+                    algbw = size / t if t > 0 else float("inf")
+                    rows.append(
+                        {
+                            "bytes": float(size),
+                            "time_s": float(t),
+                            "algbw_Bps": algbw,
+                            "busbw_Bps": algbw * bus_factor(op, gpus),
+                            "algorithm": name,
+                            "requested": alg,
+                        }
+                    )
+                bar.advance(0)
+    if json_out:
+        terminal.print_json(
+            {"op": op, "cluster": spec.name, "gpus": gpus, "placement": placement, "rows": rows}
+        )
+        return
+    shown = [r | {"algorithm": r["requested"]} for r in rows]
+    terminal.console.print(
+        tables.collective_table(
+            f"{op}: {gpus} GPUs of {spec.name}, {placement} placement", shown, algs
+        )
+    )
+    if algorithm in ("auto", "nccl"):
+        picks = sorted({r["algorithm"] for r in rows})
+        terminal.console.print(f"{algorithm} picked: {', '.join(picks)}")

@@ -1,0 +1,329 @@
+"""`commsim plan`: search the strategies, or size the cluster (a range of GPU counts or
+several fabrics)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from commsim.cli.options import (
+    ClusterOpt,
+    ErrorFeedbackOpt,
+    FirstLayersOpt,
+    FsdpOpt,
+    GlobalBatchOpt,
+    LastLayersOpt,
+    MicroBatchOpt,
+    ModelOpt,
+    PriceOpt,
+    ProfileOpt,
+    ScenarioArg,
+    SeqLenOpt,
+    TokensOpt,
+    setup_from_flags,
+)
+from commsim.planner.ddp import bandwidth_sweep
+from commsim.planner.hybrid import plan_all
+from commsim.planner.sizing import (
+    OBJECTIVES,
+    objective_value,
+    pareto_front,
+    pick_size,
+    size_clusters,
+)
+from commsim.report import labels, plots, tables, terminal
+from commsim.scenario import load_scenario
+from commsim.specs import SpecError
+from commsim.units import parse_time
+
+
+def plan_cmd(
+    scenario: ScenarioArg = None,
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(help="GPU count, or LOW:HIGH to size the cluster (doubling from LOW)."),
+    ] = None,
+    fabric: Annotated[
+        str | None,
+        typer.Option(help="Cluster sizing: comma-separated topologies to compare (templates)."),
+    ] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="Cluster sizing: GPU model to put in them.")
+    ] = None,
+    deadline: Annotated[
+        str | None,
+        typer.Option(help="Cluster sizing: the smallest cluster that trains in this (30d)."),
+    ] = None,
+    budget: Annotated[
+        float | None, typer.Option(help="Cluster sizing: the most money (or GPU-hours) to spend.")
+    ] = None,
+    objective: Annotated[
+        str, typer.Option(help="Cluster sizing: time-to-train, cost, throughput-per-dollar.")
+    ] = "time-to-train",
+    global_batch: GlobalBatchOpt = None,
+    micro_batch: MicroBatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    bucket_mb: Annotated[
+        float | None, typer.Option(help="Search only this bucket cap (MiB) instead of 1..200.")
+    ] = None,
+    algorithm: Annotated[
+        str | None, typer.Option(help="Search only this algorithm instead of all.")
+    ] = None,
+    placement: Annotated[
+        str | None, typer.Option(help="Search only this placement instead of all.")
+    ] = None,
+    overlap: Annotated[
+        bool | None, typer.Option("--overlap/--no-overlap", help="Search only overlap on/off.")
+    ] = None,
+    compression: Annotated[
+        str | None, typer.Option(help="Search only this gradient compression instead of several.")
+    ] = None,
+    error_feedback: ErrorFeedbackOpt = None,
+    profile: ProfileOpt = None,
+    tp: Annotated[
+        int | None, typer.Option("--tp", help="Search only this tensor-parallel degree.")
+    ] = None,
+    pp: Annotated[int | None, typer.Option("--pp", help="Search only this pipeline depth.")] = None,
+    ep: Annotated[
+        int | None, typer.Option("--ep", help="Search only this expert-parallel degree (MoE).")
+    ] = None,
+    zero: Annotated[int | None, typer.Option("--zero", help="Search only this ZeRO stage.")] = None,
+    fsdp: FsdpOpt = False,
+    recompute: Annotated[
+        str | None, typer.Option(help="Search only this recomputation: none, selective, full.")
+    ] = None,
+    interleave: Annotated[
+        int | None, typer.Option(help="Search only this interleaving (virtual stages).")
+    ] = None,
+    first_stage_layers: FirstLayersOpt = None,
+    last_stage_layers: LastLayersOpt = None,
+    tokens: TokensOpt = None,
+    price_per_gpu_hour: PriceOpt = None,
+    top: Annotated[int, typer.Option(help="Rows to show.")] = 15,
+    plot: Annotated[
+        str | None,
+        typer.Option(help="PNG: the winner's step time against NIC bandwidth per compressor."),
+    ] = None,
+    json_out: terminal.JsonOpt = False,
+) -> None:
+    """Search strategies, ranked by step time: plain DDP in full detail (algorithm x bucket
+    x overlap x placement x compression) and, for transformers, data x tensor x pipeline
+    layouts (micro-batch, ZeRO, recomputation, interleaving, bucket, algorithm, overlap)."""
+    if fabric or (gpus and ":" in gpus) or deadline or budget:
+        return _size_clusters(
+            scenario,
+            model,
+            cluster,
+            gpus,
+            fabric,
+            gpu,
+            deadline,
+            budget,
+            objective,
+            dict(
+                global_batch=global_batch,
+                micro_batch=micro_batch,
+                seq_len=seq_len,
+                tokens=tokens,
+                price_per_gpu_hour=price_per_gpu_hour,
+            ),
+            plot,
+            json_out,
+        )
+    with terminal.user_errors():
+        flags = dict(
+            bucket_mb=bucket_mb,
+            algorithm=algorithm,
+            placement=placement,
+            overlap=overlap,
+            compression=compression,
+            error_feedback=error_feedback,
+            tp=tp,
+            pp=pp,
+            ep=ep,
+            zero=zero,
+            recompute=recompute,
+            interleave=interleave,
+            first_stage_layers=first_stage_layers,
+            last_stage_layers=last_stage_layers,
+        )
+        setup = setup_from_flags(
+            scenario,
+            fsdp=fsdp,
+            check=False,
+            model=model,
+            cluster=cluster,
+            gpus=_gpu_count(gpus),
+            global_batch=global_batch,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            tokens=tokens,
+            price_per_gpu_hour=price_per_gpu_hour,
+            profile=profile,
+            **flags,
+        )
+        base = setup.scenario.strategy  # flags validated as scenario fields; now pin them
+        pinned = {k for k, v in flags.items() if v is not None} | ({"zero"} if fsdp else set())
+        if micro_batch is not None:
+            pinned.add("micro_batch")
+        with terminal.progress(1, "planning") as bar:
+            result = plan_all(setup, base, pinned, on_progress=lambda: bar.advance(0))
+        sweep = None
+        if plot and result.ranked and result.ranked[0].strategy.data_parallel_only:
+            sweep = bandwidth_sweep(setup, result.ranked[0].strategy)
+            plots.plot_bandwidth_sweep(
+                sweep, plot, f"{setup.scenario.name}: where compression stops paying"
+            )
+        elif plot:
+            result.notes.append("--plot draws the compression sweep of a plain-DDP winner only")
+    docs = [p.to_dict() for p in result.ranked]
+    if json_out:
+        terminal.print_json(
+            {
+                "scenario": setup.scenario.name,
+                "gpus": setup.n_gpus,
+                "candidates": docs,
+                "skipped": result.skipped,
+                "notes": result.notes,
+                "bandwidth_sweep": sweep
+                and {
+                    "nic_bandwidth_Bps": sweep.nic_bandwidth,
+                    "step_time_s": sweep.step_time,
+                    "crossover_Bps": sweep.crossovers,
+                },
+            }
+        )
+        return
+    if not docs:
+        terminal.err_console.print("no strategy can run here:", highlight=False)
+        for note in result.notes:
+            terminal.err_console.print(f"  {note}", highlight=False)
+        raise typer.Exit(1)
+    s = setup.scenario
+    terminal.console.print(
+        tables.plan_table(
+            f"{s.name}: {setup.workload.name}, {s.gpus} GPUs of {setup.cluster.spec.name}, "
+            f"global batch {s.global_batch}: {len(docs)} strategies ranked "
+            f"({result.skipped} left out)",
+            docs,
+            top,
+        )
+    )
+    for line in [*labels.explain_winner(docs), *result.notes]:
+        terminal.console.print(line, highlight=False)
+    if sweep:
+        for name, bw in sweep.crossovers.items():
+            terminal.console.print(f"{name} stops paying above {bw * 8 / 1e9:.0f} Gb/s per NIC")
+        if not sweep.crossovers:
+            lo, hi = (b * 8 / 1e9 for b in (sweep.nic_bandwidth[0], sweep.nic_bandwidth[-1]))
+            terminal.console.print(
+                f"no compressor that pays here stops paying between {lo:g} and {hi:g} Gb/s per NIC"
+            )
+        terminal.console.print(f"bandwidth sweep drawn to {plot}")
+
+
+def _sizing_title(spec, gpu: str | None) -> str:
+    model = spec.model if isinstance(spec.model, str) else spec.model.name
+    return (
+        f"cluster sizing: {model}, {spec.tokens:.3g} tokens, global batch "
+        f"{spec.global_batch}" + (f", {gpu}" if gpu else "")
+    )
+
+
+def _gpu_count(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--gpus must be a positive count or LOW:HIGH, not {text!r}")
+    return int(text)
+
+
+def _gpu_sizes(text: str | None, default: int) -> list[int]:
+    """'256:16384' as 256, 512, ..., 16384; a single count as itself."""
+    if text is None:
+        return [default]
+    lo, _, hi = text.partition(":")
+    low, high = _gpu_count(lo), _gpu_count(hi or lo)
+    if high < low:
+        raise ValueError(f"--gpus {text}: HIGH must not be below LOW")
+    sizes = [low]
+    while sizes[-1] * 2 <= high:
+        sizes.append(sizes[-1] * 2)
+    return sizes
+
+
+def _size_clusters(
+    scenario,
+    model,
+    cluster,
+    gpus,
+    fabric,
+    gpu,
+    deadline,
+    budget,
+    objective,
+    overrides,
+    plot,
+    json_out,
+) -> None:
+    """`commsim plan` in sizing mode: best strategy per fabric and size, Pareto front, pick."""
+    with terminal.user_errors():
+        if objective not in OBJECTIVES:
+            raise ValueError(f"--objective must be one of {', '.join(OBJECTIVES)}")
+        spec, source = load_scenario(scenario, overrides | {"model": model, "cluster": cluster})
+        if spec.tokens is None:
+            raise SpecError(source, "tokens", "cluster sizing needs the training tokens (--tokens)")
+        fabrics = (
+            [f.strip() for f in fabric.split(",")]
+            if fabric
+            else [spec.cluster if isinstance(spec.cluster, str) else spec.cluster.name]
+        )
+        sizes = _gpu_sizes(gpus, spec.gpus)
+        deadline_s = parse_time(deadline) if deadline else None
+        with terminal.progress(len(fabrics) * len(sizes), "sizing") as bar:
+            rows = size_clusters(
+                spec, source, fabrics, sizes, gpu, on_progress=lambda: bar.advance(0)
+            )
+        front = pareto_front(rows)
+        pick = (
+            pick_size(rows, deadline_s, budget)
+            if deadline_s or budget
+            else min(
+                (r for r in rows if r.best),
+                key=lambda r: objective_value(r, objective),
+                default=None,
+            )
+        )
+        if plot:
+            plots.plot_sizing(rows, front, pick, plot, _sizing_title(spec, gpu))
+    if json_out:
+        terminal.print_json(
+            {
+                "sizing": [r.to_dict() for r in rows],
+                "pareto": [r.to_dict() for r in front],
+                "pick": pick.to_dict() if pick else None,
+                "objective": objective,
+            }
+        )
+        return
+    terminal.console.print(tables.sizing_table(rows, front, pick, _sizing_title(spec, gpu)))
+    if pick:
+        why = (
+            "the smallest cluster meeting the deadline"
+            if deadline_s
+            else "the fastest within the budget"
+            if budget
+            else f"the best {objective}"
+        )
+        terminal.console.print(
+            f"pick: {pick.gpus} GPUs of {pick.fabric}, {why}: "
+            f"{labels.describe_strategy(pick.best.to_dict()['strategy'])}",
+            highlight=False,
+        )
+    else:
+        terminal.console.print("no cluster meets the deadline/budget", highlight=False)
+    if plot:
+        terminal.console.print(f"scaling curve and Pareto front drawn to {plot}")
