@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from commsim.calibrate.hooks import HookRow
+    from commsim.calibrate.validate import Validation
 
 calibrate_app = typer.Typer(
     no_args_is_help=True,
@@ -214,7 +215,6 @@ def validate_cmd(
     json_out: terminal.JsonOpt = False,
 ) -> None:
     """Predicted against measured for every point, with the profile applied to the cluster."""
-    from rich.table import Table
 
     from commsim.calibrate.hooks import hook_speedups
     from commsim.calibrate.validate import validate
@@ -239,7 +239,26 @@ def validate_cmd(
     if json_out:
         terminal.print_json(checked.to_dict() | {"hooks": [h.to_dict() for h in speedups]})
         return
-    table = Table(title=f"{spec.name}: predicted vs measured", title_justify="left")
+    terminal.console.print(_validation_table(checked, spec.name))
+    for kind, label in (("collective", "collectives"), ("ddp-step", "DDP step time")):
+        s = checked.summary(kind)
+        if s["points"]:
+            floor = f" of {fmt_bytes(checked.min_bytes)} and more" if kind == "collective" else ""
+            terminal.console.print(
+                f"{label}{floor}: median |error| {s['median_abs_pct_error']:.1f}%, worst "
+                f"{s['max_abs_pct_error']:.1f}% over {s['points']} points"
+            )
+    if speedups:
+        terminal.console.print(_hook_table(speedups))
+    if plot:
+        terminal.console.print(f"plot written to {plot}")
+
+
+def _validation_table(checked: Validation, cluster: str) -> Table:
+    """Every point: what, ranks, span, size, measured, predicted, error."""
+    from rich.table import Table
+
+    table = Table(title=f"{cluster}: predicted vs measured", title_justify="left")
     for col in ("what", "ranks", "span", "size", "measured", "predicted", "error"):
         table.add_column(col, justify="left" if col in ("what", "span") else "right")
     for r in checked.rows:
@@ -254,19 +273,7 @@ def validate_cmd(
             fmt_time(r.predicted_s),
             f"{100 * r.error:+.1f}%",
         )
-    terminal.console.print(table)
-    for kind, label in (("collective", "collectives"), ("ddp-step", "DDP step time")):
-        s = checked.summary(kind)
-        if s["points"]:
-            floor = f" of {fmt_bytes(checked.min_bytes)} and more" if kind == "collective" else ""
-            terminal.console.print(
-                f"{label}{floor}: median |error| {s['median_abs_pct_error']:.1f}%, worst "
-                f"{s['max_abs_pct_error']:.1f}% over {s['points']} points"
-            )
-    if speedups:
-        terminal.console.print(_hook_table(speedups))
-    if plot:
-        terminal.console.print(f"plot written to {plot}")
+    return table
 
 
 def _hook_table(rows: list[HookRow]) -> Table:

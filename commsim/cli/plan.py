@@ -3,7 +3,7 @@ several fabrics)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -23,133 +23,142 @@ from commsim.cli.options import (
     TokensOpt,
     setup_from_flags,
 )
-from commsim.planner.ddp import bandwidth_sweep
+from commsim.planner.ddp import BandwidthSweep, PlanResult, bandwidth_sweep
 from commsim.planner.hybrid import plan_all
 from commsim.planner.sizing import (
     OBJECTIVES,
+    SizingRow,
     objective_value,
     pareto_front,
     pick_size,
     size_clusters,
 )
 from commsim.report import labels, plots, tables, terminal
-from commsim.scenario import load_scenario
+from commsim.scenario import Setup, load_scenario
 from commsim.specs import SpecError
 from commsim.units import parse_time
+
+# plan's own flags: what cluster sizing compares, and the search dimensions a flag pins
+GpusOrRangeOpt = Annotated[
+    str | None,
+    typer.Option(help="GPU count, or LOW:HIGH to size the cluster (doubling from LOW)."),
+]
+FabricOpt = Annotated[
+    str | None,
+    typer.Option(help="Cluster sizing: comma-separated topologies to compare (templates)."),
+]
+GpuOpt = Annotated[str | None, typer.Option(help="Cluster sizing: GPU model to put in them.")]
+DeadlineOpt = Annotated[
+    str | None,
+    typer.Option(help="Cluster sizing: the smallest cluster that trains in this (30d)."),
+]
+BudgetOpt = Annotated[
+    float | None, typer.Option(help="Cluster sizing: the most money (or GPU-hours) to spend.")
+]
+ObjectiveOpt = Annotated[
+    str, typer.Option(help="Cluster sizing: time-to-train, cost, throughput-per-dollar.")
+]
+OnlyBucketOpt = Annotated[
+    float | None, typer.Option(help="Search only this bucket cap (MiB) instead of 1..200.")
+]
+OnlyAlgorithmOpt = Annotated[
+    str | None, typer.Option(help="Search only this algorithm instead of all.")
+]
+OnlyPlacementOpt = Annotated[
+    str | None, typer.Option(help="Search only this placement instead of all.")
+]
+OnlyOverlapOpt = Annotated[
+    bool | None, typer.Option("--overlap/--no-overlap", help="Search only overlap on/off.")
+]
+OnlyCompressionOpt = Annotated[
+    str | None, typer.Option(help="Search only this gradient compression instead of several.")
+]
+OnlyTpOpt = Annotated[
+    int | None, typer.Option("--tp", help="Search only this tensor-parallel degree.")
+]
+OnlyPpOpt = Annotated[int | None, typer.Option("--pp", help="Search only this pipeline depth.")]
+OnlyEpOpt = Annotated[
+    int | None, typer.Option("--ep", help="Search only this expert-parallel degree (MoE).")
+]
+OnlyZeroOpt = Annotated[int | None, typer.Option("--zero", help="Search only this ZeRO stage.")]
+OnlyRecomputeOpt = Annotated[
+    str | None, typer.Option(help="Search only this recomputation: none, selective, full.")
+]
+OnlyInterleaveOpt = Annotated[
+    int | None, typer.Option(help="Search only this interleaving (virtual stages).")
+]
+TopOpt = Annotated[int, typer.Option(help="Rows to show.")]
+SweepPlotOpt = Annotated[
+    str | None,
+    typer.Option(help="PNG: the winner's step time against NIC bandwidth per compressor."),
+]
 
 
 def plan_cmd(
     scenario: ScenarioArg = None,
     model: ModelOpt = None,
     cluster: ClusterOpt = None,
-    gpus: Annotated[
-        str | None,
-        typer.Option(help="GPU count, or LOW:HIGH to size the cluster (doubling from LOW)."),
-    ] = None,
-    fabric: Annotated[
-        str | None,
-        typer.Option(help="Cluster sizing: comma-separated topologies to compare (templates)."),
-    ] = None,
-    gpu: Annotated[
-        str | None, typer.Option(help="Cluster sizing: GPU model to put in them.")
-    ] = None,
-    deadline: Annotated[
-        str | None,
-        typer.Option(help="Cluster sizing: the smallest cluster that trains in this (30d)."),
-    ] = None,
-    budget: Annotated[
-        float | None, typer.Option(help="Cluster sizing: the most money (or GPU-hours) to spend.")
-    ] = None,
-    objective: Annotated[
-        str, typer.Option(help="Cluster sizing: time-to-train, cost, throughput-per-dollar.")
-    ] = "time-to-train",
+    gpus: GpusOrRangeOpt = None,
+    fabric: FabricOpt = None,
+    gpu: GpuOpt = None,
+    deadline: DeadlineOpt = None,
+    budget: BudgetOpt = None,
+    objective: ObjectiveOpt = "time-to-train",
     global_batch: GlobalBatchOpt = None,
     micro_batch: MicroBatchOpt = None,
     seq_len: SeqLenOpt = None,
-    bucket_mb: Annotated[
-        float | None, typer.Option(help="Search only this bucket cap (MiB) instead of 1..200.")
-    ] = None,
-    algorithm: Annotated[
-        str | None, typer.Option(help="Search only this algorithm instead of all.")
-    ] = None,
-    placement: Annotated[
-        str | None, typer.Option(help="Search only this placement instead of all.")
-    ] = None,
-    overlap: Annotated[
-        bool | None, typer.Option("--overlap/--no-overlap", help="Search only overlap on/off.")
-    ] = None,
-    compression: Annotated[
-        str | None, typer.Option(help="Search only this gradient compression instead of several.")
-    ] = None,
+    bucket_mb: OnlyBucketOpt = None,
+    algorithm: OnlyAlgorithmOpt = None,
+    placement: OnlyPlacementOpt = None,
+    overlap: OnlyOverlapOpt = None,
+    compression: OnlyCompressionOpt = None,
     error_feedback: ErrorFeedbackOpt = None,
     profile: ProfileOpt = None,
-    tp: Annotated[
-        int | None, typer.Option("--tp", help="Search only this tensor-parallel degree.")
-    ] = None,
-    pp: Annotated[int | None, typer.Option("--pp", help="Search only this pipeline depth.")] = None,
-    ep: Annotated[
-        int | None, typer.Option("--ep", help="Search only this expert-parallel degree (MoE).")
-    ] = None,
-    zero: Annotated[int | None, typer.Option("--zero", help="Search only this ZeRO stage.")] = None,
+    tp: OnlyTpOpt = None,
+    pp: OnlyPpOpt = None,
+    ep: OnlyEpOpt = None,
+    zero: OnlyZeroOpt = None,
     fsdp: FsdpOpt = False,
-    recompute: Annotated[
-        str | None, typer.Option(help="Search only this recomputation: none, selective, full.")
-    ] = None,
-    interleave: Annotated[
-        int | None, typer.Option(help="Search only this interleaving (virtual stages).")
-    ] = None,
+    recompute: OnlyRecomputeOpt = None,
+    interleave: OnlyInterleaveOpt = None,
     first_stage_layers: FirstLayersOpt = None,
     last_stage_layers: LastLayersOpt = None,
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
-    top: Annotated[int, typer.Option(help="Rows to show.")] = 15,
-    plot: Annotated[
-        str | None,
-        typer.Option(help="PNG: the winner's step time against NIC bandwidth per compressor."),
-    ] = None,
+    top: TopOpt = 15,
+    plot: SweepPlotOpt = None,
     json_out: terminal.JsonOpt = False,
 ) -> None:
     """Search strategies, ranked by step time: plain DDP in full detail (algorithm x bucket
     x overlap x placement x compression) and, for transformers, data x tensor x pipeline
     layouts (micro-batch, ZeRO, recomputation, interleaving, bucket, algorithm, overlap)."""
+    training = dict(  # the same in both modes
+        global_batch=global_batch,
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        tokens=tokens,
+        price_per_gpu_hour=price_per_gpu_hour,
+    )
     if fabric or (gpus and ":" in gpus) or deadline or budget:
-        return _size_clusters(
-            scenario,
-            model,
-            cluster,
-            gpus,
-            fabric,
-            gpu,
-            deadline,
-            budget,
-            objective,
-            dict(
-                global_batch=global_batch,
-                micro_batch=micro_batch,
-                seq_len=seq_len,
-                tokens=tokens,
-                price_per_gpu_hour=price_per_gpu_hour,
-            ),
-            plot,
-            json_out,
-        )
+        sizing = dict(fabric=fabric, gpu=gpu, deadline=deadline, budget=budget, objective=objective)
+        return _size_clusters(scenario, model, cluster, gpus, training, plot, json_out, **sizing)
+    flags = dict(  # the search dimensions a flag pins
+        bucket_mb=bucket_mb,
+        algorithm=algorithm,
+        placement=placement,
+        overlap=overlap,
+        compression=compression,
+        error_feedback=error_feedback,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        zero=zero,
+        recompute=recompute,
+        interleave=interleave,
+        first_stage_layers=first_stage_layers,
+        last_stage_layers=last_stage_layers,
+    )
     with terminal.user_errors():
-        flags = dict(
-            bucket_mb=bucket_mb,
-            algorithm=algorithm,
-            placement=placement,
-            overlap=overlap,
-            compression=compression,
-            error_feedback=error_feedback,
-            tp=tp,
-            pp=pp,
-            ep=ep,
-            zero=zero,
-            recompute=recompute,
-            interleave=interleave,
-            first_stage_layers=first_stage_layers,
-            last_stage_layers=last_stage_layers,
-        )
         setup = setup_from_flags(
             scenario,
             fsdp=fsdp,
@@ -157,28 +166,45 @@ def plan_cmd(
             model=model,
             cluster=cluster,
             gpus=_gpu_count(gpus),
-            global_batch=global_batch,
-            micro_batch=micro_batch,
-            seq_len=seq_len,
-            tokens=tokens,
-            price_per_gpu_hour=price_per_gpu_hour,
+            **training,
             profile=profile,
             **flags,
         )
-        base = setup.scenario.strategy  # flags validated as scenario fields; now pin them
-        pinned = {k for k, v in flags.items() if v is not None} | ({"zero"} if fsdp else set())
-        if micro_batch is not None:
-            pinned.add("micro_batch")
-        with terminal.progress(1, "planning") as bar:
-            result = plan_all(setup, base, pinned, on_progress=lambda: bar.advance(0))
-        sweep = None
-        if plot and result.ranked and result.ranked[0].strategy.data_parallel_only:
-            sweep = bandwidth_sweep(setup, result.ranked[0].strategy)
-            plots.plot_bandwidth_sweep(
-                sweep, plot, f"{setup.scenario.name}: where compression stops paying"
-            )
-        elif plot:
-            result.notes.append("--plot draws the compression sweep of a plain-DDP winner only")
+        given = flags | {"micro_batch": micro_batch}  # flags validated as scenario fields: pin them
+        pinned = {k for k, v in given.items() if v is not None} | ({"zero"} if fsdp else set())
+        result, sweep = _search(setup, pinned, plot)
+    _show_plan(setup, result, sweep, top, plot, json_out)
+
+
+def _search(
+    setup: Setup, pinned: set[str], plot: str | None
+) -> tuple[PlanResult, BandwidthSweep | None]:
+    """Rank the strategies, the scenario's own values pinned where a flag gave them; with
+    --plot, the plain-DDP winner's bandwidth sweep, drawn."""
+    base = setup.scenario.strategy
+    with terminal.progress(1, "planning") as bar:
+        result = plan_all(setup, base, pinned, on_progress=lambda: bar.advance(0))
+    sweep = None
+    if plot and result.ranked and result.ranked[0].strategy.data_parallel_only:
+        sweep = bandwidth_sweep(setup, result.ranked[0].strategy)
+        plots.plot_bandwidth_sweep(
+            sweep, plot, f"{setup.scenario.name}: where compression stops paying"
+        )
+    elif plot:
+        result.notes.append("--plot draws the compression sweep of a plain-DDP winner only")
+    return result, sweep
+
+
+def _show_plan(
+    setup: Setup,
+    result: PlanResult,
+    sweep: BandwidthSweep | None,
+    top: int,
+    plot: str | None,
+    json_out: bool,
+) -> None:
+    """The ranked table, why the winner wins, the notes and where compression stops paying,
+    or the --json document; exit 1 when nothing can run."""
     docs = [p.to_dict() for p in result.ranked]
     if json_out:
         terminal.print_json(
@@ -215,14 +241,19 @@ def plan_cmd(
     for line in [*labels.explain_winner(docs), *result.notes]:
         terminal.console.print(line, highlight=False)
     if sweep:
-        for name, bw in sweep.crossovers.items():
-            terminal.console.print(f"{name} stops paying above {bw * 8 / 1e9:.0f} Gb/s per NIC")
-        if not sweep.crossovers:
-            lo, hi = (b * 8 / 1e9 for b in (sweep.nic_bandwidth[0], sweep.nic_bandwidth[-1]))
-            terminal.console.print(
-                f"no compressor that pays here stops paying between {lo:g} and {hi:g} Gb/s per NIC"
-            )
-        terminal.console.print(f"bandwidth sweep drawn to {plot}")
+        _print_crossovers(sweep, plot)
+
+
+def _print_crossovers(sweep: BandwidthSweep, plot: str | None) -> None:
+    """Where each compressor stops paying, from the bandwidth sweep."""
+    for name, bw in sweep.crossovers.items():
+        terminal.console.print(f"{name} stops paying above {bw * 8 / 1e9:.0f} Gb/s per NIC")
+    if not sweep.crossovers:
+        lo, hi = (b * 8 / 1e9 for b in (sweep.nic_bandwidth[0], sweep.nic_bandwidth[-1]))
+        terminal.console.print(
+            f"no compressor that pays here stops paying between {lo:g} and {hi:g} Gb/s per NIC"
+        )
+    terminal.console.print(f"bandwidth sweep drawn to {plot}")
 
 
 def _sizing_title(spec, gpu: str | None) -> str:
@@ -256,18 +287,19 @@ def _gpu_sizes(text: str | None, default: int) -> list[int]:
 
 
 def _size_clusters(
-    scenario,
-    model,
-    cluster,
-    gpus,
-    fabric,
-    gpu,
-    deadline,
-    budget,
-    objective,
-    overrides,
-    plot,
-    json_out,
+    scenario: str | None,
+    model: str | None,
+    cluster: str | None,
+    gpus: str | None,
+    overrides: dict[str, Any],
+    plot: str | None,
+    json_out: bool,
+    *,
+    fabric: str | None,
+    gpu: str | None,
+    deadline: str | None,
+    budget: float | None,
+    objective: str,
 ) -> None:
     """`commsim plan` in sizing mode: best strategy per fabric and size, Pareto front, pick."""
     with terminal.user_errors():
@@ -288,17 +320,43 @@ def _size_clusters(
                 spec, source, fabrics, sizes, gpu, on_progress=lambda: bar.advance(0)
             )
         front = pareto_front(rows)
-        pick = (
-            pick_size(rows, deadline_s, budget)
-            if deadline_s or budget
-            else min(
-                (r for r in rows if r.best),
-                key=lambda r: objective_value(r, objective),
-                default=None,
-            )
-        )
+        pick = _pick(rows, deadline_s, budget, objective)
         if plot:
             plots.plot_sizing(rows, front, pick, plot, _sizing_title(spec, gpu))
+    why = (
+        "the smallest cluster meeting the deadline"
+        if deadline_s
+        else "the fastest within the budget"
+        if budget
+        else f"the best {objective}"
+    )
+    _print_sizing(rows, front, pick, _sizing_title(spec, gpu), why, objective, plot, json_out)
+
+
+def _pick(
+    rows: list[SizingRow], deadline_s: float | None, budget: float | None, objective: str
+) -> SizingRow | None:
+    """The row a deadline or budget picks, else the best by the objective; None if none."""
+    if deadline_s or budget:
+        return pick_size(rows, deadline_s, budget)
+    return min(
+        (r for r in rows if r.best),
+        key=lambda r: objective_value(r, objective),
+        default=None,
+    )
+
+
+def _print_sizing(
+    rows: list[SizingRow],
+    front: list[SizingRow],
+    pick: SizingRow | None,
+    title: str,
+    why: str,
+    objective: str,
+    plot: str | None,
+    json_out: bool,
+) -> None:
+    """The sizing table and the pick with why, or the --json document."""
     if json_out:
         terminal.print_json(
             {
@@ -309,15 +367,8 @@ def _size_clusters(
             }
         )
         return
-    terminal.console.print(tables.sizing_table(rows, front, pick, _sizing_title(spec, gpu)))
+    terminal.console.print(tables.sizing_table(rows, front, pick, title))
     if pick:
-        why = (
-            "the smallest cluster meeting the deadline"
-            if deadline_s
-            else "the fastest within the budget"
-            if budget
-            else f"the best {objective}"
-        )
         terminal.console.print(
             f"pick: {pick.gpus} GPUs of {pick.fabric}, {why}: "
             f"{labels.describe_strategy(pick.best.to_dict()['strategy'])}",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -35,6 +35,7 @@ from commsim.cli.options import (
     setup_from_flags,
 )
 from commsim.report import labels, plots, tables, terminal
+from commsim.scenario import Setup
 from commsim.step.predict import predict
 
 
@@ -108,6 +109,11 @@ def predict_cmd(
     if json_out:
         terminal.print_json(doc)
         return
+    _print_prediction(setup, doc, plot)
+
+
+def _print_prediction(setup: Setup, doc: dict[str, Any], plot: str | None) -> None:
+    """The step table (its title names the layout) and, for plain DDP, the buckets."""
     s = setup.scenario
     terminal.console.print(
         tables.step_table(
