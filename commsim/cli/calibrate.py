@@ -13,12 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from commsim import catalog
-from commsim.calibrate.records import append_records, read_results, record_line
 from commsim.files import write_atomic
-from commsim.profile import OPS, Profile, load_profile, profile_yaml
 from commsim.report import terminal
-from commsim.specs import ClusterSpec, SpecError, load_spec
 from commsim.units import fmt_bytes, fmt_rate, fmt_time
 
 if TYPE_CHECKING:
@@ -26,6 +22,8 @@ if TYPE_CHECKING:
 
     from commsim.calibrate.hooks import HookRow
     from commsim.calibrate.validate import Validation
+    from commsim.profile import Profile
+    from commsim.specs import ClusterSpec
 
 calibrate_app = typer.Typer(
     no_args_is_help=True,
@@ -34,10 +32,15 @@ calibrate_app = typer.Typer(
 
 
 def _cluster(name: str) -> ClusterSpec:
+    from commsim import catalog
+    from commsim.specs import ClusterSpec, load_spec
+
     return load_spec(ClusterSpec, catalog.topology_path(name, name))
 
 
 def _floats(text: str, flag: str) -> tuple[float, ...]:
+    from commsim.specs import SpecError
+
     try:
         return tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -76,6 +79,9 @@ def run_cmd(
 
     Under torchrun (or `commsim testbed run`) every rank runs this command; --local N
     starts N ranks here."""
+    from commsim.profile import OPS
+    from commsim.specs import SpecError
+
     with terminal.user_errors():
         try:
             from commsim.calibrate import harness
@@ -119,6 +125,9 @@ def import_cmd(
     from pathlib import Path
 
     from commsim.calibrate.ncclt import parse_log
+    from commsim.calibrate.records import append_records, read_results, record_line
+    from commsim.profile import OPS
+    from commsim.specs import SpecError
 
     with terminal.user_errors():
         if op is not None and op not in OPS:
@@ -171,6 +180,8 @@ def fit_cmd(
     from rich.table import Table
 
     from commsim.calibrate.fit import fit_profile
+    from commsim.calibrate.records import read_results
+    from commsim.profile import profile_yaml
 
     with terminal.user_errors():
         spec = _cluster(cluster)
@@ -217,7 +228,9 @@ def validate_cmd(
     """Predicted against measured for every point, with the profile applied to the cluster."""
 
     from commsim.calibrate.hooks import hook_speedups
+    from commsim.calibrate.records import read_results
     from commsim.calibrate.validate import validate
+    from commsim.profile import load_profile
     from commsim.report.plots import plot_validation
     from commsim.units import parse_bytes
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from commsim.report import tables, terminal
+from commsim.report import terminal
 
 
 def claims_cmd(
@@ -18,6 +18,7 @@ def claims_cmd(
 ) -> None:
     """Check the figures the seed documents state against commsim's model of their setup."""
     from commsim import claims
+    from commsim.report import tables
 
     with terminal.user_errors():
         paths = files or [str(p) for p in claims.seed_files()]

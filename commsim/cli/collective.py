@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 
-from commsim import catalog
 from commsim.cli.options import ProfileOpt
-from commsim.collectives.alphabeta import ALGORITHMS, bus_factor
-from commsim.collectives.group import GroupCost
-from commsim.profile import apply_profile, load_profile
-from commsim.report import tables, terminal
-from commsim.specs import ClusterSpec, load_spec
-from commsim.topology.build import build_cluster
-from commsim.topology.placement import place
-from commsim.units import parse_size_range
+from commsim.report import terminal
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from commsim.collectives.group import GroupCost
 
 
 def collective_cmd(
@@ -39,6 +35,18 @@ def collective_cmd(
     json_out: terminal.JsonOpt = False,
 ) -> None:
     """Time one collective over a size sweep, nccl-tests style (time, algbw, busbw)."""
+    import numpy as np
+
+    from commsim import catalog
+    from commsim.collectives.alphabeta import ALGORITHMS
+    from commsim.collectives.group import GroupCost
+    from commsim.profile import apply_profile, load_profile
+    from commsim.report import tables
+    from commsim.specs import ClusterSpec, load_spec
+    from commsim.topology.build import build_cluster
+    from commsim.topology.placement import place
+    from commsim.units import parse_size_range
+
     with terminal.user_errors():
         if op not in ALGORITHMS:
             raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
@@ -50,23 +58,7 @@ def collective_cmd(
         lo, hi = parse_size_range(sizes)
         grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
         algs = ALGORITHMS[op] if algorithm == "all" else (algorithm,)
-        rows = []
-        with terminal.progress(len(algs), f"{op} on {gpus} GPUs") as bar:
-            for alg in algs:
-                times, chosen = cost.time_and_choice(op, alg, grid)
-                for size, t, name in zip(grid, times, chosen, strict=True):
-                    algbw = size / t if t > 0 else float("inf")
-                    rows.append(
-                        {
-                            "bytes": float(size),
-                            "time_s": float(t),
-                            "algbw_Bps": algbw,
-                            "busbw_Bps": algbw * bus_factor(op, gpus),
-                            "algorithm": name,
-                            "requested": alg,
-                        }
-                    )
-                bar.advance(0)
+        rows = _rows(cost, op, gpus, algs, grid)
     if json_out:
         terminal.print_json(
             {"op": op, "cluster": spec.name, "gpus": gpus, "placement": placement, "rows": rows}
@@ -81,3 +73,29 @@ def collective_cmd(
     if algorithm in ("auto", "nccl"):
         picks = sorted({r["algorithm"] for r in rows})
         terminal.console.print(f"{algorithm} picked: {', '.join(picks)}")
+
+
+def _rows(
+    cost: GroupCost, op: str, gpus: int, algs: tuple[str, ...], grid: np.ndarray
+) -> list[dict[str, Any]]:
+    """Time, algbw and busbw of each algorithm at each size; `algorithm` is what ran."""
+    from commsim.collectives.alphabeta import bus_factor
+
+    rows = []
+    with terminal.progress(len(algs), f"{op} on {gpus} GPUs") as bar:
+        for alg in algs:
+            times, chosen = cost.time_and_choice(op, alg, grid)
+            for size, t, name in zip(grid, times, chosen, strict=True):
+                algbw = size / t if t > 0 else float("inf")
+                rows.append(
+                    {
+                        "bytes": float(size),
+                        "time_s": float(t),
+                        "algbw_Bps": algbw,
+                        "busbw_Bps": algbw * bus_factor(op, gpus),
+                        "algorithm": name,
+                        "requested": alg,
+                    }
+                )
+            bar.advance(0)
+    return rows

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import numpy as np
 import typer
 
-from commsim.report import tables, terminal
+from commsim.report import terminal
 
 compression_app = typer.Typer(no_args_is_help=True, help="Gradient compressors: measure them.")
 
@@ -35,8 +34,11 @@ def compression_bench(
 ) -> None:
     """Wire ratio, fidelity delta and encode/decode time per MB of each compressor, on
     synthetic heavy-tailed gradients of a transformer block and on a real MLP's gradients."""
+    import numpy as np
+
     from commsim.compression import measure, synthetic_gradients
     from commsim.convergence import mlp_gradients
+    from commsim.report import tables
 
     with terminal.user_errors():
         specs = _compressor_list(compressors)
@@ -77,6 +79,7 @@ def compression_convergence(
     """Train a small MLP on scikit-learn's bundled digits with simulated workers whose
     gradients pass through each compressor; accuracy and loss against uncompressed."""
     from commsim import convergence
+    from commsim.report import tables
 
     with terminal.user_errors():
         modes = {"both": "both", "on": True, "off": False}

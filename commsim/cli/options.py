@@ -3,11 +3,12 @@ Setup."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from commsim.scenario import Setup, load_scenario, resolve
+if TYPE_CHECKING:
+    from commsim.scenario import Setup
 
 ScenarioArg = Annotated[
     str | None, typer.Argument(help="Scenario YAML (default: the built-in scenario).")
@@ -75,6 +76,8 @@ def setup_from_flags(
     check: bool = True,
     **overrides: Any,
 ) -> Setup:
+    from commsim.scenario import load_scenario, resolve
+
     if fsdp:
         overrides["zero"] = 3
     spec, source = load_scenario(scenario, overrides)

@@ -3,7 +3,7 @@ several fabrics)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -23,20 +23,12 @@ from commsim.cli.options import (
     TokensOpt,
     setup_from_flags,
 )
-from commsim.planner.ddp import BandwidthSweep, PlanResult, bandwidth_sweep
-from commsim.planner.hybrid import plan_all
-from commsim.planner.sizing import (
-    OBJECTIVES,
-    SizingRow,
-    objective_value,
-    pareto_front,
-    pick_size,
-    size_clusters,
-)
-from commsim.report import labels, plots, tables, terminal
-from commsim.scenario import Setup, load_scenario
-from commsim.specs import SpecError
-from commsim.units import parse_time
+from commsim.report import terminal
+
+if TYPE_CHECKING:
+    from commsim.planner.ddp import BandwidthSweep, PlanResult
+    from commsim.planner.sizing import SizingRow
+    from commsim.scenario import Setup
 
 # plan's own flags: what cluster sizing compares, and the search dimensions a flag pins
 GpusOrRangeOpt = Annotated[
@@ -181,6 +173,10 @@ def _search(
 ) -> tuple[PlanResult, BandwidthSweep | None]:
     """Rank the strategies, the scenario's own values pinned where a flag gave them; with
     --plot, the plain-DDP winner's bandwidth sweep, drawn."""
+    from commsim.planner.ddp import bandwidth_sweep
+    from commsim.planner.hybrid import plan_all
+    from commsim.report import plots
+
     base = setup.scenario.strategy
     with terminal.progress(1, "planning") as bar:
         result = plan_all(setup, base, pinned, on_progress=lambda: bar.advance(0))
@@ -205,6 +201,8 @@ def _show_plan(
 ) -> None:
     """The ranked table, why the winner wins, the notes and where compression stops paying,
     or the --json document; exit 1 when nothing can run."""
+    from commsim.report import labels, tables
+
     docs = [p.to_dict() for p in result.ranked]
     if json_out:
         terminal.print_json(
@@ -302,6 +300,12 @@ def _size_clusters(
     objective: str,
 ) -> None:
     """`commsim plan` in sizing mode: best strategy per fabric and size, Pareto front, pick."""
+    from commsim.planner.sizing import OBJECTIVES, pareto_front, size_clusters
+    from commsim.report import plots
+    from commsim.scenario import load_scenario
+    from commsim.specs import SpecError
+    from commsim.units import parse_time
+
     with terminal.user_errors():
         if objective not in OBJECTIVES:
             raise ValueError(f"--objective must be one of {', '.join(OBJECTIVES)}")
@@ -337,6 +341,8 @@ def _pick(
     rows: list[SizingRow], deadline_s: float | None, budget: float | None, objective: str
 ) -> SizingRow | None:
     """The row a deadline or budget picks, else the best by the objective; None if none."""
+    from commsim.planner.sizing import objective_value, pick_size
+
     if deadline_s or budget:
         return pick_size(rows, deadline_s, budget)
     return min(
@@ -357,6 +363,8 @@ def _print_sizing(
     json_out: bool,
 ) -> None:
     """The sizing table and the pick with why, or the --json document."""
+    from commsim.report import labels, tables
+
     if json_out:
         terminal.print_json(
             {

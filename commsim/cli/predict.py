@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -34,9 +34,10 @@ from commsim.cli.options import (
     ZeroOpt,
     setup_from_flags,
 )
-from commsim.report import labels, plots, tables, terminal
-from commsim.scenario import Setup
-from commsim.step.predict import predict
+from commsim.report import terminal
+
+if TYPE_CHECKING:
+    from commsim.scenario import Setup
 
 
 def predict_cmd(
@@ -72,6 +73,9 @@ def predict_cmd(
 ) -> None:
     """Predict one training step: compute, communication, overlap, scaling, MFU, memory,
     buckets (data parallel) or pipeline/tensor-parallel parts (hybrid layouts)."""
+    from commsim.report import plots
+    from commsim.step.predict import predict
+
     with terminal.user_errors():
         setup = setup_from_flags(
             scenario,
@@ -114,6 +118,8 @@ def predict_cmd(
 
 def _print_prediction(setup: Setup, doc: dict[str, Any], plot: str | None) -> None:
     """The step table (its title names the layout) and, for plain DDP, the buckets."""
+    from commsim.report import labels, tables
+
     s = setup.scenario
     terminal.console.print(
         tables.step_table(

@@ -6,10 +6,7 @@ from typing import Annotated
 
 import typer
 
-from commsim import catalog
-from commsim.report import plots, tables, terminal
-from commsim.specs import ClusterSpec, load_spec
-from commsim.topology.build import build_cluster
+from commsim.report import terminal
 
 topo_app = typer.Typer(no_args_is_help=True, help="Built-in cluster topologies.")
 
@@ -17,6 +14,11 @@ topo_app = typer.Typer(no_args_is_help=True, help="Built-in cluster topologies."
 @topo_app.command("list")
 def topo_list(json_out: terminal.JsonOpt = False) -> None:
     """The built-in cluster files."""
+    from rich.table import Table
+
+    from commsim import catalog
+    from commsim.specs import ClusterSpec, load_spec
+
     with terminal.user_errors():
         specs = [load_spec(ClusterSpec, catalog.topology_path(n)) for n in catalog.topology_names()]
     if json_out:
@@ -35,8 +37,6 @@ def topo_list(json_out: terminal.JsonOpt = False) -> None:
             }
         )
         return
-    from rich.table import Table
-
     table = Table(title="built-in topologies", title_justify="left")
     for col in ("name", "GPUs", "GPU", "description"):
         table.add_column(col)
@@ -55,6 +55,11 @@ def topo_show(
     json_out: terminal.JsonOpt = False,
 ) -> None:
     """A topology's summary: nodes, NICs, tiers, bandwidths, switch counts; --plot draws it."""
+    from commsim import catalog
+    from commsim.report import plots, tables
+    from commsim.specs import ClusterSpec, load_spec
+    from commsim.topology.build import build_cluster
+
     with terminal.user_errors():
         spec = load_spec(ClusterSpec, catalog.topology_path(name, name))
         built = build_cluster(spec, gpus, name)

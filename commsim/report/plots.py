@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from commsim.calibrate.validate import Validation
 from commsim.files import write_atomic
 from commsim.report.labels import pct
 from commsim.specs import SpecError
 from commsim.units import fmt_time
+
+if TYPE_CHECKING:
+    from commsim.calibrate.validate import Validation
 
 
 def plot_timeline(pred: dict[str, Any], events: Sequence[Any], path: str, title: str) -> None:

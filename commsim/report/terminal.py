@@ -14,9 +14,6 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from commsim.specs import SpecError
-from commsim.units import UnitError
-
 # Piped output (CI logs, `| less`) gets a wide page instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -31,6 +28,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document o
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Input errors (a spec, a unit, a value) as one line on stderr and exit code 2."""
+    from commsim.specs import SpecError  # pydantic: imported when a command runs, not for --help
+    from commsim.units import UnitError
+
     try:
         yield
     except (SpecError, UnitError, ValueError) as e:
