@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from commsim.calibrate.fit import GroupModel, placement
+from commsim.calibrate.fit import GroupModel
+from commsim.calibrate.points import placement
 from commsim.calibrate.records import Results
 from commsim.calibrate.validate import codec_gpu, predict_ddp
 from commsim.collectives.backends import ALGORITHMS
