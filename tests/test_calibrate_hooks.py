@@ -21,7 +21,8 @@ from commsim.collectives.backends import ALGORITHMS
 from commsim.specs import ClusterSpec, SpecError
 
 torch = pytest.importorskip("torch")
-harness = pytest.importorskip("commsim.calibrate.harness")
+from commsim.calibrate.harness.config import HarnessConfig  # noqa: E402
+
 hooks = pytest.importorskip("commsim.calibrate.hooks")
 
 pytestmark = pytest.mark.torch
@@ -55,13 +56,13 @@ def _ddp(path: Path) -> list[dict]:
 
 
 def test_config_checks_hook_names():
-    assert harness.HarnessConfig(out="x").comm_hooks == ("none",)
-    harness.HarnessConfig(out="x", backend="gloo", comm_hooks=("fp16", "powersgd:4"))
+    assert HarnessConfig(out="x").comm_hooks == ("none",)
+    HarnessConfig(out="x", backend="gloo", comm_hooks=("fp16", "powersgd:4"))
     for bad in (("powersgd:0",), ("int8",), ("powersgd",), ()):
         with pytest.raises(SpecError, match="--comm-hooks"):
-            harness.HarnessConfig(out="x", comm_hooks=bad)
+            HarnessConfig(out="x", comm_hooks=bad)
     with pytest.raises(SpecError, match="bf16 hook needs CUDA"):
-        harness.HarnessConfig(out="x", backend="gloo", comm_hooks=("bf16",))
+        HarnessConfig(out="x", backend="gloo", comm_hooks=("bf16",))
 
 
 @pytest.mark.slow

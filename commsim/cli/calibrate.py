@@ -84,12 +84,13 @@ def run_cmd(
 
     with terminal.user_errors():
         try:
-            from commsim.calibrate import harness
+            from commsim.calibrate.harness.config import HarnessConfig
+            from commsim.calibrate.harness.launch import exit_now, launch_local, run_rank
         except ImportError as e:
             raise SpecError(
                 "torch", "", f"not importable ({e}): pip install 'commsim[calibrate]'"
             ) from None
-        cfg = harness.HarnessConfig(
+        cfg = HarnessConfig(
             out=out,
             backend=backend,
             sizes=sizes,
@@ -104,13 +105,13 @@ def run_cmd(
             batch=batch,
             comm_hooks=tuple(h.strip().lower() for h in comm_hooks.split(",") if h.strip()),
         )
-        code = harness.launch_local(cfg, local) if local is not None else harness.run_rank(cfg)
+        code = launch_local(cfg, local) if local is not None else run_rank(cfg)
     if code:
         raise typer.Exit(code)
     if local is not None or os.environ.get("RANK") == "0":  # the rank that wrote
         terminal.err_console.print(f"results appended to {out}")
     if local is None:  # this process is a rank
-        harness.exit_now(0)
+        exit_now(0)
 
 
 @calibrate_app.command("import-nccl-tests")
