@@ -25,7 +25,7 @@ from commsim.calibrate.testbed.host import (
     state_path,
 )
 from commsim.calibrate.testbed.shaping import GSO_BYTES, TCP_RMEM_MAX, shape
-from commsim.calibrate.testbed.spec import CPU_BUDGET, TestbedSpec, hosts
+from commsim.calibrate.testbed.spec import CPU_BUDGET, Host, TestbedSpec, hosts
 
 
 def up(spec: TestbedSpec) -> dict[str, Any]:
@@ -43,20 +43,51 @@ def up(spec: TestbedSpec) -> dict[str, Any]:
 
 
 def _build(spec: TestbedSpec) -> dict[str, Any]:
+    """Namespaces, their /etc files, the bridges, the shaped rack uplinks and host links;
+    returns the state file's contents."""
     sw = f"{spec.prefix}-sw"
     all_hosts = hosts(spec)
     for ns in [sw] + [h.netns for h in all_hosts]:
-        sh("ip", "netns", "add", ns)
-        sh("ip", "-n", ns, "link", "set", "lo", "up")
-        # no IPv6: no router solicitations or DAD chatter on the shaped links
-        sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
-        sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
-        # a stream's window, hence what it can queue in the fabric, stays under TCP_RMEM_MAX
-        sh("ip", "netns", "exec", ns, "sysctl", "-qw",
-            f"net.ipv4.tcp_rmem=4096 131072 {TCP_RMEM_MAX}")  # fmt: skip
-    # Every host's name in /etc/hosts and no DNS: name lookups (torch's c10d looks peers up)
-    # answer at once, and a resolver never sends a packet beyond the testbed. `ip netns
-    # exec` can only bind a file over one that exists in /etc.
+        _namespace(ns)
+    _etc_files(all_hosts)
+    streams = max(4, spec.n_hosts)  # per source and link, before the fabric would drop
+    links = []
+    bridges = ["core"] + [f"tor{r}" for r in range(spec.racks)]
+    for br in bridges:
+        sh("ip", "-n", sw, "link", "add", "name", br, "type", "bridge", "stp_state", "0")
+        sh("ip", "-n", sw, "link", "set", br, "up")
+    for r in range(spec.racks):
+        links += _rack_uplink(spec, sw, r, all_hosts, streams)
+    for h in all_hosts:
+        links += _host_link(spec, sw, h, all_hosts, streams)
+    return {
+        "prefix": spec.prefix,
+        "spec": spec.model_dump(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "namespaces": [sw] + [h.netns for h in all_hosts],
+        "bridges": {"netns": sw, "names": bridges},
+        "hosts": [h.__dict__ for h in all_hosts],
+        "links": links,
+        "warnings": _warnings(spec),
+    }
+
+
+def _namespace(ns: str) -> None:
+    """A network namespace with loopback up, no IPv6 and capped TCP receive windows."""
+    sh("ip", "netns", "add", ns)
+    sh("ip", "-n", ns, "link", "set", "lo", "up")
+    # no IPv6: no router solicitations or DAD chatter on the shaped links
+    sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
+    sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
+    # a stream's window, hence what it can queue in the fabric, stays under TCP_RMEM_MAX
+    sh("ip", "netns", "exec", ns, "sysctl", "-qw",
+        f"net.ipv4.tcp_rmem=4096 131072 {TCP_RMEM_MAX}")  # fmt: skip
+
+
+def _etc_files(all_hosts: list[Host]) -> None:
+    """Every host's name in /etc/hosts and no DNS: name lookups (torch's c10d looks peers up)
+    answer at once, and a resolver never sends a packet beyond the testbed. `ip netns
+    exec` can only bind a file over one that exists in /etc."""
     nss = Path("/etc/nsswitch.conf")
     files = {
         "hosts": "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in all_hosts),
@@ -71,55 +102,56 @@ def _build(spec: TestbedSpec) -> dict[str, Any]:
         for name, text in files.items():
             if (Path("/etc") / name).exists():
                 (etc / name).write_text(text)
-    streams = max(4, spec.n_hosts)  # per source and link, before the fabric would drop
-    links = []
+
+
+def _rack_uplink(
+    spec: TestbedSpec, sw: str, r: int, all_hosts: list[Host], streams: int
+) -> list[dict[str, Any]]:
+    """Rack r's ToR <-> core veth, each end shaped for the hosts whose packets cross it."""
     gso = ("gso_max_size", str(GSO_BYTES))
-    bridges = ["core"] + [f"tor{r}" for r in range(spec.racks)]
-    for br in bridges:
-        sh("ip", "-n", sw, "link", "add", "name", br, "type", "bridge", "stp_state", "0")
-        sh("ip", "-n", sw, "link", "set", br, "up")
-    for r in range(spec.racks):
-        up_dev, down_dev = f"up{r}", f"dn{r}"
-        sh("ip", "-n", sw, "link", "add", "name", up_dev, *gso, "type", "veth",
-            "peer", "name", down_dev, *gso)  # fmt: skip
-        sh("ip", "-n", sw, "link", "set", up_dev, "master", f"tor{r}", "up")
-        sh("ip", "-n", sw, "link", "set", down_dev, "master", "core", "up")
-        inside = [h for h in all_hosts if h.rack == r]
-        outside = [h for h in all_hosts if h.rack != r]
+    up_dev, down_dev = f"up{r}", f"dn{r}"
+    sh("ip", "-n", sw, "link", "add", "name", up_dev, *gso, "type", "veth",
+        "peer", "name", down_dev, *gso)  # fmt: skip
+    sh("ip", "-n", sw, "link", "set", up_dev, "master", f"tor{r}", "up")
+    sh("ip", "-n", sw, "link", "set", down_dev, "master", "core", "up")
+    inside = [h for h in all_hosts if h.rack == r]
+    outside = [h for h in all_hosts if h.rack != r]
+    return [
+        shape(sw, dev, spec.uplink_rate, srcs, streams) | {"link": link}
         for dev, srcs, link in (
             (up_dev, inside, f"tor{r}->core"),
             (down_dev, outside, f"core->tor{r}"),
-        ):
-            links.append(shape(sw, dev, spec.uplink_rate, srcs, streams) | {"link": link})
-    for h in all_hosts:
-        port = h.name
-        sh("ip", "-n", sw, "link", "add", "name", port, *gso, "type", "veth",
-            "peer", "name", "eth0", "netns", h.netns, *gso)  # fmt: skip
-        sh("ip", "-n", sw, "link", "set", port, "master", f"tor{h.rack}", "up")
-        sh("ip", "-n", h.netns, "addr", "add", f"{h.address}/16", "dev", "eth0")
-        sh("ip", "-n", h.netns, "link", "set", "eth0", "up")
-        others = [o for o in all_hosts if o != h]
-        links.append(
-            shape(h.netns, "eth0", spec.host_rate, [h], streams) | {"link": f"{h.name}->tor"}
         )
-        links.append(shape(sw, port, spec.host_rate, others, streams) | {"link": f"tor->{h.name}"})
-    warnings = []
-    if spec.n_hosts * spec.host_rate > CPU_BUDGET:
-        warnings.append(
-            f"all hosts together may inject {spec.n_hosts * spec.host_rate / 1e6:.0f} MB/s; "
-            f"above ~{CPU_BUDGET / 1e6:.0f} MB/s the CPU forwarding packets, not the links, "
-            "may be the bottleneck: run `commsim testbed check`"
-        )
-    return {
-        "prefix": spec.prefix,
-        "spec": spec.model_dump(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "namespaces": [sw] + [h.netns for h in all_hosts],
-        "bridges": {"netns": sw, "names": bridges},
-        "hosts": [h.__dict__ for h in all_hosts],
-        "links": links,
-        "warnings": warnings,
-    }
+    ]
+
+
+def _host_link(
+    spec: TestbedSpec, sw: str, h: Host, all_hosts: list[Host], streams: int
+) -> list[dict[str, Any]]:
+    """Host h's eth0 <-> its ToR port, addressed and shaped at both ends."""
+    gso = ("gso_max_size", str(GSO_BYTES))
+    port = h.name
+    sh("ip", "-n", sw, "link", "add", "name", port, *gso, "type", "veth",
+        "peer", "name", "eth0", "netns", h.netns, *gso)  # fmt: skip
+    sh("ip", "-n", sw, "link", "set", port, "master", f"tor{h.rack}", "up")
+    sh("ip", "-n", h.netns, "addr", "add", f"{h.address}/16", "dev", "eth0")
+    sh("ip", "-n", h.netns, "link", "set", "eth0", "up")
+    others = [o for o in all_hosts if o != h]
+    return [
+        shape(h.netns, "eth0", spec.host_rate, [h], streams) | {"link": f"{h.name}->tor"},
+        shape(sw, port, spec.host_rate, others, streams) | {"link": f"tor->{h.name}"},
+    ]
+
+
+def _warnings(spec: TestbedSpec) -> list[str]:
+    """What the host may not keep up with."""
+    if spec.n_hosts * spec.host_rate <= CPU_BUDGET:
+        return []
+    return [
+        f"all hosts together may inject {spec.n_hosts * spec.host_rate / 1e6:.0f} MB/s; "
+        f"above ~{CPU_BUDGET / 1e6:.0f} MB/s the CPU forwarding packets, not the links, "
+        "may be the bottleneck: run `commsim testbed check`"
+    ]
 
 
 def down(prefix: str = "cs") -> list[str]:

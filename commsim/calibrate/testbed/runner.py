@@ -17,6 +17,8 @@ from typing import Any
 from commsim.calibrate.testbed.host import require_root, require_up
 from commsim.calibrate.testbed.spec import Host, TestbedSpec, cluster_spec, hosts
 from commsim.specs import SpecError
+from commsim.topology.build import build_cluster
+from commsim.topology.placement import PLACEMENTS, place
 
 
 def rank_hosts(
@@ -27,10 +29,6 @@ def rank_hosts(
     A job of N ranks gets the first N hosts in rack order and a named placement (blocked,
     interleaved, topology-aware) orders ranks on them with commsim's own `place`; a list
     (or a comma-separated string) names one host per rank instead."""
-    # imported here: the stream probes run this module in every namespace and start faster
-    from commsim.topology.build import build_cluster
-    from commsim.topology.placement import PLACEMENTS, place
-
     all_hosts = hosts(spec)
     if isinstance(placement, str) and placement in PLACEMENTS:
         n = spec.n_hosts if world_size is None else world_size
@@ -132,53 +130,9 @@ def run(
     result = RunResult(hosts=[h.name for h in ranks], codes=[None] * len(ranks))
     lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
     procs: list[subprocess.Popen[str]] = []
-
-    def pump(rank: int, stream: Any) -> None:
-        for line in stream:
-            lines.put((rank, line.rstrip("\n")))
-        lines.put((rank, None))
-
     try:
-        for rank, host in enumerate(ranks):
-            p = subprocess.Popen(
-                ["ip", "netns", "exec", host.netns, *command],
-                env=os.environ | rank_env(spec, ranks, rank, port),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                start_new_session=True,  # a process group per rank, to kill what it spawned
-            )
-            procs.append(p)
-            threading.Thread(target=pump, args=(rank, p.stdout), daemon=True).start()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        open_streams = len(ranks)
-        stopping = False
-        exited_at = None  # a rank's orphaned child may hold its output open: wait 2 s at most
-        while (open_streams or None in result.codes) and (
-            exited_at is None or time.monotonic() < exited_at + 2.0
-        ):
-            with contextlib.suppress(queue.Empty):
-                rank, line = lines.get(timeout=0.05)
-                if line is None:
-                    open_streams -= 1
-                else:
-                    result.lines.append((rank, line))
-                    if on_line:
-                        on_line(rank, ranks[rank], line)
-            for rank, p in enumerate(procs):
-                if result.codes[rank] is None and p.poll() is not None:
-                    result.codes[rank] = _exit_code(p.returncode)
-                    if p.returncode != 0 and not stopping:
-                        result.failed.append(rank)
-            if not stopping and deadline is not None and time.monotonic() > deadline:
-                result.timed_out = True
-            if not stopping and (result.failed or result.timed_out):
-                stopping = True
-                result.killed = _kill_all(procs)
-            if exited_at is None and None not in result.codes:
-                exited_at = time.monotonic()
+        _start(spec, ranks, command, port, lines, procs)
+        _follow(result, ranks, procs, lines, timeout, on_line)
     finally:
         _kill_all(procs)
     if result.failed:
@@ -186,3 +140,74 @@ def run(
     elif result.timed_out:
         result.returncode = 124
     return result
+
+
+def _start(
+    spec: TestbedSpec,
+    ranks: Sequence[Host],
+    command: Sequence[str],
+    port: int,
+    lines: queue.Queue[tuple[int, str | None]],
+    procs: list[subprocess.Popen[str]],
+) -> None:
+    """Start each rank in its host's namespace, appending to `procs` as it goes (so what
+    started can be killed if a start fails); a thread per rank puts its output lines, then
+    None, on `lines`."""
+
+    def pump(rank: int, stream: Any) -> None:
+        for line in stream:
+            lines.put((rank, line.rstrip("\n")))
+        lines.put((rank, None))
+
+    for rank, host in enumerate(ranks):
+        p = subprocess.Popen(
+            ["ip", "netns", "exec", host.netns, *command],
+            env=os.environ | rank_env(spec, ranks, rank, port),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,  # a process group per rank, to kill what it spawned
+        )
+        procs.append(p)
+        threading.Thread(target=pump, args=(rank, p.stdout), daemon=True).start()
+
+
+def _follow(
+    result: RunResult,
+    ranks: Sequence[Host],
+    procs: Sequence[subprocess.Popen[str]],
+    lines: queue.Queue[tuple[int, str | None]],
+    timeout: float | None,
+    on_line: Callable[[int, Host, str], None] | None,
+) -> None:
+    """Pass output lines on and record exit codes until every rank has exited and closed
+    its output; on the first failure or the timeout, kill the others."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    open_streams = len(ranks)
+    stopping = False
+    exited_at = None  # a rank's orphaned child may hold its output open: wait 2 s at most
+    while (open_streams or None in result.codes) and (
+        exited_at is None or time.monotonic() < exited_at + 2.0
+    ):
+        with contextlib.suppress(queue.Empty):
+            rank, line = lines.get(timeout=0.05)
+            if line is None:
+                open_streams -= 1
+            else:
+                result.lines.append((rank, line))
+                if on_line:
+                    on_line(rank, ranks[rank], line)
+        for rank, p in enumerate(procs):
+            if result.codes[rank] is None and p.poll() is not None:
+                result.codes[rank] = _exit_code(p.returncode)
+                if p.returncode != 0 and not stopping:
+                    result.failed.append(rank)
+        if not stopping and deadline is not None and time.monotonic() > deadline:
+            result.timed_out = True
+        if not stopping and (result.failed or result.timed_out):
+            stopping = True
+            result.killed = _kill_all(procs)
+        if exited_at is None and None not in result.codes:
+            exited_at = time.monotonic()
