@@ -28,9 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from commsim.calibrate import testbed
 from commsim.calibrate.fit import fit_profile
 from commsim.calibrate.records import read_results
+from commsim.calibrate.testbed import goodput, network, runner
+from commsim.calibrate.testbed.spec import GOODPUT, TestbedSpec, cluster_spec, load_testbed
 from commsim.calibrate.validate import validate
 
 TESTBEDS = Path(__file__).resolve().parent.parent / "testbeds"
@@ -68,10 +69,10 @@ class Case:
     checks: tuple[Measure, ...]
     rates: dict = field(default_factory=dict)  # host_rate / uplink_rate overrides
 
-    def spec(self) -> testbed.TestbedSpec:
-        base = testbed.load_testbed(TESTBEDS / self.file)
+    def spec(self) -> TestbedSpec:
+        base = load_testbed(TESTBEDS / self.file)
         data = base.model_dump() | self.rates | {"name": self.name, "prefix": PREFIX}
-        return testbed.TestbedSpec.model_validate(data)
+        return TestbedSpec.model_validate(data)
 
 
 CASES = (
@@ -113,14 +114,14 @@ def _cpu() -> tuple[float, float]:
     return sum(fields) - idle, sum(fields)
 
 
-def measure(spec: testbed.TestbedSpec, m: Measure, out: Path) -> dict:
+def measure(spec: TestbedSpec, m: Measure, out: Path) -> dict:
     """Run the harness on the placement; returns wall time and the CPU's busy fraction."""
     cmd = ["env", "OMP_NUM_THREADS=1", sys.executable, "-m", "commsim.cli.calibrate"]
     cmd += ["run", "--out", str(out), "--backend", "gloo", "--ops", OPS, "--sizes", m.sizes]
     cmd += ["--groups", m.groups, "--bucket-mb", m.buckets, "--warmup", "1", "--repeats", "6"]
     cmd += ["--timeout", "90", *DDP]
     start, cpu0 = time.monotonic(), _cpu()
-    result = testbed.run(spec, cmd, m.placement, m.world, timeout=600, port=29581)
+    result = runner.run(spec, cmd, m.placement, m.world, timeout=600, port=29581)
     cpu1 = _cpu()
     if result.returncode:
         tail = "\n".join(f"[{r}] {line}" for r, line in result.lines[-20:])
@@ -134,12 +135,12 @@ def measure(spec: testbed.TestbedSpec, m: Measure, out: Path) -> dict:
 
 def run_case(case: Case, workdir: Path, log) -> dict:
     spec = case.spec()
-    cluster = testbed.cluster_spec(spec)
+    cluster = cluster_spec(spec)
     log(f"== {case.name}: {spec.description or case.file}")
     files = {}
     try:
-        testbed.up(spec)
-        links = testbed.check(spec, seconds=1.0)
+        network.up(spec)
+        links = goodput.check(spec, seconds=1.0)
         for row in links:
             log(
                 f"   link check {row['link']:30s} ratio {row['ratio']:.3f} "
@@ -156,7 +157,7 @@ def run_case(case: Case, workdir: Path, log) -> dict:
                 f"{info['wall_s']:.0f} s, CPU {100 * info['cpu_busy']:.0f}% busy"
             )
     finally:
-        testbed.down(spec.prefix)
+        network.down(spec.prefix)
     fitted = fit_profile(read_results(files[case.fit.label]), cluster)
     profile = fitted.profile
     tiers = {
@@ -169,7 +170,7 @@ def run_case(case: Case, workdir: Path, log) -> dict:
             f"{t} alpha {1e6 * v['alpha_s']:.0f} us, {v['bandwidth_Bps'] / 1e6:.2f} MB/s"
             for t, v in tiers.items()
         )
-        + f" (TCP goodput of a host link: {spec.host_rate * testbed.GOODPUT / 1e6:.2f} MB/s)"
+        + f" (TCP goodput of a host link: {spec.host_rate * GOODPUT / 1e6:.2f} MB/s)"
     )
     rows = []
     for m in (case.fit, *case.checks):

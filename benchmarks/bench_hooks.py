@@ -20,9 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from commsim.calibrate import hooks, testbed
+from commsim.calibrate import hooks
 from commsim.calibrate.fit import fit_profile
 from commsim.calibrate.records import read_results
+from commsim.calibrate.testbed import network, runner
+from commsim.calibrate.testbed.spec import TestbedSpec, cluster_spec, load_testbed
 
 ROOT = Path(__file__).resolve().parent.parent
 HOOKS = "none,fp16,powersgd:1,powersgd:4"
@@ -31,14 +33,14 @@ HOOKS = "none,fp16,powersgd:1,powersgd:4"
 MODEL = ["--width", "384", "--depth", "2", "--batch", "32", "--bucket-mb", "25"]
 
 
-def measure(bed: testbed.TestbedSpec, out: Path, sizes: str) -> float:
+def measure(bed: TestbedSpec, out: Path, sizes: str) -> float:
     """One harness run on every host of the testbed; its wall seconds."""
     cmd = ["env", "OMP_NUM_THREADS=1", sys.executable, "-m", "commsim.cli.calibrate"]
     cmd += ["run", "--out", str(out), "--ops", "all-reduce", "--sizes", sizes]
     cmd += ["--groups", "tiers", "--warmup", "2", "--repeats", "10", *MODEL]
     cmd += ["--comm-hooks", HOOKS, "--timeout", "60"]
     t0 = time.monotonic()
-    result = testbed.run(bed, cmd, timeout=300)
+    result = runner.run(bed, cmd, timeout=300)
     if result.returncode != 0:
         tail = "\n".join(f"[{r}] {line}" for r, line in result.lines[-20:])
         raise SystemExit(f"harness failed:\n{tail}")
@@ -51,13 +53,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="independent harness runs")
     ap.add_argument("--sizes", default="16KiB:4MiB", help="all-reduce sweep the fit sees")
     args = ap.parse_args()
-    bed = testbed.load_testbed(Path(args.testbed)).model_copy(update={"prefix": "cshooks"})
-    spec = testbed.cluster_spec(bed)
+    bed = load_testbed(Path(args.testbed)).model_copy(update={"prefix": "cshooks"})
+    spec = cluster_spec(bed)
     print("| run | profile | hook | measured step | speedup | predicted step | speedup | error |")
     print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            testbed.up(bed)
+            network.up(bed)
             for i in range(args.repeats):
                 out = Path(tmp) / f"run{i}.jsonl"
                 took = measure(bed, out, args.sizes)
@@ -77,7 +79,7 @@ def main() -> None:
                 )
                 print(f"<!-- run {i + 1}: {took:.0f} s; fitted {tiers} -->")
         finally:
-            testbed.down(bed.prefix)
+            network.down(bed.prefix)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,10 @@ import pytest
 
 pytest.importorskip("torch", reason="the harness needs torch (pip install 'commsim[calibrate]')")
 
-from commsim.calibrate import testbed  # noqa: E402
 from commsim.calibrate.fit import fit_profile  # noqa: E402
 from commsim.calibrate.records import read_results  # noqa: E402
+from commsim.calibrate.testbed import network, runner  # noqa: E402
+from commsim.calibrate.testbed.spec import GOODPUT, TestbedSpec, cluster_spec, load_testbed  # noqa: E402
 from commsim.calibrate.validate import validate  # noqa: E402
 
 OVERSUB = Path(__file__).resolve().parent.parent / "testbeds" / "2x2-oversub.yaml"
@@ -62,17 +63,15 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def bed():
     """2x2-oversub under a prefix of its own, always torn down."""
-    spec = testbed.load_testbed(OVERSUB).model_copy(
-        update={"prefix": f"cse2e{os.getpid() % 10000}"}
-    )
+    spec = load_testbed(OVERSUB).model_copy(update={"prefix": f"cse2e{os.getpid() % 10000}"})
     try:
-        testbed.up(spec)
+        network.up(spec)
         yield spec
     finally:
-        testbed.down(spec.prefix)
+        network.down(spec.prefix)
 
 
-def _measure(spec: testbed.TestbedSpec, out: Path, placement: str, world: int, groups: str) -> None:
+def _measure(spec: TestbedSpec, out: Path, placement: str, world: int, groups: str) -> None:
     """`commsim calibrate run` on every rank of the placement, as a user would run it."""
     cmd = [
         "env",
@@ -100,7 +99,7 @@ def _measure(spec: testbed.TestbedSpec, out: Path, placement: str, world: int, g
         "--timeout",
         "60",
     ]
-    result = testbed.run(spec, cmd, placement, world, timeout=180, port=29571)
+    result = runner.run(spec, cmd, placement, world, timeout=180, port=29571)
     tail = "\n".join(f"[{r}] {line}" for r, line in result.lines[-20:])
     assert result.returncode == 0, f"{placement} x{world} failed:\n{tail}"
 
@@ -115,7 +114,7 @@ def _table(rows) -> str:
 
 
 def test_fit_one_placement_predict_another_and_another_world_size(bed, tmp_path):
-    cluster = testbed.cluster_spec(bed)
+    cluster = cluster_spec(bed)
     runs = {
         "fit": ("blocked", 4, "tiers"),  # the world and rank 0's rack (2 ranks)
         "interleaved": ("interleaved", 4, "world"),
@@ -130,7 +129,7 @@ def test_fit_one_placement_predict_another_and_another_world_size(bed, tmp_path)
     assert set(profile.tiers) == {"inter-node", "cross-rack"}  # the data separate the tiers
     # the fitted rates are TCP goodput on 160 Mbit/s links (20 MB/s line rate): 95.6%
     for tier in profile.tiers.values():
-        assert tier.bandwidth_Bps == pytest.approx(bed.host_rate * testbed.GOODPUT, rel=0.1)
+        assert tier.bandwidth_Bps == pytest.approx(bed.host_rate * GOODPUT, rel=0.1)
 
     checked = {
         name: validate(read_results(files[name]), cluster, profile, min_bytes=FLOOR)

@@ -9,6 +9,7 @@ import pytest
 from conftest import make_spec
 
 from commsim.calibrate import fit
+from commsim.calibrate.points import collect_points, placement, span
 from commsim.calibrate.records import (
     CollectiveRecord,
     DDPRecord,
@@ -62,7 +63,7 @@ def _results(
     ]
     run.collectives = list(enumerate(recs, start=2))
     res = Results(files=["synthetic"], runs={"syn": run})
-    points, _ = fit.collect_points(res, spec)
+    points, _ = collect_points(res, spec)
     model = fit.model_times(apply_tiers(spec, truth), points, ALGORITHMS["gloo"])
     rng = np.random.default_rng(seed)
     t = model * np.exp(rng.normal(0.0, noise, model.size))
@@ -183,7 +184,7 @@ def test_tier_params_roundtrip_keeps_every_time():
     again = apply_tiers(SPEC, tier_params(SPEC))
     groups = [[0, 1], [0, 1, 2, 3], list(range(8))]
     res = _results(SPEC, tier_params(SPEC), groups, [8.0, 65536.0, 1 << 24], noise=0.0)
-    points, _ = fit.collect_points(res, SPEC)
+    points, _ = collect_points(res, SPEC)
     a = fit.model_times(SPEC, points, ALGORITHMS["gloo"])
     b = fit.model_times(again, points, ALGORITHMS["gloo"])
     np.testing.assert_allclose(a, b, rtol=1e-9)
@@ -268,13 +269,13 @@ def test_placement_follows_racks_and_hosts():
     # interleaved over racks: ranks alternate between rack B and rack A
     meta = _meta([("b1", "B", 0), ("a1", "A", 0), ("b2", "B", 0), ("a2", "A", 0)])
     spec = make_spec(nodes=4, gpus_per_node=1, nodes_per_leaf=2)
-    gpu = fit.placement(meta, spec)
+    gpu = placement(meta, spec)
     assert gpu.tolist() == [0, 2, 1, 3]  # rack B -> leaf 0 (nodes 0, 1), rack A -> leaf 1
-    assert fit.span(spec, gpu[[0, 2]]) == "inter-node"
-    assert fit.span(spec, gpu[[0, 1]]) == "cross-rack"
+    assert span(spec, gpu[[0, 2]]) == "inter-node"
+    assert span(spec, gpu[[0, 1]]) == "cross-rack"
     # no rack labels: hosts fill nodes in order; local ranks pick the GPU
     meta = _meta([("x", None, 1), ("x", None, 0), ("y", None, 0)])
-    assert fit.placement(meta, make_spec(nodes=2, gpus_per_node=2)).tolist() == [1, 0, 2]
+    assert placement(meta, make_spec(nodes=2, gpus_per_node=2)).tolist() == [1, 0, 2]
 
 
 @pytest.mark.parametrize(
@@ -289,7 +290,7 @@ def test_placement_follows_racks_and_hosts():
 def test_placement_that_does_not_fit(ranks, spec_kw, words):
     kw = {"nodes": 4, "gpus_per_node": 1, "nodes_per_leaf": 2} | spec_kw
     with pytest.raises(SpecError, match=words):
-        fit.placement(_meta(ranks), make_spec(**kw))
+        placement(_meta(ranks), make_spec(**kw))
 
 
 # --------------------------------------------------------------------------- DDP, compute

@@ -19,7 +19,8 @@ from commsim.calibrate.records import read_results
 from commsim.cli.calibrate import calibrate_app
 
 torch = pytest.importorskip("torch")
-harness = pytest.importorskip("commsim.calibrate.harness")
+from commsim.calibrate.harness.collectives import tier_groups  # noqa: E402
+from commsim.calibrate.harness.config import HarnessConfig  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -60,24 +61,24 @@ def test_tier_groups():
         {"rank": 2, "host": "b", "rack": "0"},
         {"rank": 3, "host": "c", "rack": "1"},
     ]
-    assert harness.tier_groups(ranks, "tiers") == [
+    assert tier_groups(ranks, "tiers") == [
         ("world", [0, 1, 2, 3]),
         ("rack", [0, 1, 2]),
         ("host", [0, 1]),
     ]
-    assert harness.tier_groups(ranks, "world") == [("world", [0, 1, 2, 3])]
+    assert tier_groups(ranks, "world") == [("world", [0, 1, 2, 3])]
     one_host = [{"rank": r, "host": "a", "rack": None} for r in range(3)]
-    assert harness.tier_groups(one_host, "tiers") == [("world", [0, 1, 2])]
+    assert tier_groups(one_host, "tiers") == [("world", [0, 1, 2])]
 
 
 def test_config_refuses_bad_values():
     from commsim.specs import SpecError
 
     with pytest.raises(SpecError, match="--ops: unknown op 'gather'"):
-        harness.HarnessConfig(out="x", ops=("gather",))
+        HarnessConfig(out="x", ops=("gather",))
     with pytest.raises(SpecError, match="--repeats"):
-        harness.HarnessConfig(out="x", repeats=1)
-    assert harness.HarnessConfig(out="x", sizes="8B:64B").size_grid() == [8, 16, 32, 64]
+        HarnessConfig(out="x", repeats=1)
+    assert HarnessConfig(out="x", sizes="8B:64B").size_grid() == [8, 16, 32, 64]
 
 
 def test_run_outside_a_launcher_says_how(tmp_path, monkeypatch):

@@ -21,7 +21,8 @@ from commsim.collectives.backends import ALGORITHMS
 from commsim.specs import ClusterSpec, SpecError
 
 torch = pytest.importorskip("torch")
-harness = pytest.importorskip("commsim.calibrate.harness")
+from commsim.calibrate.harness.config import HarnessConfig  # noqa: E402
+
 hooks = pytest.importorskip("commsim.calibrate.hooks")
 
 pytestmark = pytest.mark.torch
@@ -55,13 +56,13 @@ def _ddp(path: Path) -> list[dict]:
 
 
 def test_config_checks_hook_names():
-    assert harness.HarnessConfig(out="x").comm_hooks == ("none",)
-    harness.HarnessConfig(out="x", backend="gloo", comm_hooks=("fp16", "powersgd:4"))
+    assert HarnessConfig(out="x").comm_hooks == ("none",)
+    HarnessConfig(out="x", backend="gloo", comm_hooks=("fp16", "powersgd:4"))
     for bad in (("powersgd:0",), ("int8",), ("powersgd",), ()):
         with pytest.raises(SpecError, match="--comm-hooks"):
-            harness.HarnessConfig(out="x", comm_hooks=bad)
+            HarnessConfig(out="x", comm_hooks=bad)
     with pytest.raises(SpecError, match="bf16 hook needs CUDA"):
-        harness.HarnessConfig(out="x", backend="gloo", comm_hooks=("bf16",))
+        HarnessConfig(out="x", backend="gloo", comm_hooks=("bf16",))
 
 
 @pytest.mark.slow
@@ -141,22 +142,23 @@ def test_hooks_speed_up_a_slow_link_as_predicted(tmp_path):
     latency- and CPU-bound (torch's hook loops over tensors in Python, orthogonalises and
     copies for error feedback), where the speedup over a 1 s step swings with tens of ms:
     there only the ordering is asserted (see benchmarks/RESULTS.md for the errors)."""
-    from commsim.calibrate import testbed
+    from commsim.calibrate.testbed import network, runner
+    from commsim.calibrate.testbed.spec import cluster_spec, load_testbed
 
-    bed = testbed.load_testbed(OVERSUB).model_copy(update={"prefix": "cshook"})
+    bed = load_testbed(OVERSUB).model_copy(update={"prefix": "cshook"})
     out = tmp_path / "results.jsonl"
     model = ["--width", "384", "--depth", "2", "--batch", "32", "--bucket-mb", "25"]
     t0 = time.monotonic()
     try:
-        testbed.up(bed)
-        result = testbed.run(
+        network.up(bed)
+        result = runner.run(
             bed, _cmd(out, *NO_SWEEP, *model, *HOOKS, "--timeout", "60"), timeout=80
         )
     finally:
-        testbed.down(bed.prefix)
+        network.down(bed.prefix)
     took = time.monotonic() - t0
     assert result.returncode == 0, "\n".join(line for _, line in result.lines[-20:])
-    rows = hooks.hook_speedups(read_results(out), testbed.cluster_spec(bed))
+    rows = hooks.hook_speedups(read_results(out), cluster_spec(bed))
     print(f"\n{'hook':>11} {'measured':>9} {'speedup':>8} {'predicted':>9} {'speedup':>8} error")
     for r in rows:
         print(

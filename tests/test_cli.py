@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -292,3 +294,12 @@ def test_profile_flag_reprices_the_cluster(tmp_path):
     assert fitted == pytest.approx(plain * 50 / 46, rel=0.05)
     elsewhere = run("predict", "--profile", str(prof))  # default scenario: aws-p4d
     assert elsewhere.exit_code == 2 and "fitted on cluster 'two-h100-nodes'" in elsewhere.output
+
+
+@pytest.mark.parametrize("module", ["commsim.cli", "commsim.cli.app"])
+def test_python_m_runs_the_whole_command(module):
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=True
+    )
+    for command in ("predict", "plan", "collective", "claims", "topo", "calibrate", "testbed"):
+        assert command in done.stdout

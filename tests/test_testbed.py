@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from commsim.calibrate import testbed
+from commsim.calibrate.testbed import goodput, network, runner
+from commsim.calibrate.testbed.host import ETC_NETNS, TestbedError, owned_namespaces, state_path
+from commsim.calibrate.testbed.spec import CPU_BUDGET, GOODPUT, cluster_spec, hosts, load_testbed
 from commsim.cli import testbed as testbed_cli
 from commsim.specs import SpecError
 from commsim.topology.build import build_cluster
@@ -43,23 +45,23 @@ GOOD = "name: t\nracks: 2\nhosts_per_rack: 2\nhost_rate: 160Mbps\nuplink_rate: 1
 
 @pytest.mark.parametrize("path", sorted(TESTBEDS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_shipped_testbeds_load_and_build(path):
-    spec = testbed.load_testbed(path)
-    cluster = build_cluster(testbed.cluster_spec(spec))
+    spec = load_testbed(path)
+    cluster = build_cluster(cluster_spec(spec))
     assert cluster.n_gpus == spec.n_hosts
     assert int(cluster.rack_of_node.max()) + 1 == spec.racks
     # the uplink capacity commsim sees is the one the testbed shapes (or all host links)
     expect = min(spec.uplink_rate, spec.hosts_per_rack * spec.host_rate)
     assert cluster.summary()["leaf_uplink_Bps"] == pytest.approx(expect)
     # links, not the two CPUs, must be the bottleneck
-    assert spec.n_hosts * spec.host_rate <= testbed.CPU_BUDGET
+    assert spec.n_hosts * spec.host_rate <= CPU_BUDGET
 
 
 def test_oversubscribed_file_is_2_to_1():
-    spec = testbed.load_testbed(OVERSUB)
+    spec = load_testbed(OVERSUB)
     assert (spec.racks, spec.hosts_per_rack, spec.prefix) == (2, 2, "cs")
     assert spec.host_rate == spec.uplink_rate == 20e6
     assert spec.oversubscription == 2.0
-    assert testbed.cluster_spec(spec).fabric.oversubscription == [2.0, 1.0]
+    assert cluster_spec(spec).fabric.oversubscription == [2.0, 1.0]
 
 
 @pytest.mark.parametrize(
@@ -80,21 +82,21 @@ def test_oversubscribed_file_is_2_to_1():
 def test_bad_spec_names_file_and_field(tmp_path, text, field, words):
     path = write(tmp_path, text)
     with pytest.raises(SpecError) as err:
-        testbed.load_testbed(path)
+        load_testbed(path)
     assert err.value.source == str(path)
     assert field in err.value.field
     assert words in str(err.value)
 
 
 def test_zero_latency_is_accepted(tmp_path):
-    assert testbed.load_testbed(write(tmp_path, GOOD + "latency: 0us\n")).latency == 0.0
+    assert load_testbed(write(tmp_path, GOOD + "latency: 0us\n")).latency == 0.0
 
 
 def test_placements_match_commsim():
-    spec = testbed.load_testbed(OVERSUB)
+    spec = load_testbed(OVERSUB)
 
     def names(*args):
-        return [h.name for h in testbed.rank_hosts(spec, *args)]
+        return [h.name for h in runner.rank_hosts(spec, *args)]
 
     assert names("blocked") == ["r0h0", "r0h1", "r1h0", "r1h1"]
     assert names("interleaved") == ["r0h0", "r1h0", "r0h1", "r1h1"]
@@ -118,13 +120,13 @@ def test_placements_match_commsim():
 )
 def test_bad_placement(placement, world_size, words):
     with pytest.raises(SpecError, match=words):
-        testbed.rank_hosts(testbed.load_testbed(OVERSUB), placement, world_size)
+        runner.rank_hosts(load_testbed(OVERSUB), placement, world_size)
 
 
 def test_rank_env_is_torchrun_style():
-    spec = testbed.load_testbed(OVERSUB)
-    ranks = testbed.rank_hosts(spec, "interleaved")
-    env = testbed.rank_env(spec, ranks, 1, 29511)
+    spec = load_testbed(OVERSUB)
+    ranks = runner.rank_hosts(spec, "interleaved")
+    env = runner.rank_env(spec, ranks, 1, 29511)
     assert env["RANK"] == "1" and env["WORLD_SIZE"] == "4" and env["LOCAL_RANK"] == "0"
     assert env["MASTER_ADDR"] == "10.77.0.1" and env["MASTER_PORT"] == "29511"
     assert env["COMMSIM_HOST"] == "r1h0" and env["COMMSIM_RACK"] == "1"
@@ -133,8 +135,8 @@ def test_rank_env_is_torchrun_style():
 
 def test_needs_root_says_so(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(testbed.TestbedError, match=r"^commsim testbed needs root: .*uid 1000"):
-        testbed.up(testbed.load_testbed(OVERSUB))
+    with pytest.raises(TestbedError, match=r"^commsim testbed needs root: .*uid 1000"):
+        network.up(load_testbed(OVERSUB))
     result = CliRunner().invoke(testbed_cli.testbed_app, ["up", str(OVERSUB)])
     assert result.exit_code == 2
     assert "needs root" in result.output and "Traceback" not in result.output
@@ -143,8 +145,8 @@ def test_needs_root_says_so(monkeypatch):
 def test_needs_iproute2_says_so(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "tc" else "/sbin/ip")
-    with pytest.raises(testbed.TestbedError, match="needs iproute2: tc not found"):
-        testbed.down("cs")
+    with pytest.raises(TestbedError, match="needs iproute2: tc not found"):
+        network.down("cs")
 
 
 def test_cli_bad_input_exits_2(tmp_path):
@@ -172,22 +174,22 @@ def _root_links() -> list[str]:
 @pytest.fixture(scope="module")
 def bed():
     """The 2:1 oversubscribed 2x2 testbed under a prefix of its own, always torn down."""
-    spec = testbed.load_testbed(OVERSUB).model_copy(update={"prefix": _prefix("b")})
+    spec = load_testbed(OVERSUB).model_copy(update={"prefix": _prefix("b")})
     before = _root_links()
     try:
-        testbed.up(spec)
+        network.up(spec)
         yield spec
     finally:
-        testbed.down(spec.prefix)
+        network.down(spec.prefix)
     assert set(_root_links()) <= set(before)  # nothing made in (or left in) the root namespace
 
 
 @pytest.mark.root
 @needs_root
 def test_up_makes_shaped_namespaces(bed):
-    names = {h.netns for h in testbed.hosts(bed)} | {f"{bed.prefix}-sw"}
-    assert set(testbed.owned_namespaces(bed.prefix)) == names
-    state = json.loads(testbed.state_path(bed.prefix).read_text())
+    names = {h.netns for h in hosts(bed)} | {f"{bed.prefix}-sw"}
+    assert set(owned_namespaces(bed.prefix)) == names
+    state = json.loads(state_path(bed.prefix).read_text())
     assert set(state["namespaces"]) == names and len(state["links"]) == 2 * (4 + 2)
     addr = subprocess.run(
         ["ip", "-n", f"{bed.prefix}-r1h0", "-o", "-4", "addr", "show", "eth0"],
@@ -203,14 +205,14 @@ def test_up_makes_shaped_namespaces(bed):
         check=True,
     ).stdout
     assert "htb" in qdisc
-    assert any(row["prefix"] == bed.prefix and row["state"] == "up" for row in testbed.status())
+    assert any(row["prefix"] == bed.prefix and row["state"] == "up" for row in network.status())
 
 
 @pytest.mark.root
 @needs_root
 def test_host_link_reaches_host_rate(bed):
-    (rate,) = testbed.measure(bed, [("r0h0", "r0h1")]).rates
-    assert rate == pytest.approx(bed.host_rate * testbed.GOODPUT, rel=TOL)
+    (rate,) = goodput.measure(bed, [("r0h0", "r0h1")]).rates
+    assert rate == pytest.approx(bed.host_rate * GOODPUT, rel=TOL)
 
 
 @pytest.mark.root
@@ -218,15 +220,15 @@ def test_host_link_reaches_host_rate(bed):
 def test_oversubscribed_uplink_is_shared(bed):
     """Both hosts of rack 0 send to rack 1 at once: each gets half the uplink, and nothing
     is dropped."""
-    alone = testbed.measure(bed, [("r0h0", "r1h0")]).rates[0]
-    both = testbed.measure(bed, [("r0h0", "r1h0"), ("r0h1", "r1h1")]).rates
-    assert alone == pytest.approx(bed.uplink_rate * testbed.GOODPUT, rel=TOL)
+    alone = goodput.measure(bed, [("r0h0", "r1h0")]).rates[0]
+    both = goodput.measure(bed, [("r0h0", "r1h0"), ("r0h1", "r1h1")]).rates
+    assert alone == pytest.approx(bed.uplink_rate * GOODPUT, rel=TOL)
     for rate in both:
-        assert rate == pytest.approx(bed.uplink_rate / 2 * testbed.GOODPUT, rel=TOL)
+        assert rate == pytest.approx(bed.uplink_rate / 2 * GOODPUT, rel=TOL)
     # both directions at once (each uplink carries data one way and ACKs the other): still fair
     cross = [("r0h0", "r1h0"), ("r0h1", "r1h1"), ("r1h0", "r0h0"), ("r1h1", "r0h1")]
-    for rate in testbed.measure(bed, cross).rates:
-        assert rate == pytest.approx(bed.uplink_rate / 2 * testbed.GOODPUT, rel=TOL)
+    for rate in goodput.measure(bed, cross).rates:
+        assert rate == pytest.approx(bed.uplink_rate / 2 * GOODPUT, rel=TOL)
     stats = subprocess.run(
         ["tc", "-n", f"{bed.prefix}-sw", "-s", "qdisc", "show"],
         capture_output=True,
@@ -252,10 +254,10 @@ ENV_PRINTER = (
 @pytest.mark.root
 @needs_root
 def test_run_starts_each_rank_in_its_namespace(bed):
-    result = testbed.run(bed, [sys.executable, "-c", ENV_PRINTER], "interleaved", 3, port=29555)
+    result = runner.run(bed, [sys.executable, "-c", ENV_PRINTER], "interleaved", 3, port=29555)
     assert result.returncode == 0 and result.codes == [0, 0, 0]
     envs = {int(e["RANK"]): e for e in (json.loads(line) for _, line in result.lines)}
-    by_name = {h.name: h for h in testbed.hosts(bed)}
+    by_name = {h.name: h for h in hosts(bed)}
     for rank, host in enumerate(["r0h0", "r1h0", "r0h1"]):
         env = envs[rank]
         assert (env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_PORT"]) == ("3", "0", "29555")
@@ -269,7 +271,7 @@ def test_run_starts_each_rank_in_its_namespace(bed):
 def test_run_failing_rank_kills_the_rest(bed):
     script = 'if [ "$RANK" = 2 ]; then sleep 0.3; exit 3; fi; sleep 30'
     start = time.monotonic()
-    result = testbed.run(bed, ["sh", "-c", script])
+    result = runner.run(bed, ["sh", "-c", script])
     assert time.monotonic() - start < 10
     assert result.returncode == 3 and result.failed == [2]
     assert sorted(result.killed) == [0, 1, 3]
@@ -278,7 +280,7 @@ def test_run_failing_rank_kills_the_rest(bed):
 @pytest.mark.root
 @needs_root
 def test_run_timeout_gives_124(bed):
-    result = testbed.run(bed, ["sleep", "30"], world_size=2, timeout=0.5)
+    result = runner.run(bed, ["sleep", "30"], world_size=2, timeout=0.5)
     assert result.returncode == 124 and result.timed_out and sorted(result.killed) == [0, 1]
 
 
@@ -305,21 +307,21 @@ def test_cli_status_and_check(bed, tmp_path):
 @pytest.mark.root
 @needs_root
 def test_down_after_a_crash_removes_leftovers():
-    spec = testbed.load_testbed(OVERSUB).model_copy(update={"prefix": _prefix("c")})
+    spec = load_testbed(OVERSUB).model_copy(update={"prefix": _prefix("c")})
     try:
-        testbed.up(spec)
-        testbed.up(spec)  # idempotent: the second removes the first
+        network.up(spec)
+        network.up(spec)  # idempotent: the second removes the first
         # a crash: the state file is gone and a half-made namespace is lying around
-        testbed.state_path(spec.prefix).unlink()
+        state_path(spec.prefix).unlink()
         subprocess.run(["ip", "netns", "add", f"{spec.prefix}-r7h7"], check=True)
         assert any(
-            r["prefix"] == spec.prefix and r["state"] == "leftover" for r in testbed.status()
+            r["prefix"] == spec.prefix and r["state"] == "leftover" for r in network.status()
         )
-        removed = testbed.down(spec.prefix)
+        removed = network.down(spec.prefix)
         assert len(removed) == 6
-        assert testbed.owned_namespaces(spec.prefix) == []
-        assert not list(testbed.ETC_NETNS.glob(f"{spec.prefix}-*"))
-        with pytest.raises(testbed.TestbedError, match="is not up"):
-            testbed.run(spec, ["true"])
+        assert owned_namespaces(spec.prefix) == []
+        assert not list(ETC_NETNS.glob(f"{spec.prefix}-*"))
+        with pytest.raises(TestbedError, match="is not up"):
+            runner.run(spec, ["true"])
     finally:
-        testbed.down(spec.prefix)
+        network.down(spec.prefix)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from commsim.calibrate.fit import placement
+from commsim.calibrate.points import placement
 from commsim.calibrate.records import Results
 from commsim.calibrate.validate import codec_gpu, predict_ddp
 from commsim.collectives.backends import ALGORITHMS

@@ -1,7 +1,7 @@
 """Predicted against measured: every collective, and the data-parallel step per bucket size.
 
 Predictions come from the cluster with the profile's tiers written in (apply_profile) and
-the graph evaluator, each group on the GPUs its ranks really ran on (fit.placement), each
+the graph evaluator, each group on the GPUs its ranks really ran on (points.placement), each
 op by the algorithm the profile names for the backend. The data-parallel step is the
 harness model exported as a commsim Workload, its per-layer forward and backward times
 scaled to the measured compute alone, laid on the timeline (timeline.schedule_streams)
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from commsim import catalog
-from commsim.calibrate.fit import collect_points, placement, span
+from commsim.calibrate.points import collect_points, placement, span
 from commsim.calibrate.records import DDPRecord, ModelRecord, Results
 from commsim.collectives.group import GroupCost
 from commsim.compression import parse_compressor

@@ -13,18 +13,17 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from commsim import catalog
-from commsim.calibrate.records import append_records, read_results, record_line
 from commsim.files import write_atomic
-from commsim.profile import OPS, Profile, load_profile, profile_yaml
 from commsim.report import terminal
-from commsim.specs import ClusterSpec, SpecError, load_spec
 from commsim.units import fmt_bytes, fmt_rate, fmt_time
 
 if TYPE_CHECKING:
     from rich.table import Table
 
     from commsim.calibrate.hooks import HookRow
+    from commsim.calibrate.validate import Validation
+    from commsim.profile import Profile
+    from commsim.specs import ClusterSpec
 
 calibrate_app = typer.Typer(
     no_args_is_help=True,
@@ -33,10 +32,15 @@ calibrate_app = typer.Typer(
 
 
 def _cluster(name: str) -> ClusterSpec:
+    from commsim import catalog
+    from commsim.specs import ClusterSpec, load_spec
+
     return load_spec(ClusterSpec, catalog.topology_path(name, name))
 
 
 def _floats(text: str, flag: str) -> tuple[float, ...]:
+    from commsim.specs import SpecError
+
     try:
         return tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -75,14 +79,18 @@ def run_cmd(
 
     Under torchrun (or `commsim testbed run`) every rank runs this command; --local N
     starts N ranks here."""
+    from commsim.profile import OPS
+    from commsim.specs import SpecError
+
     with terminal.user_errors():
         try:
-            from commsim.calibrate import harness
+            from commsim.calibrate.harness.config import HarnessConfig
+            from commsim.calibrate.harness.launch import exit_now, launch_local, run_rank
         except ImportError as e:
             raise SpecError(
                 "torch", "", f"not importable ({e}): pip install 'commsim[calibrate]'"
             ) from None
-        cfg = harness.HarnessConfig(
+        cfg = HarnessConfig(
             out=out,
             backend=backend,
             sizes=sizes,
@@ -97,13 +105,13 @@ def run_cmd(
             batch=batch,
             comm_hooks=tuple(h.strip().lower() for h in comm_hooks.split(",") if h.strip()),
         )
-        code = harness.launch_local(cfg, local) if local is not None else harness.run_rank(cfg)
+        code = launch_local(cfg, local) if local is not None else run_rank(cfg)
     if code:
         raise typer.Exit(code)
     if local is not None or os.environ.get("RANK") == "0":  # the rank that wrote
         terminal.err_console.print(f"results appended to {out}")
     if local is None:  # this process is a rank
-        harness.exit_now(0)
+        exit_now(0)
 
 
 @calibrate_app.command("import-nccl-tests")
@@ -118,6 +126,9 @@ def import_cmd(
     from pathlib import Path
 
     from commsim.calibrate.ncclt import parse_log
+    from commsim.calibrate.records import append_records, read_results, record_line
+    from commsim.profile import OPS
+    from commsim.specs import SpecError
 
     with terminal.user_errors():
         if op is not None and op not in OPS:
@@ -170,6 +181,8 @@ def fit_cmd(
     from rich.table import Table
 
     from commsim.calibrate.fit import fit_profile
+    from commsim.calibrate.records import read_results
+    from commsim.profile import profile_yaml
 
     with terminal.user_errors():
         spec = _cluster(cluster)
@@ -214,10 +227,11 @@ def validate_cmd(
     json_out: terminal.JsonOpt = False,
 ) -> None:
     """Predicted against measured for every point, with the profile applied to the cluster."""
-    from rich.table import Table
 
     from commsim.calibrate.hooks import hook_speedups
+    from commsim.calibrate.records import read_results
     from commsim.calibrate.validate import validate
+    from commsim.profile import load_profile
     from commsim.report.plots import plot_validation
     from commsim.units import parse_bytes
 
@@ -239,7 +253,26 @@ def validate_cmd(
     if json_out:
         terminal.print_json(checked.to_dict() | {"hooks": [h.to_dict() for h in speedups]})
         return
-    table = Table(title=f"{spec.name}: predicted vs measured", title_justify="left")
+    terminal.console.print(_validation_table(checked, spec.name))
+    for kind, label in (("collective", "collectives"), ("ddp-step", "DDP step time")):
+        s = checked.summary(kind)
+        if s["points"]:
+            floor = f" of {fmt_bytes(checked.min_bytes)} and more" if kind == "collective" else ""
+            terminal.console.print(
+                f"{label}{floor}: median |error| {s['median_abs_pct_error']:.1f}%, worst "
+                f"{s['max_abs_pct_error']:.1f}% over {s['points']} points"
+            )
+    if speedups:
+        terminal.console.print(_hook_table(speedups))
+    if plot:
+        terminal.console.print(f"plot written to {plot}")
+
+
+def _validation_table(checked: Validation, cluster: str) -> Table:
+    """Every point: what, ranks, span, size, measured, predicted, error."""
+    from rich.table import Table
+
+    table = Table(title=f"{cluster}: predicted vs measured", title_justify="left")
     for col in ("what", "ranks", "span", "size", "measured", "predicted", "error"):
         table.add_column(col, justify="left" if col in ("what", "span") else "right")
     for r in checked.rows:
@@ -254,19 +287,7 @@ def validate_cmd(
             fmt_time(r.predicted_s),
             f"{100 * r.error:+.1f}%",
         )
-    terminal.console.print(table)
-    for kind, label in (("collective", "collectives"), ("ddp-step", "DDP step time")):
-        s = checked.summary(kind)
-        if s["points"]:
-            floor = f" of {fmt_bytes(checked.min_bytes)} and more" if kind == "collective" else ""
-            terminal.console.print(
-                f"{label}{floor}: median |error| {s['median_abs_pct_error']:.1f}%, worst "
-                f"{s['max_abs_pct_error']:.1f}% over {s['points']} points"
-            )
-    if speedups:
-        terminal.console.print(_hook_table(speedups))
-    if plot:
-        terminal.console.print(f"plot written to {plot}")
+    return table
 
 
 def _hook_table(rows: list[HookRow]) -> Table:

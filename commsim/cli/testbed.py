@@ -8,14 +8,14 @@ more than 15% off its shaped rate.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
-from commsim.calibrate import testbed
 from commsim.report import terminal
-from commsim.specs import SpecError
+
+if TYPE_CHECKING:
+    from commsim.calibrate.testbed.spec import Host
 
 testbed_app = typer.Typer(
     no_args_is_help=True,
@@ -36,9 +36,12 @@ def _mbit(bps: float) -> str:
 @testbed_app.command()
 def up(file: FileArg, json: terminal.JsonOpt = False) -> None:
     """Build the testbed (removing leftovers of an earlier one with the same prefix)."""
+    from commsim.calibrate.testbed import network
+    from commsim.calibrate.testbed.spec import load_testbed
+
     with terminal.user_errors():
-        spec = testbed.load_testbed(file)
-        state = testbed.up(spec)
+        spec = load_testbed(file)
+        state = network.up(spec)
     if json:
         terminal.print_json(state)
         return
@@ -58,8 +61,10 @@ def down(
     prefix: Annotated[str, typer.Option(help="Prefix of the testbed to remove.")] = "cs",
 ) -> None:
     """Remove every namespace, bridge and link of a testbed, also after a crash."""
+    from commsim.calibrate.testbed import network
+
     with terminal.user_errors():
-        removed = testbed.down(prefix)
+        removed = network.down(prefix)
     what = ", ".join(removed) if removed else "nothing was there"
     terminal.console.print(f"testbed {prefix!r} removed: {what}", highlight=False)
 
@@ -67,8 +72,12 @@ def down(
 @testbed_app.command()
 def status(json: terminal.JsonOpt = False) -> None:
     """List the testbeds on this host: up, broken (namespaces missing) or leftover."""
+    from rich.table import Table
+
+    from commsim.calibrate.testbed import network
+
     with terminal.user_errors():
-        rows = testbed.status()
+        rows = network.status()
     if json:
         terminal.print_json({"testbeds": rows})
         return
@@ -110,15 +119,19 @@ def run(
 ) -> None:
     """Run `-- COMMAND...` once per rank, each in its host's namespace, torchrun-style
     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, COMMSIM_HOST, COMMSIM_RACK)."""
+    from commsim.calibrate.testbed import runner
+    from commsim.calibrate.testbed.spec import load_testbed
+    from commsim.specs import SpecError
+
     with terminal.user_errors():
-        spec = testbed.load_testbed(file)
+        spec = load_testbed(file)
         if not ctx.args:
             raise SpecError("testbed run", "COMMAND", "give the command after --")
 
-        def show(rank: int, host: testbed.Host, line: str) -> None:
+        def show(rank: int, host: Host, line: str) -> None:
             print(f"[{rank} {host.name}] {line}", flush=True)
 
-        result = testbed.run(spec, ctx.args, placement, world_size, timeout, port, show)
+        result = runner.run(spec, ctx.args, placement, world_size, timeout, port, show)
     for rank in result.failed:
         terminal.err_console.print(
             f"[red]rank {rank} ({result.hosts[rank]}) exited with code "
@@ -141,9 +154,14 @@ def check(
     json: terminal.JsonOpt = False,
 ) -> None:
     """Measure each link class with TCP streams between namespaces: measured vs shaped."""
+    from rich.table import Table
+
+    from commsim.calibrate.testbed import goodput
+    from commsim.calibrate.testbed.spec import load_testbed
+
     with terminal.user_errors():
-        spec = testbed.load_testbed(file)
-        rows = testbed.check(spec, seconds)
+        spec = load_testbed(file)
+        rows = goodput.check(spec, seconds)
     bad = [r for r in rows if abs(r["ratio"] - 1) > TOLERANCE]
     if json:
         terminal.print_json({"testbed": spec.name, "tolerance": TOLERANCE, "links": rows})

@@ -1,6 +1,6 @@
 """What the user sees: rich tables, one JSON document for scripts, matplotlib figures.
 
-terminal: consoles, --json and user errors; tables: rich tables; plots: matplotlib
+terminal: consoles, --json, user errors and progress bars; tables: rich tables; plots: matplotlib
 figures; labels: how strategies and layouts are named.
 
 Metrics, as every table and JSON key here uses them:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from commsim.calibrate.validate import Validation
 from commsim.files import write_atomic
 from commsim.report.labels import pct
 from commsim.specs import SpecError
 from commsim.units import fmt_time
+
+if TYPE_CHECKING:
+    from commsim.calibrate.validate import Validation
 
 
 def plot_timeline(pred: dict[str, Any], events: Sequence[Any], path: str, title: str) -> None:
@@ -146,7 +148,7 @@ def plot_pipeline(pred: dict[str, Any], events: Sequence[Any], path: str, title:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from commsim.step.pipeline import event_kind, event_stage, idle_gaps, pipeline_span
+    from commsim.step.pipeline import event_stage
 
     colors = {
         "forward": "#4c72b0",
@@ -168,22 +170,9 @@ def plot_pipeline(pred: dict[str, Any], events: Sequence[Any], path: str, title:
     ]
     p = 1 + max(event_stage(ev) for ev in events)
     shown = list(range(p)) if p <= 16 else [*range(8), *range(p - 8, p)]
-    row = {k: r for r, k in enumerate(shown)}
-    start, end = pipeline_span(events)
-    bars: dict[tuple[float, float, str], list[tuple[float, float]]] = {}
-    for k in shown:  # the bubble: idle time on the stage while the pipeline runs
-        gaps = idle_gaps(events, k, start, end)
-        bars[(row[k] - 0.35, 0.55, "idle")] = [(a, b - a) for a, b in gaps]
-    for ev in events:
-        k = event_stage(ev)
-        if k in row:
-            kind = event_kind(ev)
-            lane = (row[k] + 0.24, 0.2) if kind in ("zero3", "dp hidden") else (row[k] - 0.35, 0.55)
-            kind = "dp" if kind == "dp hidden" else kind
-            bars.setdefault((*lane, kind), []).append((ev.start_s, ev.end_s - ev.start_s))
     fig, ax = plt.subplots(figsize=(12, 1.6 + 0.45 * len(shown)))
     edge = 0.2 if len(events) < 400 * p else 0.0  # white seams wash out thousands of bars
-    for (y, h, kind), spans in bars.items():
+    for (y, h, kind), spans in _stage_bars(events, shown).items():
         if kind == "idle":
             style = dict(facecolor="#f4f4f4", edgecolor="#b0b0b0", hatch="///", linewidth=0)
         else:
@@ -213,6 +202,30 @@ def plot_pipeline(pred: dict[str, Any], events: Sequence[Any], path: str, title:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _stage_bars(
+    events: Sequence[Any], shown: list[int]
+) -> dict[tuple[float, float, str], list[tuple[float, float]]]:
+    """(y, height, kind) -> (start, duration) spans of the shown stages: each stage's idle
+    time while the pipeline runs (the bubble) and its events on the stage's row, ZeRO-3
+    gathers and hidden dp sync on a thin lane beneath."""
+    from commsim.step.pipeline import event_kind, event_stage, idle_gaps, pipeline_span
+
+    row = {k: r for r, k in enumerate(shown)}
+    start, end = pipeline_span(events)
+    bars: dict[tuple[float, float, str], list[tuple[float, float]]] = {}
+    for k in shown:  # the bubble: idle time on the stage while the pipeline runs
+        gaps = idle_gaps(events, k, start, end)
+        bars[(row[k] - 0.35, 0.55, "idle")] = [(a, b - a) for a, b in gaps]
+    for ev in events:
+        k = event_stage(ev)
+        if k in row:
+            kind = event_kind(ev)
+            lane = (row[k] + 0.24, 0.2) if kind in ("zero3", "dp hidden") else (row[k] - 0.35, 0.55)
+            kind = "dp" if kind == "dp hidden" else kind
+            bars.setdefault((*lane, kind), []).append((ev.start_s, ev.end_s - ev.start_s))
+    return bars
 
 
 def plot_sizing(rows: Sequence[Any], front: Sequence[Any], pick: Any, path: str, title: str):

@@ -1,5 +1,5 @@
-"""The terminal: consoles, the --json option every command takes, and input errors as one
-line and exit code 2."""
+"""The terminal: consoles, the --json option every command takes, input errors as one line
+and exit code 2, and progress bars on stderr."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-
-from commsim.specs import SpecError
-from commsim.units import UnitError
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 # Piped output (CI logs, `| less`) gets a wide page instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -30,6 +28,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document o
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Input errors (a spec, a unit, a value) as one line on stderr and exit code 2."""
+    from commsim.specs import SpecError  # pydantic: imported when a command runs, not for --help
+    from commsim.units import UnitError
+
     try:
         yield
     except (SpecError, UnitError, ValueError) as e:
@@ -52,3 +53,17 @@ def _jsonable(obj: Any) -> Any:
 def print_json(doc: dict[str, Any]) -> None:
     """One JSON document on stdout, nothing else."""
     sys.stdout.write(json.dumps(_jsonable(doc), indent=2) + "\n")
+
+
+def progress(total: int, label: str) -> Progress:
+    """A progress bar on stderr, shown only if the work lasts over a second."""
+    bar = Progress(
+        TextColumn(label),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    )
+    bar.add_task(label, total=total)
+    return bar

@@ -1,0 +1,105 @@
+"""`commsim collective`: one collective over a size sweep, nccl-tests style."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from commsim.cli.options import ProfileOpt
+from commsim.collectives.algorithms import ALGORITHMS
+from commsim.report import terminal
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from commsim.collectives.group import GroupCost
+
+
+def collective_cmd(
+    op: Annotated[str, typer.Argument(help=", ".join(ALGORITHMS))],
+    cluster: Annotated[str, typer.Option(help="Topology name or YAML path.")] = "dgx-h100-ib",
+    gpus: Annotated[int, typer.Option(help="Ranks in the group.")] = 64,
+    sizes: Annotated[
+        str, typer.Option(help="Size sweep LOW:HIGH, doubling (nccl-tests -b/-e/-f 2).")
+    ] = "8B:4GiB",
+    algorithm: Annotated[
+        str,
+        typer.Option(
+            help="'all' (those auto chooses among), 'auto' (fastest), 'nccl' (NCCL's pick), "
+            "'a|b' (the faster) or one of the op's: "
+            + "; ".join(f"{op}: {', '.join(algs)}" for op, algs in ALGORITHMS.items())
+        ),
+    ] = "all",
+    placement: Annotated[
+        str, typer.Option(help="blocked, interleaved or topology-aware.")
+    ] = "blocked",
+    ps_shards: Annotated[int, typer.Option(help="Parameter-server shards.")] = 1,
+    profile: ProfileOpt = None,
+    json_out: terminal.JsonOpt = False,
+) -> None:
+    """Time one collective over a size sweep, nccl-tests style (time, algbw, busbw)."""
+    import numpy as np
+
+    from commsim import catalog
+    from commsim.collectives.algorithms import SEARCHED
+    from commsim.collectives.group import GroupCost
+    from commsim.profile import apply_profile, load_profile
+    from commsim.report import tables
+    from commsim.specs import ClusterSpec, load_spec
+    from commsim.topology.build import build_cluster
+    from commsim.topology.placement import place
+    from commsim.units import parse_size_range
+
+    with terminal.user_errors():
+        if op not in ALGORITHMS:
+            raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
+        spec = load_spec(ClusterSpec, catalog.topology_path(cluster, cluster))
+        if profile:
+            spec = apply_profile(spec, load_profile(profile), profile)
+        built = build_cluster(spec, gpus, cluster)
+        cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
+        lo, hi = parse_size_range(sizes)
+        grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
+        algs = SEARCHED[op] if algorithm == "all" else (algorithm,)
+        rows = _rows(cost, op, gpus, algs, grid)
+    if json_out:
+        terminal.print_json(
+            {"op": op, "cluster": spec.name, "gpus": gpus, "placement": placement, "rows": rows}
+        )
+        return
+    shown = [r | {"algorithm": r["requested"]} for r in rows]
+    terminal.console.print(
+        tables.collective_table(
+            f"{op}: {gpus} GPUs of {spec.name}, {placement} placement", shown, algs
+        )
+    )
+    if algorithm in ("auto", "nccl"):
+        picks = sorted({r["algorithm"] for r in rows})
+        terminal.console.print(f"{algorithm} picked: {', '.join(picks)}")
+
+
+def _rows(
+    cost: GroupCost, op: str, gpus: int, algs: tuple[str, ...], grid: np.ndarray
+) -> list[dict[str, Any]]:
+    """Time, algbw and busbw of each algorithm at each size; `algorithm` is what ran."""
+    from commsim.collectives.algorithms import bus_factor
+
+    rows = []
+    with terminal.progress(len(algs), f"{op} on {gpus} GPUs") as bar:
+        for alg in algs:
+            times, chosen = cost.time_and_choice(op, alg, grid)
+            for size, t, name in zip(grid, times, chosen, strict=True):
+                algbw = size / t if t > 0 else float("inf")
+                rows.append(
+                    {
+                        "bytes": float(size),
+                        "time_s": float(t),
+                        "algbw_Bps": algbw,
+                        "busbw_Bps": algbw * bus_factor(op, gpus),
+                        "algorithm": name,
+                        "requested": alg,
+                    }
+                )
+            bar.advance(0)
+    return rows

@@ -1,0 +1,76 @@
+"""`commsim topo`: the built-in cluster topologies."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from commsim.report import terminal
+
+topo_app = typer.Typer(no_args_is_help=True, help="Built-in cluster topologies.")
+
+
+@topo_app.command("list")
+def topo_list(json_out: terminal.JsonOpt = False) -> None:
+    """The built-in cluster files."""
+    from rich.table import Table
+
+    from commsim import catalog
+    from commsim.specs import ClusterSpec, load_spec
+
+    with terminal.user_errors():
+        specs = [load_spec(ClusterSpec, catalog.topology_path(n)) for n in catalog.topology_names()]
+    if json_out:
+        terminal.print_json(
+            {
+                "topologies": [
+                    {
+                        "name": s.name,
+                        "description": s.description,
+                        "nodes": s.nodes,
+                        "gpus": s.total_gpus,
+                        "gpu": s.node.gpu,
+                    }
+                    for s in specs
+                ]
+            }
+        )
+        return
+    table = Table(title="built-in topologies", title_justify="left")
+    for col in ("name", "GPUs", "GPU", "description"):
+        table.add_column(col)
+    for s in specs:
+        table.add_row(s.name, str(s.total_gpus), s.node.gpu, s.description)
+    terminal.console.print(table)
+
+
+@topo_app.command("show")
+def topo_show(
+    name: Annotated[str, typer.Argument(help="Topology name or YAML path.")],
+    gpus: Annotated[
+        int | None, typer.Option(help="Build only the nodes this many GPUs need.")
+    ] = None,
+    plot: Annotated[str | None, typer.Option(help="Draw the graph to this PNG.")] = None,
+    json_out: terminal.JsonOpt = False,
+) -> None:
+    """A topology's summary: nodes, NICs, tiers, bandwidths, switch counts; --plot draws it."""
+    from commsim import catalog
+    from commsim.report import plots, tables
+    from commsim.specs import ClusterSpec, load_spec
+    from commsim.topology.build import build_cluster
+
+    with terminal.user_errors():
+        spec = load_spec(ClusterSpec, catalog.topology_path(name, name))
+        built = build_cluster(spec, gpus, name)
+        summary = built.summary()
+        if plot:
+            plots.plot_topology(built.graph, plot, f"{spec.name} ({built.n_gpus} GPUs)")
+    if json_out:
+        terminal.print_json(summary)
+        return
+    terminal.console.print(tables.topology_table(summary))
+    if spec.source:
+        terminal.console.print(f"[dim]source: {spec.source.strip()}[/dim]")
+    if plot:
+        terminal.console.print(f"graph drawn to {plot}")
