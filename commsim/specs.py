@@ -103,6 +103,27 @@ class FabricSpec(Spec):
     routing: Literal["balanced", "hash"] = "balanced"
 
 
+FailureClass = Literal["gpu", "hbm", "nic", "host", "switch", "cable", "software"]
+Duration = Annotated[float, BeforeValidator(units.parse_time), AfterValidator(_positive)]
+
+
+class ReliabilitySpec(Spec):
+    """How often the cluster's parts fail and what recovery can read and write; every field
+    left out keeps commsim's default (commsim.reliability.rates, with their sources).
+
+    rates: failures per unit and hour by class: per GPU (gpu, hbm, software), per NIC, per
+    node (host), per switch and per cable of the fabric (their blast radius comes from the
+    graph). repair_time: how long a failed node is out of service; fabric_repair_time: a
+    failed switch or cable."""
+
+    rates: dict[FailureClass, Annotated[float, Field(ge=0)]] = {}
+    repair_time: Duration | None = None
+    fabric_repair_time: Duration | None = None
+    storage_write_bandwidth: Rate | None = None  # aggregate, the whole job's checkpoint writes
+    storage_read_bandwidth: Rate | None = None
+    source: str = ""
+
+
 class ClusterSpec(Spec):
     """A whole cluster: `nodes` identical nodes on one fabric."""
 
@@ -112,6 +133,7 @@ class ClusterSpec(Spec):
     nodes: int = Field(ge=1)
     node: NodeSpec
     fabric: FabricSpec
+    reliability: ReliabilitySpec | None = None  # failure rates, repair, storage (optional)
 
     @property
     def total_gpus(self) -> int:
