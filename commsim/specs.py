@@ -237,6 +237,10 @@ Metric = Literal[
     "mfu",
     "samples_per_s",
     "time_to_train_days",
+    "rebuild_s",
+    "loss_per_failure_s",
+    "failure_badput",
+    "spare_fraction",
 ]
 
 
@@ -251,6 +255,8 @@ class Check(Spec):
     where: dict[str, Any] = {}  # scenario or strategy fields changed for this check
     versus: dict[str, Any] | None = None  # the baseline: value = metric(where) / metric(versus)
     bytes: Bytes | None = None  # sync_s / busbw_Bps of this message instead of the gradient
+    # the reliability metrics' recovery policy (commsim.reliability.recovery.Policy fields)
+    recovery: dict[str, Any] = {}
     claimed: float | None = None
     at_least: float | None = None
     at_most: float | None = None

@@ -13,6 +13,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from commsim import catalog
+from commsim.cli import goodput
 from commsim.cli.calibrate import calibrate_app
 from commsim.cli.testbed import testbed_app
 from commsim.collectives.alphabeta import ALGORITHMS, bus_factor
@@ -44,6 +45,7 @@ topo_app = typer.Typer(no_args_is_help=True, help="Built-in cluster topologies."
 app.add_typer(topo_app, name="topo")
 app.add_typer(calibrate_app, name="calibrate")
 app.add_typer(testbed_app, name="testbed")
+goodput.register(app)  # commsim goodput, commsim stragglers
 
 
 def _progress(total: int, label: str) -> Progress:

@@ -31,7 +31,13 @@ import numpy as np
 from commsim.reliability import checkpoint as ck
 from commsim.reliability.adapter import JobState, job_state
 from commsim.reliability.interruptions import Interruptions, job_interruptions
-from commsim.reliability.rates import SOURCES, Rates, rates_for
+from commsim.reliability.rates import (
+    DEFAULT_REPAIR_S,
+    DEFAULT_STORAGE_BPS,
+    SOURCES,
+    Rates,
+    rates_for,
+)
 from commsim.reliability.recovery import (
     PHASES,
     RESTARTING,
@@ -213,8 +219,12 @@ def _assumptions(m: Model) -> tuple[str, ...]:
     p = m.policy
     return (
         f"failure rates: {SOURCES['rates']}",
-        f"repair {m.interruptions.rates.repair_s / 3600:g} h: {SOURCES['repair']}",
-        f"storage {m.interruptions.rates.write_Bps / 1e12:g} TB/s: {SOURCES['storage']}",
+        f"repair: {SOURCES['repair']}"
+        if m.interruptions.rates.repair_s == DEFAULT_REPAIR_S
+        else f"node repair {m.interruptions.rates.repair_s / 3600:g} h (given)",
+        f"storage: {SOURCES['storage']}"
+        if m.interruptions.rates.write_Bps == DEFAULT_STORAGE_BPS
+        else f"storage {m.interruptions.rates.write_Bps / 1e12:g} TB/s (given)",
         f"detection {p.detect_s:g} s, reschedule {p.reschedule_s:g} s, warm-up "
         f"{p.warmup_s:g} s (commsim.reliability.recovery)",
         "NCCL initialisation 265 s at 96k GPUs, linear in GPUs (NCCLX, arXiv:2510.20171)",
