@@ -162,7 +162,9 @@ def build_model(job: JobState, inter: Interruptions, policy: Policy) -> Model:
         return model  # nothing fails: no checkpoint is worth its stall
     tau = policy.interval_s
     if tau is None:
-        floor = max(costs.lag_s - costs.stall_s, 0.0)
+        # a checkpoint is taken between steps, and an asynchronous one must be written
+        # before the next starts
+        floor = max(costs.lag_s - costs.stall_s, job.step_s)
         tau = ck.optimal_interval(costs.stall_s, costs.lag_s, model.mtbf, model.restarts(), floor)
     return replace(model, interval_s=tau)
 
@@ -227,7 +229,9 @@ def _assumptions(m: Model) -> tuple[str, ...]:
         else f"storage {m.interruptions.rates.write_Bps / 1e12:g} TB/s (given)",
         f"detection {p.detect_s:g} s, reschedule {p.reschedule_s:g} s, warm-up "
         f"{p.warmup_s:g} s (commsim.reliability.recovery)",
-        "NCCL initialisation 265 s at 96k GPUs, linear in GPUs (NCCLX, arXiv:2510.20171)",
+        "NCCL initialisation 265 s at 96k GPUs, linear in GPUs (NCCLX, arXiv:2510.20171)"
+        if p.init_s is None
+        else f"communicator set-up {p.init_s:g} s for the whole job (given)",
         "failures independent and exponential (Poisson); planned maintenance not counted",
     )
 

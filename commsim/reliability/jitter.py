@@ -17,6 +17,12 @@ approximations checked against it in the tests:
 Sums of H draws: a normal stays normal (cv / sqrt H); a shifted exponential becomes a
 shifted gamma of shape H; a lognormal's sum is matched by a lognormal of the same mean and
 variance (Fenton 1960).
+
+Hybrid layouts: a tensor/pipeline group of g ranks meets every step, so a replica's step
+factor R is the largest of its g draws; local SGD decouples only the replicas. With H = 1
+every rank meets every step (the largest of all N draws). With H > 1 the mean of H draws of
+R is taken as normal (central limit theorem) with R's mean and standard deviation (both by
+quadrature), and the replicas wait for the largest of those.
 """
 
 from __future__ import annotations
@@ -63,6 +69,40 @@ def expected_max(n: int, dist: str, cv: float, local_steps: int = 1) -> float:
     return float(sum(integrate.quad(density, a, b, limit=200)[0] for a, b in pairwise(knots)))
 
 
+def _max_moments(n: int, dist: str, cv: float) -> tuple[float, float]:
+    """Mean and standard deviation of the largest of n draws of X."""
+    d = _frozen(dist, cv)
+    lo, hi = d.ppf(1e-12), d.isf(1e-12 / n)
+    knots = sorted({lo, *(float(d.ppf(q)) for q in (0.5, 1 - 1 / n, 1 - 0.1 / n)), hi})
+
+    def moment(k: int) -> float:
+        def f(x: float) -> float:
+            return x**k * n * d.pdf(x) * d.cdf(x) ** (n - 1)
+
+        return sum(integrate.quad(f, a, b, limit=200)[0] for a, b in pairwise(knots))
+
+    mean = moment(1)
+    return mean, math.sqrt(max(moment(2) - mean * mean, 0.0))
+
+
+def expected_max_grouped(
+    replicas: int, group: int, dist: str, cv: float, local_steps: int = 1
+) -> float:
+    """E[step factor] when groups of `group` ranks meet every step and `replicas` groups
+    meet every `local_steps` steps (module docstring)."""
+    if group == 1:
+        return expected_max(replicas, dist, cv, local_steps)
+    if local_steps == 1 or replicas == 1 or cv == 0:
+        return (
+            expected_max(replicas * group, dist, cv)
+            if local_steps == 1
+            else (expected_max(group, dist, cv) if replicas == 1 else 1.0)
+        )
+    mean, sd = _max_moments(group, dist, cv)
+    normal_max = expected_max(replicas, "normal", 1.0) - 1.0  # E[max of standard normals]
+    return mean + sd / math.sqrt(local_steps) * normal_max
+
+
 def harmonic(n: int) -> float:
     """H_n = 1 + 1/2 + ... + 1/n."""
     return float(np.sum(1.0 / np.arange(1, n + 1)))
@@ -74,12 +114,19 @@ def blom_normal_max(n: int) -> float:
 
 
 def expected_max_mc(
-    n: int, dist: str, cv: float, local_steps: int = 1, draws: int = 2000, seed: int = 0
+    n: int,
+    dist: str,
+    cv: float,
+    local_steps: int = 1,
+    draws: int = 2000,
+    seed: int = 0,
+    group: int = 1,
 ) -> float:
-    """The same expectation by simulation: `draws` steps of n ranks, each rank summing
-    local_steps draws of X itself (no moment matching)."""
+    """The same expectation by simulation: `draws` syncs of n replicas of `group` ranks,
+    each replica's step the slowest of its ranks, averaged over local_steps steps (no
+    moment matching, no normal approximation)."""
     rng = np.random.default_rng(seed)
-    shape = (draws, n, local_steps)
+    shape = (draws, n, local_steps, group)
     if dist == "normal":
         x = rng.normal(1.0, cv, shape)
     elif dist == "exponential":
@@ -89,4 +136,4 @@ def expected_max_mc(
         x = rng.lognormal(-sigma2 / 2.0, math.sqrt(sigma2), shape)
     else:
         raise ValueError(f"unknown distribution {dist!r}")
-    return float(x.mean(axis=2).max(axis=1).mean())
+    return float(x.max(axis=3).mean(axis=2).max(axis=1).mean())

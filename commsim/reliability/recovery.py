@@ -58,7 +58,8 @@ def nccl_init_s(gpus: int) -> float:
 class Policy:
     """How a job recovers: the strategy, its checkpoint interval (None: the optimum of the
     model), synchronous or asynchronous saves, hot spares (None: as many as keep the job at
-    full size with probability spare_target), and the times of the restart phases."""
+    full size with probability spare_target), and the times of the restart phases (init_s:
+    the whole job's communicator set-up, scaled by ranks for smaller groups)."""
 
     strategy: str = "cold"
     interval_s: float | None = None
@@ -68,6 +69,13 @@ class Policy:
     detect_s: float = DETECT_S
     reschedule_s: float = RESCHEDULE_S
     warmup_s: float = WARMUP_S
+    init_s: float | None = None  # communicator set-up of the whole job (None: nccl_init_s)
+
+    def init(self, ranks: int, world: int) -> float:
+        """Seconds to set up communicators over `ranks` of a job of `world` GPUs."""
+        if self.init_s is None:
+            return nccl_init_s(ranks)
+        return self.init_s * ranks / world
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -126,7 +134,7 @@ def restart_costs(
         restart[cls] = {
             "detection": policy.detect_s,
             "reschedule": wait if cls in HARDWARE else 0.0,
-            "initialization": nccl_init_s(job.gpus),
+            "initialization": policy.init(job.gpus, job.gpus),
             "checkpoint_restore": load,
             "warmup": policy.warmup_s,
         }
@@ -158,7 +166,7 @@ def running_costs(job: JobState, policy: Policy, p_no_spare: float) -> Costs:
     started, warmed up and copied the state from a live peer; then the job stalls again for
     the quorum change that admits it (rejoin_s)."""
     check_replicas(job, policy.strategy)
-    init = nccl_init_s(job.dp)  # only the data-parallel communicators change members
+    init = policy.init(job.dp, job.gpus)  # only the data-parallel communicators change
     transfer = job.held_bytes / job.nic_per_gpu_Bps  # heal from a live peer
     lost_step = job.step_s if policy.strategy == "per-step" else 0.0
     stall, reduced = {}, {}

@@ -42,7 +42,7 @@ from commsim.reliability.adapter import (
     with_cluster,
     with_compute_slowed,
 )
-from commsim.reliability.jitter import expected_max
+from commsim.reliability.jitter import expected_max_grouped
 from commsim.scenario import Setup
 from commsim.step.prediction import Prediction
 from commsim.topology.build import Cluster
@@ -173,14 +173,15 @@ def degraded_link(
     )
 
 
-def jitter(
-    prediction: Prediction, ranks: int, dist: str, cv: float, local_steps: int = 1
-) -> dict[str, float]:
-    """Step time and throughput with per-rank compute jitter: the compute waits for the
-    slowest rank (jitter module); local SGD also sends the data-parallel sync once in H
-    steps."""
+def jitter(prediction: Prediction, dist: str, cv: float, local_steps: int = 1) -> dict:
+    """Step time and throughput with per-rank compute jitter: each step's compute waits for
+    the slowest rank of every tensor/pipeline group, and the data-parallel replicas wait for
+    each other once every local_steps (jitter.expected_max_grouped); local SGD also sends
+    the data-parallel sync once in H steps."""
+    s = prediction.strategy
+    dp = (prediction.layout or {}).get("dp", 1)
     compute = prediction.parts["compute_s"] - prediction.parts.get("optimizer_s", 0.0)
-    factor = expected_max(ranks, dist, cv, local_steps)
+    factor = expected_max_grouped(dp, s.tp * s.pp, dist, cv, local_steps)
     dp_exposed = prediction.parts.get("dp_exposed_s", prediction.parts["exposed_comm_s"])
     step = prediction.step_time_s + compute * (factor - 1.0)
     if local_steps > 1:
