@@ -178,3 +178,12 @@ def test_spare_fraction_claim_uses_the_spare_target():
     m = model_for(whatif.predict(scenario), setup, Policy("ring-rebuild"))
     pmf = nodes_out_pmf(m.interruptions.repairs(), 18 / 16)
     assert pmf[:3].sum() >= 0.999 > nodes_out_pmf(m.interruptions.repairs(), 17 / 16)[:2].sum()
+
+
+def test_a_bad_recovery_in_a_claim_names_the_check(tmp_path):
+    text = (claims.SEED_DIR / "003-node-failure-ring-rebuild.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("recovery: {spare_target: 0.999}", "recovery: {spares_target: 1}"))
+    result = CliRunner().invoke(app, ["claims", str(bad)])
+    assert result.exit_code == 2
+    assert "claim.checks.3.recovery" in result.output and "spares_target" in result.output

@@ -20,7 +20,6 @@ from commsim.reliability.goodput import (
     best_spares,
     expected_goodput,
     model_for,
-    report,
 )
 from commsim.reliability.montecarlo import simulate
 from commsim.reliability.rates import rates_for
@@ -206,13 +205,13 @@ def test_nodes_out_match_a_simulated_repair_queue():
 
 def test_spare_count_search(jobs):
     prediction, setup = jobs[16384]
-    m = model_for(prediction, setup, Policy("hot-spare"))
-    best = best_spares(m.job, m.interruptions, Policy("hot-spare"), 80)
+    best = best_spares(prediction, setup, Policy("hot-spare"), 80)
     cost = (16384 + best.spares * 8) / (16384 * best.goodput)
     for s in (0, 80):
-        r = report(replace(model_for(prediction, setup, Policy("hot-spare", spares=s))))
+        r = expected_goodput(prediction, setup, Policy("hot-spare", spares=s))
         assert cost <= (16384 + s * 8) / (16384 * r.goodput) + 1e-12
     assert 0 < best.spares < 80
+    assert best_spares(prediction, setup).spares == best.spares  # default range covers it
 
 
 def test_no_failures_no_badput(jobs):

@@ -312,8 +312,13 @@ def best_checkpoint_interval(prediction, setup, policy: Policy | None = None) ->
     }
 
 
-def best_spares(job: JobState, inter: Interruptions, policy: Policy, most: int) -> GoodputReport:
-    """The spare count (0..most) with the least GPU-hours per useful GPU-hour."""
+def best_spares(prediction, setup, policy: Policy | None = None, most: int | None = None):
+    """The GoodputReport with the spare count (0..most; default: twice the count for the
+    policy's spare_target) that needs the fewest GPU-hours per useful GPU-hour."""
+    policy = policy or Policy("hot-spare")
+    first = model_for(prediction, setup, replace(policy, spares=None))
+    job, inter = first.job, first.interruptions
+    most = 2 * first.spares + 1 if most is None else most
 
     def cost(r: GoodputReport) -> float:
         return (r.gpus + r.spares * job.gpus_per_node) / (r.gpus * r.goodput)

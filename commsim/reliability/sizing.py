@@ -89,24 +89,26 @@ def goodput_sizes(
 
 
 def knee(points: Sequence[SizePoint]) -> dict[str, object]:
+    """knee_of the points that have a report."""
+    return knee_of([(p.gpus, p.report) for p in points if p.report])
+
+
+def knee_of(rows: Sequence[tuple[int, GoodputReport]]) -> dict[str, object]:
     """Where the time to train is shortest, ideal and with goodput, and what each step up in
-    size still buys (ideal / with goodput speed-up over the previous size)."""
-    ok = [p for p in points if p.report and p.report.time_to_train_s]
+    size still buys (ideal and with-goodput speed-up over the previous size). `rows` are
+    (GPUs, report) in increasing size; rows without a time to train are left out."""
+    ok = [(n, r) for n, r in rows if r is not None and r.time_to_train_s]
     if not ok:
         return {"fastest_gpus": None, "ideal_fastest_gpus": None, "speedups": []}
-    fastest = min(ok, key=lambda p: p.report.time_to_train_s)
-    ideal = min(ok, key=lambda p: p.report.ideal_time_to_train_s)
+    fastest = min(ok, key=lambda x: x[1].time_to_train_s)
+    ideal = min(ok, key=lambda x: x[1].ideal_time_to_train_s)
     speedups = [
         {
-            "from_gpus": a.gpus,
-            "to_gpus": b.gpus,
-            "ideal": a.report.ideal_time_to_train_s / b.report.ideal_time_to_train_s,
-            "with_goodput": a.report.time_to_train_s / b.report.time_to_train_s,
+            "from_gpus": na,
+            "to_gpus": nb,
+            "ideal": a.ideal_time_to_train_s / b.ideal_time_to_train_s,
+            "with_goodput": a.time_to_train_s / b.time_to_train_s,
         }
-        for a, b in zip(ok, ok[1:], strict=False)
+        for (na, a), (nb, b) in zip(ok, ok[1:], strict=False)
     ]
-    return {
-        "fastest_gpus": fastest.gpus,
-        "ideal_fastest_gpus": ideal.gpus,
-        "speedups": speedups,
-    }
+    return {"fastest_gpus": fastest[0], "ideal_fastest_gpus": ideal[0], "speedups": speedups}
