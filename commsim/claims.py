@@ -30,6 +30,11 @@ from commsim.whatif import metric
 SEED_DIR = catalog.SCENARIO_DIR / "seeds"
 DAY = 86400.0
 
+# under a recovery policy (check.recovery; default: the seed's ring rebuild): the whole-job
+# stall when a failure is noticed, the wall time lost per failure ((1 - goodput) x MTTI),
+# the share of training lost to failures, spare nodes per job node for the spare target
+RELIABILITY = ("rebuild_s", "loss_per_failure_s", "failure_badput", "spare_fraction")
+
 # figures of a predicted step that its JSON does not name (the rest: whatif.metric)
 DERIVED: dict[str, Callable[[Prediction], float]] = {
     "comm_share": lambda p: p.parts["exposed_comm_s"] / p.step_time_s,
@@ -166,8 +171,29 @@ def _metric(
         n = setup.n_gpus
         return size * 2 * (n - 1) / n / seconds  # nccl-tests' all-reduce busbw
     pred = predict(setup, strategy)
+    if check.metric in RELIABILITY:
+        return _reliability(check, pred, setup, source, where)
     if check.metric == "time_to_train_days":
         if pred.training is None:
             raise SpecError(source, "tokens", "time_to_train_days needs the scenario's tokens")
         return pred.training["time_to_train_s"] / DAY
     return DERIVED[check.metric](pred) if check.metric in DERIVED else metric(pred, check.metric)
+
+
+def _reliability(check: Check, pred: Prediction, setup: Setup, source: str, where: str) -> float:
+    """A reliability metric of the predicted step (commsim.reliability)."""
+    from commsim.reliability.goodput import expected_goodput
+    from commsim.reliability.recovery import Policy
+
+    try:
+        policy = Policy(**({"strategy": "ring-rebuild"} | check.recovery))
+        r = expected_goodput(pred, setup, policy)
+    except (TypeError, ValueError) as e:
+        raise SpecError(source, f"{where}.recovery", str(e)) from None
+    if check.metric == "rebuild_s":
+        return r.restart_s
+    if check.metric == "loss_per_failure_s":
+        return (1.0 - r.goodput) * r.mtti_s
+    if check.metric == "failure_badput":
+        return 1.0 - r.goodput
+    return r.spares / r.nodes

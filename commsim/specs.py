@@ -112,6 +112,27 @@ class FabricSpec(Spec):
     routing: Literal["balanced", "hash"] = "balanced"
 
 
+FailureClass = Literal["gpu", "hbm", "nic", "host", "switch", "cable", "software"]
+Duration = Annotated[float, BeforeValidator(units.parse_time), AfterValidator(_positive)]
+
+
+class ReliabilitySpec(Spec):
+    """How often the cluster's parts fail and what recovery can read and write; every field
+    left out keeps commsim's default (commsim.reliability.rates, with their sources).
+
+    rates: failures per unit and hour by class: per GPU (gpu, hbm, software), per NIC, per
+    node (host), per switch and per cable of the fabric (their blast radius comes from the
+    graph). repair_time: how long a failed node is out of service; fabric_repair_time: a
+    failed switch or cable."""
+
+    rates: dict[FailureClass, Annotated[float, Field(ge=0)]] = {}
+    repair_time: Duration | None = None
+    fabric_repair_time: Duration | None = None
+    storage_write_bandwidth: Rate | None = None  # aggregate, the whole job's checkpoint writes
+    storage_read_bandwidth: Rate | None = None
+    source: str = ""
+
+
 class ClusterSpec(Spec):
     """A whole cluster: `nodes` identical nodes on one fabric."""
 
@@ -121,6 +142,7 @@ class ClusterSpec(Spec):
     nodes: int = Field(ge=1)
     node: NodeSpec
     fabric: FabricSpec
+    reliability: ReliabilitySpec | None = None  # failure rates, repair, storage (optional)
 
     @property
     def total_gpus(self) -> int:
@@ -245,6 +267,10 @@ Metric = Literal[
     "mfu",
     "samples_per_s",
     "time_to_train_days",
+    "rebuild_s",
+    "loss_per_failure_s",
+    "failure_badput",
+    "spare_fraction",
 ]
 
 
@@ -259,6 +285,8 @@ class Check(Spec):
     where: dict[str, Any] = {}  # scenario or strategy fields changed for this check
     versus: dict[str, Any] | None = None  # the baseline: value = metric(where) / metric(versus)
     bytes: Bytes | None = None  # sync_s / busbw_Bps of this message instead of the gradient
+    # the reliability metrics' recovery policy (commsim.reliability.recovery.Policy fields)
+    recovery: dict[str, Any] = {}
     claimed: float | None = None
     at_least: float | None = None
     at_most: float | None = None

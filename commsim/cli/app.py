@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import typer
 
+from commsim.cli import goodput
 from commsim.cli.calibrate import calibrate_app
 from commsim.cli.claims import claims_cmd
 from commsim.cli.collective import collective_cmd
@@ -30,6 +31,7 @@ app.command("claims")(claims_cmd)
 app.add_typer(topo_app, name="topo")
 app.add_typer(calibrate_app, name="calibrate")
 app.add_typer(testbed_app, name="testbed")
+goodput.register(app)  # commsim goodput, commsim stragglers
 app.add_typer(compression_app, name="compression")
 
 if __name__ == "__main__":

@@ -309,6 +309,8 @@ PERCENT_METRICS = (
     "mfu",
     "wire_ratio",
     "traffic_cut",
+    "failure_badput",
+    "spare_fraction",
 )
 
 

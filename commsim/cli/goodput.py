@@ -1,0 +1,361 @@
+"""`commsim goodput` and `commsim stragglers`: the cluster as it behaves.
+
+goodput: a scenario's mean time to interruption, checkpoint interval, restart cost, goodput
+and badput under one recovery strategy or all of them side by side; with --gpus LOW:HIGH the
+same across cluster sizes (time to train ideal and with failures). stragglers: a slow rank,
+a degraded link and per-rank jitter, and what each mitigation leaves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from commsim.reliability.recovery import STRATEGIES, Policy
+from commsim.report import terminal
+from commsim.units import parse_time
+
+if TYPE_CHECKING:
+    from commsim.scenario import Setup
+
+Opt = typer.Option
+ScenarioArg = Annotated[str | None, typer.Argument(help="Scenario YAML (default: built-in).")]
+GpusOpt = Annotated[str | None, Opt(help="GPU count, or LOW:HIGH to sweep sizes (doubling).")]
+
+
+def _overrides(**kw: Any) -> dict[str, Any]:
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def _policy(recovery, interval, async_save, spares, spare_target, detect, reschedule, warmup, init):
+    return Policy(
+        strategy=recovery,
+        interval_s=parse_time(interval) if interval else None,
+        async_save=async_save,
+        spares=spares,
+        spare_target=spare_target,
+        detect_s=parse_time(detect),
+        reschedule_s=parse_time(reschedule),
+        warmup_s=parse_time(warmup),
+        init_s=parse_time(init) if init else None,
+    )
+
+
+def _sizes(text: str | None, default: int) -> list[int]:
+    if text is None:
+        return [default]
+    lo, _, hi = text.partition(":")
+    if not lo.isdigit() or (hi and not hi.isdigit()) or int(lo) < 1:
+        raise ValueError(f"--gpus must be a positive count or LOW:HIGH, not {text!r}")
+    low, high = int(lo), int(hi or lo)
+    if high < low:
+        raise ValueError(f"--gpus {text}: HIGH must not be below LOW")
+    sizes = [low]
+    while sizes[-1] * 2 <= high:
+        sizes.append(sizes[-1] * 2)
+    return sizes
+
+
+def _rates(setup: Setup, rate_scale: float, repair: str | None):
+    from commsim.reliability.rates import rates_for
+
+    if rate_scale < 0:
+        raise ValueError(f"--rate-scale must not be negative, got {rate_scale}")
+    rates = rates_for(setup.cluster.spec).scaled(rate_scale)
+    return dataclasses.replace(rates, repair_s=parse_time(repair)) if repair else rates
+
+
+def goodput_cmd(
+    scenario: ScenarioArg = None,
+    model: Annotated[str | None, Opt(help="Model preset.")] = None,
+    cluster: Annotated[str | None, Opt(help="Topology name or YAML path.")] = None,
+    gpus: GpusOpt = None,
+    global_batch: Annotated[int | None, Opt(help="Samples per step.")] = None,
+    micro_batch: Annotated[int | None, Opt(help="Samples per GPU per micro-step.")] = None,
+    seq_len: Annotated[int | None, Opt(help="Tokens per sample.")] = None,
+    tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree.")] = None,
+    pp: Annotated[int | None, Opt("--pp", help="Pipeline stages.")] = None,
+    zero: Annotated[int | None, Opt("--zero", help="ZeRO stage.")] = None,
+    tokens: Annotated[float | None, Opt(help="Training tokens (time to train).")] = None,
+    price_per_gpu_hour: Annotated[float | None, Opt(help="Price of a GPU-hour.")] = None,
+    recovery: Annotated[
+        str, Opt(help=f"Recovery: {', '.join(STRATEGIES)}, or all (side by side).")
+    ] = "all",
+    interval: Annotated[
+        str | None, Opt(help="Checkpoint interval (10min); default: the optimum.")
+    ] = None,
+    async_save: Annotated[
+        bool, Opt("--async-save/--sync-save", help="Asynchronous checkpoint writes.")
+    ] = False,
+    spares: Annotated[
+        int | None, Opt(help="Hot spare nodes; default: enough for --spare-target.")
+    ] = None,
+    spare_target: Annotated[
+        float, Opt(help="Probability the job stays at full size (picks the spares).")
+    ] = 0.999,
+    repair: Annotated[str | None, Opt(help="Node repair time (72h by default).")] = None,
+    detect: Annotated[str, Opt(help="Time to notice a failure.")] = "10s",
+    reschedule: Annotated[str, Opt(help="Time to get a replacement node.")] = "5min",
+    warmup: Annotated[str, Opt(help="Process start, data loaders, first steps.")] = "60s",
+    init: Annotated[
+        str | None, Opt(help="Communicator set-up of the whole job (default: 265 s at 96k GPUs).")
+    ] = None,
+    rate_scale: Annotated[float, Opt(help="Multiply every failure rate (what-if).")] = 1.0,
+    monte_carlo: Annotated[
+        int, Opt(help="Also simulate this many runs of 30 days (check the model).")
+    ] = 0,
+    seed: Annotated[int, Opt(help="Seed of the simulation.")] = 0,
+    plot: Annotated[str | None, Opt(help="PNG: badput per strategy, or goodput vs GPUs.")] = None,
+    json_out: terminal.JsonOpt = False,
+) -> None:
+    """Goodput under failures: MTTI, checkpoint interval (Young, Daly, optimum), restart,
+    badput breakdown, spares, and time to train and cost with failures next to the ideal."""
+    from commsim.reliability import goodput as gp
+    from commsim.reliability import stragglers
+    from commsim.reliability.montecarlo import simulate
+    from commsim.report import goodput as out
+    from commsim.scenario import load_scenario, resolve
+
+    with terminal.user_errors():
+        if recovery != "all" and recovery not in STRATEGIES:
+            raise ValueError(f"--recovery must be one of {', '.join(STRATEGIES)} or all")
+        flags = _overrides(
+            model=model,
+            cluster=cluster,
+            global_batch=global_batch,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            tp=tp,
+            pp=pp,
+            zero=zero,
+            tokens=tokens,
+            price_per_gpu_hour=price_per_gpu_hour,
+        )
+        spec, source = load_scenario(scenario, flags)
+        sizes = _sizes(gpus, spec.gpus)
+        names = STRATEGIES if recovery == "all" else (recovery,)
+        policies = [
+            _policy(n, interval, async_save, spares, spare_target, detect, reschedule, warmup, init)
+            for n in names
+        ]
+        if len(sizes) > 1 or (gpus and ":" in gpus):
+            return _sizing(spec, source, sizes, policies, rate_scale, repair, plot, json_out)
+        setup = resolve(spec.model_copy(update={"gpus": sizes[0]}), source)
+        rates = _rates(setup, rate_scale, repair)
+        prediction = stragglers.predict_step(setup)
+        reports, skipped, checks = [], {}, {}
+        for policy in policies:
+            try:
+                model = gp.model_for(prediction, setup, policy, rates)
+            except ValueError as e:
+                skipped[policy.strategy] = str(e)
+                continue
+            reports.append(gp.report(model).to_dict())
+            if monte_carlo:
+                sim = simulate(model, 30 * 86400.0, runs=monte_carlo, seed=seed)
+                checks[policy.strategy] = {"goodput": sim.goodput, "failures": sim.failures}
+        if not reports:
+            raise ValueError("no recovery applies: " + "; ".join(skipped.values()))
+        title = (
+            f"{setup.scenario.name}: {setup.workload.name} on {setup.n_gpus:,} GPUs of "
+            f"{setup.cluster.spec.name}, step {prediction.step_time_s:.3g} s"
+        )
+        if plot:
+            out.plot_badput(reports, plot, title)
+    if json_out:
+        terminal.print_json(
+            {
+                "scenario": setup.scenario.name,
+                "gpus": setup.n_gpus,
+                "step_time_s": prediction.step_time_s,
+                "reports": reports,
+                "skipped": skipped,
+                "monte_carlo": checks,
+            }
+        )
+        return
+    terminal.console.print(out.goodput_table(title, reports))
+    for name, why in skipped.items():
+        terminal.console.print(f"[dim]{name}: {why}[/dim]", highlight=False)
+    for name, sim in checks.items():
+        terminal.console.print(
+            f"Monte Carlo, {name}: goodput {sim['goodput']:.2%} over {sim['failures']} "
+            "simulated failures",
+            highlight=False,
+        )
+    _assumptions(reports[0]["assumptions"], plot)
+
+
+def _assumptions(lines, plot) -> None:
+    terminal.console.print("assumptions:", highlight=False)
+    for line in lines:
+        terminal.console.print(f"  {line}", highlight=False, style="dim")
+    if plot:
+        terminal.console.print(f"drawn to {plot}")
+
+
+def _sizing(spec, source, sizes, policies, rate_scale, repair, plot, json_out) -> None:
+    """goodput across cluster sizes, one recovery at a time (the first given)."""
+    from commsim.reliability import sizing
+    from commsim.report import goodput as out
+    from commsim.specs import SpecError
+
+    with terminal.user_errors():
+        if spec.tokens is None:
+            raise SpecError(source, "tokens", "a size sweep needs the training tokens (--tokens)")
+        policy = policies[0] if len(policies) == 1 else Policy("cold")
+        points = []
+        for n in sizes:
+            try:
+                setup = sizing.grown_setup(spec, source, n)
+            except SpecError as e:
+                points.append(sizing.SizePoint(n, None, None, e.problem))
+                continue
+            points.append(sizing.size_point(setup, policy, rates=_rates(setup, rate_scale, repair)))
+        knee = sizing.knee(points)
+        docs = [p.to_dict() for p in points]
+        model = spec.model if isinstance(spec.model, str) else spec.model.name
+        title = (
+            f"goodput by cluster size: {model}, {spec.tokens:.3g} tokens, "
+            f"{policy.strategy} recovery"
+        )
+        if plot:
+            out.plot_sizing(docs, plot, title)
+    if json_out:
+        terminal.print_json({"recovery": policy.strategy, "sizing": docs, "knee": knee})
+        return
+    terminal.console.print(out.sizing_table(title, docs, knee))
+    if knee["fastest_gpus"]:
+        terminal.console.print(
+            f"fastest to train with failures: {knee['fastest_gpus']:,} GPUs "
+            f"(ideal: {knee['ideal_fastest_gpus']:,})",
+            highlight=False,
+        )
+    first = next((d for d in docs if "assumptions" in d), None)
+    if first:
+        _assumptions(first["assumptions"], plot)
+
+
+def stragglers_cmd(
+    scenario: ScenarioArg = None,
+    model: Annotated[str | None, Opt(help="Model preset.")] = None,
+    cluster: Annotated[str | None, Opt(help="Topology name or YAML path.")] = None,
+    gpus: Annotated[int | None, Opt(help="GPU count.")] = None,
+    global_batch: Annotated[int | None, Opt(help="Samples per step.")] = None,
+    micro_batch: Annotated[int | None, Opt(help="Samples per GPU per micro-step.")] = None,
+    seq_len: Annotated[int | None, Opt(help="Tokens per sample.")] = None,
+    tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree.")] = None,
+    pp: Annotated[int | None, Opt("--pp", help="Pipeline stages.")] = None,
+    slow_rank: Annotated[float, Opt(help="One rank's compute this many times slower.")] = 1.2,
+    duration: Annotated[str, Opt(help="How long the slow rank lasts (Falcon: s to ~10 h).")] = "1h",
+    link: Annotated[
+        str | None, Opt(help="A link to degrade, both directions: leaf0:spine0 (see topo show).")
+    ] = None,
+    link_factor: Annotated[float, Opt(help="The link carries 1/this of its bandwidth.")] = 4.0,
+    jitter: Annotated[
+        str, Opt(help="Per-rank jitter DIST:CV (normal, lognormal, exponential).")
+    ] = "normal:0.05",
+    local_steps: Annotated[int, Opt(help="Local SGD: steps between syncs.")] = 8,
+    json_out: terminal.JsonOpt = False,
+) -> None:
+    """A slow rank, a degraded link and per-rank jitter: step time and what each mitigation
+    (drop, rebalance, async, local SGD, hierarchical fallback) leaves."""
+    from commsim.reliability import stragglers
+    from commsim.report import goodput as out
+    from commsim.scenario import load_scenario, resolve
+
+    with terminal.user_errors():
+        flags = _overrides(
+            model=model,
+            cluster=cluster,
+            gpus=gpus,
+            global_batch=global_batch,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            tp=tp,
+            pp=pp,
+        )
+        spec, source = load_scenario(scenario, flags)
+        setup = resolve(spec, source)
+        p = stragglers.predict_step(setup)
+        rows = [
+            dataclasses.asdict(r)
+            for r in stragglers.slow_rank(setup, p, slow_rank, parse_time(duration))
+        ]
+        dist, _, cv = jitter.partition(":")
+        jit = {h: stragglers.jitter(p, dist, float(cv or 0.05), h) for h in (1, local_steps)}
+        doc: dict[str, Any] = {
+            "scenario": setup.scenario.name,
+            "gpus": setup.n_gpus,
+            "step_time_s": p.step_time_s,
+            "slow_rank": {
+                "factor": slow_rank,
+                "duration_s": parse_time(duration),
+                "step_time_s": stragglers.slow_rank_step(setup, p, slow_rank),
+                "mitigations": rows,
+            },
+            "jitter": {
+                "distribution": dist,
+                "cv": float(cv or 0.05),
+                "sync": jit[1],
+                "local_sgd": jit[local_steps],
+                "local_steps": local_steps,
+            },
+        }
+        if link:
+            doc["link"] = _link(setup, p, link, link_factor)
+    if json_out:
+        terminal.print_json(doc)
+        return
+    sr = doc["slow_rank"]
+    terminal.console.print(
+        out.straggler_table(
+            f"{setup.scenario.name}: one rank {slow_rank:g}x slower for {duration} on "
+            f"{setup.n_gpus:,} GPUs: step {p.step_time_s:.3g} s -> {sr['step_time_s']:.3g} s",
+            rows,
+        )
+    )
+    j = doc["jitter"]
+    terminal.console.print(
+        f"jitter {dist} cv {j['cv']:g} over {setup.n_gpus:,} ranks: the slowest rank takes "
+        f"{j['sync']['expected_max']:.3f}x the mean, throughput {j['sync']['throughput']:.1%}; "
+        f"local SGD every {local_steps} steps: {j['local_sgd']['throughput']:.1%}",
+        highlight=False,
+    )
+    if link:
+        lk = doc["link"]
+        rec = lk["hierarchical_recovers"]
+        terminal.console.print(
+            f"{link} at 1/{link_factor:g}: step {lk['healthy_step_s']:.3g} s -> "
+            f"{lk['degraded_step_s']:.3g} s; groups crossing it: "
+            + ", ".join(f"{k} {len(v)}" for k, v in lk["crossing"].items())
+            + (
+                f"; hierarchical fallback wins back {rec:.0%} of the ring's loss"
+                if rec is not None
+                else ""
+            ),
+            highlight=False,
+        )
+
+
+def _link(setup, prediction, link: str, factor: float) -> dict[str, Any]:
+    from commsim.reliability import stragglers
+
+    a, sep, b = link.partition(":")
+    names = setup.cluster.names
+    ids = [i for i, n in enumerate(names) if n in (f"{a}->{b}", f"{b}->{a}")]
+    if not sep or not ids:
+        raise ValueError(
+            f"--link {link!r}: no such link in the job's cluster (e.g. "
+            f"{names[-1].replace('->', ':')})"
+        )
+    report = stragglers.degraded_link(setup, prediction, ids, factor)
+    return dataclasses.asdict(report) | {"hierarchical_recovers": report.hierarchical_recovers}
+
+
+def register(app: typer.Typer) -> None:
+    """Add `goodput` and `stragglers` to the command line."""
+    app.command("goodput")(goodput_cmd)
+    app.command("stragglers")(stragglers_cmd)

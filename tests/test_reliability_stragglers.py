@@ -1,0 +1,213 @@
+"""Stragglers: a slow rank in a synchronous job, a degraded link on the graph, per-rank jitter
+(expected maximum of N draws, analytical against closed forms and Monte Carlo), and what
+each mitigation leaves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import make_spec
+
+from commsim import whatif
+from commsim.reliability import jitter as jt
+from commsim.reliability.adapter import collective_time, degraded
+from commsim.reliability.blast import blast_radius
+from commsim.reliability.stragglers import (
+    degraded_link,
+    dp_groups,
+    jitter,
+    slow_rank,
+    slow_rank_step,
+    tp_groups,
+)
+from commsim.scenario import resolve
+from commsim.specs import Scenario
+from commsim.step.predict import predict
+
+
+@pytest.fixture(scope="module")
+def dp1024():
+    """GPT-2 XL, 1,024-way data parallel on DGX H100s: compute-bound (exposed comm ~1%)."""
+    scenario = whatif.load(
+        None,
+        dict(
+            model="gpt2-xl",
+            cluster="dgx-h100-ib",
+            gpus=1024,
+            global_batch=8192,
+            micro_batch=4,
+            seq_len=1024,
+            grad_dtype="bf16",
+        ),
+    )
+    setup = resolve(scenario, "test")
+    return setup, predict(setup)
+
+
+def test_one_slow_rank_in_1024_way_data_parallel(dp1024):
+    setup, p = dp1024
+    assert p.fits and p.parts["exposed_comm_s"] < 0.02 * p.step_time_s  # compute-bound
+    step = slow_rank_step(setup, p, 1.2)
+    # by hand: forward and backward 20% longer on the slow rank, every replica waits for
+    # its gradients; the optimizer (HBM-bound) and what little comm is exposed do not grow
+    fwd_bwd = p.parts["forward_s"] + p.parts["backward_s"]
+    assert step == pytest.approx(p.step_time_s + 0.2 * fwd_bwd, abs=p.parts["exposed_comm_s"])
+    rows = {r.name: r for r in slow_rank(setup, p, 1.2, duration_s=3600)}
+    assert 1 - rows["wait"].throughput == pytest.approx(0.16, abs=0.01)  # 1 - 1/1.185
+    assert step / p.step_time_s == pytest.approx(1.185, abs=0.01)  # about 20% slower
+    assert rows["drop"].throughput == pytest.approx(1023 / 1024)
+    slow = step / p.step_time_s
+    assert rows["rebalance"].throughput == pytest.approx((1023 + 1 / slow) / 1024)
+    assert rows["local-sgd"].throughput == rows["wait"].throughput  # persistent: no help
+    assert rows["wait"].lost_s == pytest.approx(3600 * (1 - rows["wait"].throughput))
+    with pytest.raises(ValueError, match="factor must be >= 1"):
+        slow_rank_step(setup, p, 0.5)
+
+
+def test_a_slow_stage_costs_less_than_all_stages_slow():
+    scenario = whatif.load(
+        None,
+        dict(
+            model="gpt3-175b",
+            cluster="dgx-a100-ib",
+            gpus=1024,
+            global_batch=1536,
+            seq_len=2048,
+            tp=8,
+            pp=16,
+        ),
+    )
+    setup = resolve(scenario, "test")
+    p = predict(setup)
+    one = slow_rank_step(setup, p, 1.5)
+    from commsim.reliability.adapter import with_compute_slowed
+
+    every = predict(with_compute_slowed(setup, 1.5), p.strategy)
+    # 1F1B with one slow stage: fill and drain run at the others' pace
+    assert one == pytest.approx(every.step_time_s - (every.parts["bubble_s"] - p.parts["bubble_s"]))
+    assert p.step_time_s < one < every.step_time_s
+
+
+def _rack_scenario(**strategy):
+    # ring all-reduces, as degraded_link finds the groups that cross a link ('auto' may
+    # pick another algorithm per bucket, whose flows take other uplinks)
+    strategy = {"algorithm": "ring"} | strategy
+    spec = make_spec(nodes=8, gpus_per_node=8, nics=8, nodes_per_leaf=2)
+    scenario = Scenario.model_validate(
+        dict(
+            model="llama2-7b",
+            cluster=spec.model_dump(),
+            gpus=64,
+            global_batch=64,
+            seq_len=1024,
+            strategy=strategy,
+        )
+    )
+    setup = resolve(scenario, "test")
+    return setup, predict(setup)
+
+
+def test_a_degraded_uplink_slows_exactly_the_groups_that_cross_it():
+    setup, p = _rack_scenario(tp=8)
+    cluster = setup.cluster
+    groups = dp_groups(64, 8, 1)  # 8 data-parallel groups: one GPU of each node, one rail
+    seen = set()
+    for j in range(cluster.spines_per_pod):
+        edges = blast_radius(cluster, "leaf uplink", (0, j)).edges
+        worse = degraded(cluster, edges, 4.0)
+        slowed = [
+            i
+            for i, g in enumerate(groups)
+            if collective_time(worse, g, "all-reduce", "ring", 2.0**28)
+            > collective_time(cluster, g, "all-reduce", "ring", 2.0**28) * (1 + 1e-9)
+        ]
+        report = degraded_link(setup, p, edges, 4.0)
+        assert report.crossing["dp"] == slowed, j
+        assert report.crossing["tp"] == []  # tensor-parallel traffic stays in the node
+        seen.update(slowed)
+        if slowed:
+            assert report.degraded_step_s > report.healthy_step_s
+        else:
+            assert report.degraded_step_s == pytest.approx(report.healthy_step_s)
+    assert 0 < len(seen) <= len(groups)
+    # each group's ring uses one rail and its own uplink: one group per degraded uplink
+    assert all(
+        len(
+            degraded_link(
+                setup, p, blast_radius(cluster, "leaf uplink", (0, j)).edges, 4.0
+            ).crossing["dp"]
+        )
+        <= 1
+        for j in (0, 1)
+    )
+
+
+def test_group_layout_is_megatrons_order():
+    dp = dp_groups(16, 2, 2)  # tp 2, dp 4, pp 2: rank = t + 2 (d + 4 p)
+    assert dp.tolist()[0] == [0, 2, 4, 6] and dp.tolist()[1] == [8, 10, 12, 14]
+    assert dp.tolist()[2] == [1, 3, 5, 7]
+    assert tp_groups(8, 4).tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_hierarchical_fallback_is_priced_on_the_degraded_graph():
+    setup, p = _rack_scenario(algorithm="ring", grad_dtype="bf16")
+    edges = blast_radius(setup.cluster, "leaf uplink", (0, 0)).edges
+    r = degraded_link(setup, p, edges, 8.0)
+    s = r.sync_s
+    assert s["ring_degraded"] > s["ring_healthy"] and s["hierarchical_degraded"] > 0
+    recovered = r.hierarchical_recovers
+    assert recovered == pytest.approx(
+        (s["ring_degraded"] - s["hierarchical_degraded"]) / (s["ring_degraded"] - s["ring_healthy"])
+    )
+
+
+@pytest.mark.parametrize("dist", jt.DISTRIBUTIONS)
+@pytest.mark.parametrize("n", [8, 1024])
+def test_expected_max_against_monte_carlo(dist, n):
+    for h in (1, 4):
+        exact = jt.expected_max(n, dist, 0.05, h)
+        sim = jt.expected_max_mc(n, dist, 0.05, h, draws=400 if n > 100 else 3000, seed=2)
+        assert exact == pytest.approx(sim, abs=0.003), (dist, n, h)
+
+
+def test_expected_max_closed_forms():
+    # exponential: H_N (Renyi); normal: Blom's approximation; both grow with N
+    for n in (2, 16, 1024):
+        assert jt.expected_max(n, "exponential", 0.1) == pytest.approx(
+            1 + 0.1 * (jt.harmonic(n) - 1)
+        )
+        blom = 1 + 0.1 * jt.blom_normal_max(n)  # Blom's is good to a few hundredths of sigma
+        assert jt.expected_max(n, "normal", 0.1) == pytest.approx(blom, abs=0.1 * 0.03)
+    assert jt.harmonic(3) == pytest.approx(1 + 1 / 2 + 1 / 3)
+    grows = [jt.expected_max(n, "lognormal", 0.05) for n in (8, 64, 1024, 16384)]
+    assert grows == sorted(grows) and grows[0] > 1
+    assert jt.expected_max(2, "normal", 0.1) == pytest.approx(
+        1 + 0.1 / np.sqrt(np.pi)
+    )  # 1/sqrt(pi)
+    assert jt.expected_max(64, "normal", 0.0) == 1.0
+    with pytest.raises(ValueError, match="unknown distribution"):
+        jt.expected_max(8, "cauchy", 0.1)
+
+
+def test_local_sgd_averages_jitter_away(dp1024):
+    _, p = dp1024
+    sync = jitter(p, "exponential", 0.1)
+    local = jitter(p, "exponential", 0.1, local_steps=8)
+    assert sync["throughput"] < local["throughput"] < 1.0 + 0.02
+    compute = p.parts["compute_s"] - p.parts["optimizer_s"]
+    assert sync["step_time_s"] == pytest.approx(
+        p.step_time_s + compute * 0.1 * (jt.harmonic(1024) - 1)
+    )
+
+
+@pytest.mark.parametrize("dist", jt.DISTRIBUTIONS)
+def test_grouped_jitter_against_monte_carlo(dist):
+    # 64 replicas of 16 ranks (tensor x pipeline) meeting every 8 steps; the normal
+    # approximation of the 8-step mean is within 5% of the simulated excess over 1 (the
+    # exponential's skew is what it misses most)
+    exact = jt.expected_max_grouped(64, 16, dist, 0.05, 8)
+    sim = jt.expected_max_mc(64, dist, 0.05, 8, draws=300, seed=4, group=16)
+    assert exact - 1 == pytest.approx(sim - 1, rel=0.05)
+    # every step: the slowest of all 1,024 ranks
+    assert jt.expected_max_grouped(64, 16, dist, 0.05) == jt.expected_max(1024, dist, 0.05)
+    assert jt.expected_max_grouped(64, 1, dist, 0.05, 8) == jt.expected_max(64, dist, 0.05, 8)
