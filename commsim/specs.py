@@ -278,6 +278,7 @@ class Scenario(Spec):
     seq_len: int | None = Field(default=None, ge=1)  # default: the model's
     compute_efficiency: float = Field(default=0.5, gt=0, le=1)  # achieved / peak FLOP/s
     profile: str | None = None  # a calibration profile (commsim calibrate fit) for the cluster
+    deepspeed: str | None = None  # a DeepSpeed ds_config.json: ZeRO stage, buckets, batch sizes
     tokens: float | None = Field(default=None, gt=0)  # training tokens, for time-to-train
     price_per_gpu_hour: float | None = Field(default=None, gt=0)  # for cost
     strategy: Strategy = Strategy()
