@@ -1,25 +1,35 @@
-"""Predicted against published measured large-model training runs (issue 3's check).
+"""Predicted against published measured large-model training runs (issues 3 and 10).
 
-Each run of benchmarks/published_runs.yaml (a paper's model, GPU count, cluster, batch and
-parallel layout, and the achieved throughput it reports) becomes a commsim Scenario; the
-step model (commsim.step.model, through commsim.step.predict) predicts its step, and the
-table sets the prediction beside the reported figure, like for like:
+Each run of benchmarks/published_runs.yaml (a source's model, GPU count, cluster, batch and
+parallel layout, and the throughput it reports) becomes a commsim Scenario; the step model
+(commsim.step.model, through commsim.step.predict) predicts its step, and the table sets the
+prediction beside the reported figure, like for like:
 
-  counts: hardware  the paper's TFLOP/s per GPU count the recomputed forward (Megatron's
+  counts: hardware  the source's TFLOP/s per GPU count the recomputed forward (Megatron's
                     96 B s l h^2 (...) with full recomputation); compared with commsim's
                     tflops_per_gpu, which counts recomputation the same way
-  counts: model     the paper reports MFU (no recomputation counted); compared with
-                    commsim's MFU, shown as model TFLOP/s = MFU x 312
+  counts: model     the source reports MFU (no recomputation counted) or model TFLOP/s per
+                    GPU in commsim's FLOP count; compared with commsim's MFU x the GPU's peak
+  counts: tokens    the source reports training tokens per second per GPU; compared with
+                    commsim's tokens_per_s / gpus (no FLOP convention involved)
 
 compute_efficiency, the achieved fraction of peak for the matmuls, is the one free
 parameter: one value for every row, read from the YAML (0.6), not fitted per row.
 `--efficiency` overrides it for a sensitivity run; `--scan` prints the single value that
 would minimise the median error, to show how much of the error a uniform offset explains.
 
+Rows that use a strategy field the installed commsim does not have yet (cp, precision,
+flash_attention, tp_overlap, fsdp_shard: the compute-model rework adds them) run when the
+field's value is what commsim already prices (cp 1, bf16, no FlashAttention, no TP overlap,
+no hybrid sharding: the field is dropped) and are otherwise skipped and listed with the
+reason, as are rows whose layout the installed commsim refuses; they are priced once it
+accepts them.
+
     .venv/bin/python benchmarks/published_runs.py            # text table
     .venv/bin/python benchmarks/published_runs.py --markdown # the RESULTS.md table
     .venv/bin/python benchmarks/published_runs.py --scan     # + best single efficiency
     .venv/bin/python benchmarks/published_runs.py --implied  # + each row's matching one
+    .venv/bin/python benchmarks/published_runs.py --formulas # + each source's FLOPs / token
 
 Every run also prints a sensitivity: rows whose virtual-stage count the source does not
 state, again with `alt_interleave`.
@@ -40,7 +50,7 @@ import yaml
 
 from commsim.report.labels import split_label
 from commsim.scenario import Setup, resolve
-from commsim.specs import Scenario, Strategy, parse_spec
+from commsim.specs import Scenario, SpecError, Strategy, parse_spec
 from commsim.step.predict import predict
 from commsim.step.prediction import Prediction
 
@@ -48,20 +58,38 @@ HERE = Path(__file__).resolve().parent
 DATA = HERE / "published_runs.yaml"
 FAR_OFF = 15.0  # % error beyond which the analysis calls a row far off
 
+# Strategy fields the compute-model rework adds, and the value each has in what the installed
+# commsim prices when it lacks the field: one context-parallel rank, BF16 GEMMs, attention
+# that keeps the s x s scores, TP collectives not overlapped, ZeRO-3 over all dp ranks.
+PENDING_FIELDS: dict[str, Any] = {
+    "cp": 1,
+    "precision": "bf16",
+    "flash_attention": False,
+    "tp_overlap": False,
+    "fsdp_shard": None,
+}
+UNITS = {"hardware": "TFLOP/s", "model": "TFLOP/s", "tokens": "tokens/s"}
+
+
+class Skipped(Exception):
+    """A run the installed commsim cannot price yet; the message says why."""
+
 
 @dataclass(frozen=True)
 class Row:
-    """One run compared: the reported figure and commsim's, in the same FLOP counting."""
+    """One run compared: the reported figure and commsim's, in the same counting."""
 
     id: str
     source: str
     gpus: int
+    gpu: str
     layout: str
-    counts: str  # "hardware" (recompute counted) or "model"
-    reported_tflops: float  # per GPU, in `counts`' FLOPs
-    predicted_tflops: float  # per GPU, in `counts`' FLOPs
+    counts: str  # "hardware" (recompute counted), "model" or "tokens"
+    reported: float  # per GPU, in `counts`' unit (UNITS)
+    predicted: float  # per GPU, in `counts`' unit
     hardware_tflops: float  # commsim's, recomputation counted
     mfu: float  # commsim's
+    tokens_per_gpu: float  # commsim's tokens per second per GPU
     step_s: float
     parts: dict[str, float]
     memory_gb: float
@@ -72,7 +100,11 @@ class Row:
 
     @property
     def error_pct(self) -> float:
-        return 100.0 * (self.predicted_tflops - self.reported_tflops) / self.reported_tflops
+        return 100.0 * (self.predicted - self.reported) / self.reported
+
+    @property
+    def unit(self) -> str:
+        return UNITS[self.counts]
 
 
 def load(path: Path = DATA) -> dict[str, Any]:
@@ -84,6 +116,22 @@ def _cluster(name: str) -> str:
     """A built-in topology name, or a YAML file next to the data file."""
     local = HERE / name
     return str(local) if local.suffix in (".yaml", ".yml") else name
+
+
+def known_strategy(strategy: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """The strategy without the pending fields the installed Strategy lacks: dropped where
+    their value is what commsim prices anyway, a Skipped naming the field otherwise."""
+    out = {}
+    for key, value in strategy.items():
+        if key in PENDING_FIELDS and key not in Strategy.model_fields:
+            if value != PENDING_FIELDS[key]:
+                raise Skipped(
+                    f"strategy.{key} = {value!r}: not a field of the installed "
+                    "commsim.specs.Strategy yet"
+                )
+            continue
+        out[key] = value
+    return out
 
 
 def scenario(
@@ -101,7 +149,7 @@ def scenario(
         | run["strategy"]
         | (strategy_overrides or {})
     )
-    model = {"name": run["model"]} | data["models"][run["model"]]
+    model = {"name": run["model"]} | (data["models"][run["model"]] or {})
     return parse_spec(
         Scenario,
         {
@@ -114,7 +162,7 @@ def scenario(
             "micro_batch": run["micro_batch"],
             "seq_len": run.get("seq_len", d.get("seq_len")),
             "compute_efficiency": efficiency or data["compute_efficiency"],
-            "strategy": strategy,
+            "strategy": known_strategy(strategy, run["id"]),
         },
         f"{DATA.name}: {run['id']}",
     )
@@ -126,13 +174,19 @@ def setup_of(
     efficiency: float | None,
     strategy_overrides: dict[str, Any] | None = None,
 ) -> Setup:
-    """Resolve a run (its layout checked as `commsim predict` checks one)."""
-    s = scenario(run, data, efficiency, strategy_overrides)
-    return resolve(s, s.name)
+    """Resolve a run (its layout checked as `commsim predict` checks one); a layout the
+    installed commsim refuses is Skipped with its one-line reason."""
+    try:
+        s = scenario(run, data, efficiency, strategy_overrides)
+        return resolve(s, s.name)
+    except SpecError as e:
+        raise Skipped(str(e).removeprefix(f"{run['id']}: ")) from None
 
 
 def layout(s: Strategy, dp: int, micro_batch: int, micro_batches: int) -> str:
     text = f"tp{s.tp} pp{s.pp}{split_label(s.model_dump())} dp{dp}"
+    if s.ep > 1:
+        text += f" ep{s.ep}"
     if s.interleave > 1:
         text += f" v{s.interleave}"
     if s.zero:
@@ -151,27 +205,36 @@ def compare(
     return _row(run, setup, p)
 
 
-def _row(run: dict[str, Any], setup: Setup, p: Prediction) -> Row:
+def _figures(run: dict[str, Any], setup: Setup, p: Prediction) -> tuple[float, float]:
+    """(reported, predicted) per GPU in the unit the run's `counts` names."""
     peak = setup.gpu.peak_flops / 1e12
     rep = run["reported"]
     counts = rep["counts"]
     if counts == "hardware":
-        reported, predicted = rep["tflops_per_gpu"], p.tflops_per_gpu
-    elif counts == "model":
-        reported, predicted = rep["mfu"] * peak, p.mfu * peak
-    else:
-        raise ValueError(f"{run['id']}: reported.counts must be hardware or model")
+        return rep["tflops_per_gpu"], p.tflops_per_gpu
+    if counts == "model":
+        reported = rep["mfu"] * peak if "mfu" in rep else rep["model_tflops_per_gpu"]
+        return reported, p.mfu * peak
+    if counts == "tokens":
+        return rep["tokens_per_s_per_gpu"], (p.tokens_per_s or 0.0) / setup.n_gpus
+    raise ValueError(f"{run['id']}: reported.counts must be hardware, model or tokens")
+
+
+def _row(run: dict[str, Any], setup: Setup, p: Prediction) -> Row:
+    reported, predicted = _figures(run, setup, p)
     lay = p.layout or {}
     return Row(
         id=run["id"],
         source=run["source"],
         gpus=run["gpus"],
+        gpu=setup.gpu.name,
         layout=layout(p.strategy, lay["dp"], lay["micro_batch"], lay["micro_batches"]),
-        counts=counts,
-        reported_tflops=float(reported),
-        predicted_tflops=float(predicted),
+        counts=run["reported"]["counts"],
+        reported=float(reported),
+        predicted=float(predicted),
         hardware_tflops=p.tflops_per_gpu,
         mfu=p.mfu,
+        tokens_per_gpu=(p.tokens_per_s or 0.0) / setup.n_gpus,
         step_s=p.step_time_s,
         parts=dict(p.parts),
         memory_gb=p.memory.total / 1e9,
@@ -182,8 +245,17 @@ def _row(run: dict[str, Any], setup: Setup, p: Prediction) -> Row:
     )
 
 
-def compare_all(data: dict[str, Any], efficiency: float | None = None) -> list[Row]:
-    return [compare(run, data, efficiency) for run in data["runs"]]
+def compare_all(
+    data: dict[str, Any], efficiency: float | None = None
+) -> tuple[list[Row], dict[str, str]]:
+    """Every run the installed commsim can price, and the others: id -> why not."""
+    rows, skipped = [], {}
+    for run in data["runs"]:
+        try:
+            rows.append(compare(run, data, efficiency))
+        except Skipped as e:
+            skipped[run["id"]] = str(e)
+    return rows, skipped
 
 
 def summary(rows: list[Row]) -> tuple[float, Row]:
@@ -194,14 +266,16 @@ def summary(rows: list[Row]) -> tuple[float, Row]:
 
 
 def subsets(rows: list[Row]) -> dict[str, list[Row]]:
-    """The row families the analysis talks about."""
-    return {
+    """The row families the analysis talks about (empty ones left out)."""
+    families = {
         "all rows": rows,
-        "without the ZeRO-3 rows": [r for r in rows if r.zero != 3],
+        "without DeepSpeed's 2021 ZeRO-3 rows": [r for r in rows if "-zero3-" not in r.id],
         "Megatron PTD-P with pp > 1 (Narayanan Tables 1-2)": [
             r for r in rows if r.id.startswith("sc21") and r.pp > 1
         ],
+        "H100-era rows": [r for r in rows if r.gpu in ("h100", "h200")],
     }
+    return {name: sub for name, sub in families.items() if sub}
 
 
 def summary_lines(rows: list[Row]) -> list[str]:
@@ -220,7 +294,7 @@ def best_single_efficiency(data: dict[str, Any]) -> tuple[float, float, float]:
     (efficiency, median, worst). A diagnostic, not what the table uses."""
     best = None
     for e in [x / 100 for x in range(40, 81)]:
-        med, worst = summary(compare_all(data, e))
+        med, worst = summary(compare_all(data, e)[0])
         if best is None or med < best[1]:
             best = (e, med, abs(worst.error_pct))
     assert best is not None
@@ -232,15 +306,14 @@ def implied_efficiency(run: dict[str, Any], data: dict[str, Any]) -> float:
     throughput rises with efficiency). A diagnostic of what the one value misses per row,
     never fed back into the table."""
     base = setup_of(run, data, None)
-    target = run["reported"]
 
     def predicted(e: float) -> float:
         s = dataclasses.replace(
             base, scenario=base.scenario.model_copy(update={"compute_efficiency": e})
         )
-        return _row(run, s, predict(s, s.scenario.strategy)).predicted_tflops
+        return _row(run, s, predict(s, s.scenario.strategy)).predicted
 
-    reported = compare(run, data).reported_tflops if "mfu" in target else target["tflops_per_gpu"]
+    reported = _row(run, base, predict(base, base.scenario.strategy)).reported
     lo, hi = 0.05, 1.0
     if predicted(hi) < reported:
         return float("nan")  # unreachable even at peak
@@ -250,14 +323,41 @@ def implied_efficiency(run: dict[str, Any], data: dict[str, Any]) -> float:
     return 0.5 * (lo + hi)
 
 
+def flop_ratios(data: dict[str, Any]) -> list[tuple[str, float, float, float]]:
+    """For runs that report both tokens/s and model TFLOP/s per GPU: (id, the source's FLOPs
+    per token, commsim's, their ratio). 1.00 means the source counts FLOPs as commsim does
+    (full attention); below 1, it counts less (a causal discount, say). Needs no layout, so
+    it covers skipped rows too."""
+    from commsim.workload.presets import build_workload
+
+    out = []
+    for run in data["runs"]:
+        rep = run["reported"]
+        if "model_tflops_per_gpu" not in rep or "tokens_per_s_per_gpu" not in rep:
+            continue
+        model = {"name": run["model"]} | (data["models"][run["model"]] or {})
+        spec = parse_spec(
+            Scenario, {"model": model, "cluster": "x", "gpus": 1, "global_batch": 1}, run["id"]
+        ).model
+        seq = run.get("seq_len", data.get("defaults", {}).get("seq_len"))
+        workload = build_workload(spec, seq, run["id"])
+        ours = workload.train_flops / seq
+        theirs = rep["model_tflops_per_gpu"] * 1e12 / rep["tokens_per_s_per_gpu"]
+        out.append((run["id"], theirs, ours, theirs / ours))
+    return out
+
+
 def interleave_sensitivity(data: dict[str, Any]) -> list[tuple[Row, Row]]:
     """Rows whose virtual-stage count the source does not state, predicted again with the
     `alt_interleave` the YAML names: (as in the table, alternative)."""
     pairs = []
     for run in data["runs"]:
         if "alt_interleave" in run:
-            alt = compare(run, data, strategy_overrides={"interleave": run["alt_interleave"]})
-            pairs.append((compare(run, data), alt))
+            try:
+                alt = compare(run, data, strategy_overrides={"interleave": run["alt_interleave"]})
+                pairs.append((compare(run, data), alt))
+            except Skipped:
+                continue
     return pairs
 
 
@@ -287,11 +387,15 @@ def _flags(r: Row) -> str:
     return "; ".join(marks)
 
 
+def _kind(r: Row) -> str:
+    return {"hardware": "HW TF/s", "model": "model TF/s", "tokens": "tok/s"}[r.counts]
+
+
 def text_table(rows: list[Row], efficiency: float) -> str:
     out = [
         f"compute_efficiency = {efficiency:g} for every row; error = (predicted - reported)"
-        " / reported",
-        f"{'run':<24} {'GPUs':>5}  {'layout':<34} {'kind':<8} {'reported':>8} "
+        " / reported, in the unit the source reports (per GPU)",
+        f"{'run':<32} {'GPUs':>5}  {'layout':<40} {'kind':<10} {'reported':>9} "
         f"{'predicted':>9} {'HW TF/s':>7} {'MFU':>6} {'error':>7}  step  split of the "
         "predicted step (%): compute/bubble/tp/pp/dp/opt",
     ]
@@ -299,8 +403,8 @@ def text_table(rows: list[Row], efficiency: float) -> str:
         b = breakdown(r)
         split = "/".join(f"{b[k]:.0f}" for k in ("compute", "bubble", "tp", "pp", "dp", "opt"))
         out.append(
-            f"{r.id:<24} {r.gpus:>5}  {r.layout:<34} {r.counts:<8} {r.reported_tflops:>8.1f} "
-            f"{r.predicted_tflops:>9.1f} {r.hardware_tflops:>7.1f} {r.mfu:>6.1%} "
+            f"{r.id:<32} {r.gpus:>5}  {r.layout:<40} {_kind(r):<10} {r.reported:>9.1f} "
+            f"{r.predicted:>9.1f} {r.hardware_tflops:>7.1f} {r.mfu:>6.1%} "
             f"{r.error_pct:>+6.1f}%  {r.step_s:6.2f}s  {split}"
             + (f"   [{_flags(r)}]" if _flags(r) else "")
         )
@@ -309,7 +413,7 @@ def text_table(rows: list[Row], efficiency: float) -> str:
 
 def markdown_table(rows: list[Row], implied: list[float]) -> str:
     out = [
-        "| run | GPUs | layout | reported TFLOP/s | predicted TFLOP/s | predicted HW TFLOP/s "
+        "| run | GPUs | layout | reported | predicted | predicted HW TFLOP/s "
         "| predicted MFU | error | predicted step: compute / bubble / tp / pp / dp / opt % "
         "| efficiency that would match |",
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
@@ -317,14 +421,23 @@ def markdown_table(rows: list[Row], implied: list[float]) -> str:
     for r, e in zip(rows, implied, strict=True):
         b = breakdown(r)
         split = " / ".join(f"{b[k]:.0f}" for k in ("compute", "bubble", "tp", "pp", "dp", "opt"))
-        kind = "HW" if r.counts == "hardware" else "model"
         mark = "*" if r.assumed else ""
         out.append(
-            f"| {r.id}{mark} | {r.gpus:,} | {r.layout} | {r.reported_tflops:.1f} ({kind}) "
-            f"| {r.predicted_tflops:.1f} | {r.hardware_tflops:.1f} | {r.mfu:.1%} "
+            f"| {r.id}{mark} | {r.gpus:,} | {r.layout} | {r.reported:,.1f} ({_kind(r)}) "
+            f"| {r.predicted:,.1f} | {r.hardware_tflops:.1f} | {r.mfu:.1%} "
             f"| {r.error_pct:+.1f}% | {split} | {e:.2f} |"
         )
     return "\n".join(out)
+
+
+def skipped_lines(skipped: dict[str, str]) -> list[str]:
+    if not skipped:
+        return []
+    head = (
+        f"not priced by the installed commsim ({len(skipped)} rows; priced once it accepts "
+        "their fields and layouts):"
+    )
+    return [head] + [f"  {rid:<32} {why}" for rid, why in skipped.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,43 +449,54 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--implied", action="store_true", help="also the efficiency at which each row matches"
     )
+    ap.add_argument(
+        "--formulas", action="store_true", help="also each source's FLOPs per token vs commsim's"
+    )
     ap.add_argument("--json", action="store_true", help="rows as JSON")
     args = ap.parse_args(argv)
     data = load(args.data)
     efficiency = args.efficiency or data["compute_efficiency"]
-    rows = compare_all(data, args.efficiency)
+    rows, skipped = compare_all(data, args.efficiency)
+    priced = {r.id for r in rows}
     if args.json:
-        print(
-            json.dumps(
-                [r.__dict__ | {"error_pct": r.error_pct, "breakdown": breakdown(r)} for r in rows],
-                indent=1,
-            )
-        )
-    elif args.markdown:
-        print(markdown_table(rows, [implied_efficiency(run, data) for run in data["runs"]]))
+        doc = {
+            "rows": [
+                r.__dict__ | {"error_pct": r.error_pct, "unit": r.unit, "breakdown": breakdown(r)}
+                for r in rows
+            ],
+            "skipped": skipped,
+        }
+        print(json.dumps(doc, indent=1))
+        return 0
+    if args.markdown:
+        runs = [run for run in data["runs"] if run["id"] in priced]
+        print(markdown_table(rows, [implied_efficiency(run, data) for run in runs]))
         print("\n" + "\n".join(summary_lines(rows)))
     else:
         print(text_table(rows, efficiency))
     far = [r for r in rows if abs(r.error_pct) > FAR_OFF]
-    if far and not args.json:
+    if far:
         print(
             f"far off (> {FAR_OFF:.0f}%): " + ", ".join(f"{r.id} {r.error_pct:+.0f}%" for r in far)
         )
-    if args.json:
-        return 0
+    print("\n".join(skipped_lines(skipped)))
     pairs = interleave_sensitivity(data)
     if pairs:
         print("virtual stages not stated (table: v = 1); with the alternative v:")
         for base, alt in pairs:
             print(
-                f"  {base.id:<24} v1 {base.predicted_tflops:6.1f} ({base.error_pct:+.1f}%)"
-                f"  ->  {alt.layout.split()[3]} {alt.predicted_tflops:6.1f} ({alt.error_pct:+.1f}%)"
+                f"  {base.id:<24} v1 {base.predicted:6.1f} ({base.error_pct:+.1f}%)"
+                f"  ->  {alt.layout.split()[3]} {alt.predicted:6.1f} ({alt.error_pct:+.1f}%)"
             )
+    if args.formulas:
+        print("each source's model FLOPs per token against commsim's (full attention):")
+        for rid, theirs, ours, ratio in flop_ratios(data):
+            print(f"  {rid:<32} {theirs / 1e9:9.2f} GFLOP  commsim {ours / 1e9:9.2f}  x{ratio:.3f}")
     if args.implied:
         print("compute_efficiency at which each row would match (diagnostic, not used):")
         for run in data["runs"]:
-            e = implied_efficiency(run, data)
-            print(f"  {run['id']:<24} {e:.3f}")
+            if run["id"] in priced:
+                print(f"  {run['id']:<32} {implied_efficiency(run, data):.3f}")
     if args.scan:
         e, med, worst = best_single_efficiency(data)
         print(

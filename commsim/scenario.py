@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from commsim import catalog
+from commsim.deepspeed import DeepSpeedSettings, read_deepspeed
 from commsim.profile import apply_profile, load_profile
 from commsim.specs import (
     ClusterSpec,
@@ -64,20 +65,52 @@ def with_overrides(data: dict[str, Any], overrides: dict[str, Any], source: str)
 
     Overrides are merged into the plain data before validation, so a bad value is
     reported like a bad field. Strategy fields (bucket_mb, algorithm, ...) go under
-    `strategy`."""
+    `strategy`. A `deepspeed` config fills the strategy and batch fields it sets (see
+    _with_deepspeed)."""
     data = dict(data)
     strategy = dict(data.get("strategy") or {})
     if any(overrides.get(k) is not None for k in ("model", "cluster", "gpus")):
         data["name"] = f"{data.get('name', 'scenario')} (changed by flags)"
-    for key, value in overrides.items():
-        if value is None:
-            continue
+    given = {key for key, value in overrides.items() if value is not None}
+    for key in given:
         if key in STRATEGY_FIELDS:
-            strategy[key] = value
+            strategy[key] = overrides[key]
         else:
-            data[key] = value
+            data[key] = overrides[key]
+    settings = _with_deepspeed(data, strategy, given, source)
     data["strategy"] = strategy
-    return parse_spec(Scenario, data, source)
+    scenario = parse_spec(Scenario, data, source)
+    if settings is not None:
+        s = scenario.strategy
+        if scenario.gpus % (s.tp * s.pp) == 0:  # otherwise check_layout says why
+            settings.check_batch(
+                scenario.global_batch, scenario.micro_batch, scenario.gpus // (s.tp * s.pp)
+            )
+    return scenario
+
+
+def _with_deepspeed(
+    data: dict[str, Any], strategy: dict[str, Any], given: set[str], source: str
+) -> DeepSpeedSettings | None:
+    """Merge a scenario's DeepSpeed config (commsim.deepspeed) into its plain data: the
+    fields it sets fill what the scenario leaves out; a flag (or what-if change) overrides
+    it; a scenario field that says otherwise is a SpecError naming that field."""
+    path = data.get("deepspeed")
+    if not path:
+        return None
+    if not isinstance(path, str):
+        raise SpecError(source, "deepspeed", "expected a path to a ds_config.json")
+    settings = read_deepspeed(path)
+    batch = {"micro_batch": settings.micro_batch, "global_batch": settings.global_batch}
+    for target, values in ((strategy, settings.strategy), (data, batch)):
+        for key, value in values.items():
+            if value is None or key in given:
+                continue
+            if key in target and target[key] != value:
+                field = f"strategy.{key}" if target is strategy else key
+                raise SpecError(source, field, f"{target[key]!r}, but {path} makes it {value!r}")
+            target[key] = value
+    return settings
 
 
 def _cluster_spec(scenario: Scenario, source: str) -> ClusterSpec:

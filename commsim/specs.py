@@ -324,6 +324,7 @@ class Scenario(Spec):
     # measured rate) overrides it
     compute_efficiency: float | None = Field(default=None, gt=0, le=1)
     profile: str | None = None  # a calibration profile (commsim calibrate fit) for the cluster
+    deepspeed: str | None = None  # a DeepSpeed ds_config.json: ZeRO stage, buckets, batch sizes
     tokens: float | None = Field(default=None, gt=0)  # training tokens, for time-to-train
     price_per_gpu_hour: float | None = Field(default=None, gt=0)  # for cost
     strategy: Strategy = Strategy()

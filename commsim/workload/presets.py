@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from commsim.specs import ModelSpec, SpecError
+from commsim.workload.hf import is_config_path, read_config
 from commsim.workload.model import Layer, Workload
 from commsim.workload.transformer import BERT, GPT, LLAMA, TransformerShape, transformer_layers
 
@@ -237,7 +238,8 @@ MODEL_NAMES: tuple[str, ...] = (*_TRANSFORMERS, "resnet50")
 def build_workload(
     model: ModelSpec | str, seq_len: int | None = None, source: str = "model"
 ) -> Workload:
-    """Turn a preset name or a ModelSpec into layers; `seq_len` overrides the model's.
+    """Turn a preset name, a path to a Hugging Face config.json or a ModelSpec into layers;
+    `seq_len` overrides the model's.
 
     A transformer ModelSpec that sets nothing but name (and seq_len) names a preset. Otherwise
     its family follows gated_mlp: gated means LLaMA-style (RMSNorm, no biases, rotary, untied
@@ -245,6 +247,8 @@ def build_workload(
     layer is one parameter tensor (none when it has no parameters).
     """
     if isinstance(model, str):
+        if is_config_path(model):  # a Hugging Face config.json (workload.hf)
+            return build_workload(read_config(model), seq_len, source)
         return _preset(model, seq_len, source)
     if model.kind == "custom":
         if not model.custom_layers:
