@@ -59,6 +59,7 @@ class ParallelLayout:
     cp: int = 1  # context-parallel degree: each GPU holds s / cp of every sequence
     flash: bool = True  # FlashAttention: no s x s attention scores kept
     shard: int = 0  # hybrid sharding (HSDP): ZeRO-3 groups of this many dp ranks (0: all)
+    residual_bytes: int = 0  # error feedback: its residual's bytes a parameter (0: none)
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -215,13 +216,17 @@ def _states(params, dp, zero, grad_bytes):
     )
 
 
-def _buffers(zero, bucket_mb, grad_bytes, largest_layer):
-    """Communication buffers and the CUDA/NCCL workspace."""
-    # ZeRO 0-2: two buckets, one filling while one is reduced; the gradients themselves live in
-    # the buckets (DDP gradient_as_bucket_view, Megatron's contiguous buffer). ZeRO-3/FSDP: the
-    # largest layer gathered twice (computing, prefetching) and its gradient before reduce-scatter.
+def _buffers(zero, bucket_mb, grad_bytes, largest_layer, params, residual):
+    """Communication buffers, an error-feedback residual and the CUDA/NCCL workspace."""
+    # ZeRO 0-2: two buckets, one filling while one is reduced, together never more than the
+    # gradient of the `params` held; the gradients themselves live in the buckets (DDP
+    # gradient_as_bucket_view, Megatron's contiguous buffer). ZeRO-3/FSDP: the largest layer
+    # gathered twice (computing, prefetching) and its gradient before reduce-scatter. Error
+    # feedback keeps what compression dropped, a gradient-sized buffer in the bucket's dtype
+    # (torch's PowerSGD hook: error_dict, one tensor per bucket of its length and dtype).
     gathered = (2 * PARAM_BYTES + grad_bytes) * largest_layer
-    return WORKSPACE_BYTES + np.where(zero >= 3, gathered, 2.0 * bucket_mb * MIB)
+    buckets = np.minimum(2.0 * bucket_mb * MIB, grad_bytes * params)
+    return WORKSPACE_BYTES + np.where(zero >= 3, gathered, buckets) + residual * params
 
 
 def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
@@ -273,10 +278,8 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         acts = in_flight(rank, pp, v, c["micro_batches"], schedule) * held * per_layer
         acts = acts + np.where(on_last, output, 0.0)
         largest = np.maximum(block, np.where(pp == 1, np.maximum(first, last), extra))
-        stages.append(
-            (*(d + x for d, x in zip(dense, sparse, strict=True)), acts)
-            + (_buffers(zero, c["bucket_mb"], c["grad_bytes"], largest),)
-        )
+        buffers = _buffers(zero, c["bucket_mb"], c["grad_bytes"], largest, params, c["residual"])
+        stages.append((*(d + x for d, x in zip(dense, sparse, strict=True)), acts, buffers))
     totals = np.stack([sum(stage) for stage in stages])
     worst = np.argmax(totals, axis=0)  # ties go to the first stage, as before
     return tuple(np.choose(worst, parts) for parts in zip(*stages, strict=True))
@@ -299,7 +302,7 @@ def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: st
     return (
         *_states(params / t, c["dp"], c["zero"], c["grad_bytes"]),
         acts,
-        _buffers(c["zero"], c["bucket_mb"], c["grad_bytes"], largest),
+        _buffers(c["zero"], c["bucket_mb"], c["grad_bytes"], largest, params / t, c["residual"]),
     )
 
 
@@ -350,6 +353,7 @@ def memory_per_gpu_batch(
     cp=1,
     flash=True,
     shard=0,
+    residual_bytes=0,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -374,6 +378,7 @@ def memory_per_gpu_batch(
         cp=cp,
         flash=flash,
         shard=shard,
+        residual=residual_bytes,
     )
     return sum(_components(workload, c, schedule))
 
@@ -406,5 +411,6 @@ def memory_per_gpu(
         cp=layout.cp,
         flash=layout.flash,
         shard=layout.shard,
+        residual=layout.residual_bytes,
     )
     return MemoryBreakdown(*(float(x) for x in _components(workload, c, schedule)))

@@ -274,7 +274,8 @@ class StepModel:
         return line[inverse, 0] + line[inverse, 1] * act
 
     def memory(self, L: Layouts) -> np.ndarray:
-        """Bytes per GPU on the fullest stage (step.memory)."""
+        """Bytes per GPU on the fullest stage (step.memory); error feedback with a lossy
+        compressor (code 0 is "none") keeps a residual in the gradients' dtype."""
         return memory_per_gpu_batch(
             self.workload,
             L.dp,
@@ -295,4 +296,5 @@ class StepModel:
             cp=L.cp,
             flash=L.flash,
             shard=L.fsdp_shard,
+            residual_bytes=np.where(L.error_feedback & (L.compression != 0), L.grad_bytes, 0),
         )

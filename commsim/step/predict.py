@@ -139,5 +139,11 @@ def layout_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
         cp=strategy.cp,
         flash=strategy.flash_attention,
         shard=strategy.fsdp_shard or 0,
+        residual_bytes=DTYPE_BYTES[strategy.grad_dtype] if _residual(strategy) else 0,
     )
     return memory_per_gpu(w, layout)
+
+
+def _residual(strategy: Strategy) -> bool:
+    """Error feedback keeps a residual only when compression drops something."""
+    return strategy.error_feedback and strategy.compression != "none"
