@@ -149,10 +149,11 @@ class DDPRecord(Record):
 
 
 class EndRecord(Record):
-    """How a run ended; a failed run says why (which rank, doing what)."""
+    """How a run ended; a failed run says why (which rank, doing what); an interrupted one
+    was stopped by a signal to its launcher (what it measured before stays)."""
 
     kind: Literal["end"]
-    status: Literal["complete", "failed"]
+    status: Literal["complete", "failed", "interrupted"]
     message: str = ""
     elapsed_s: float | None = None
 
