@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from commsim.specs import GPUSpec, SpecError
+from commsim.specs import GPUSpec, SpecError, load_spec
 
 # Peak figures are dense (no structured sparsity) BF16/FP16 tensor-core FLOP/s, HBM size
 # and bandwidth, and NVLink bandwidth per direction (vendors quote the bidirectional sum).
@@ -129,13 +129,19 @@ DEFAULT_SCENARIO = SCENARIO_DIR / "default.yaml"
 
 
 def gpu(name: str, source: str = "", field: str = "gpu") -> GPUSpec:
-    """Look a GPU up by name; an unknown one is a SpecError listing the known ones."""
+    """Look a GPU up by name, or read one the catalog lacks from a YAML file of GPUSpec
+    fields (a name ending in .yaml or .yml); an unknown name is a SpecError listing the
+    known ones."""
+    if Path(name).suffix in (".yaml", ".yml"):
+        return load_spec(GPUSpec, name)
     try:
         return GPUS[name.lower()]
     except KeyError:
         known = ", ".join(sorted(GPUS))
         raise SpecError(
-            source or "catalog", field, f"unknown GPU {name!r} (known: {known})"
+            source or "catalog",
+            field,
+            f"unknown GPU {name!r} (known: {known}; or a YAML file of its figures)",
         ) from None
 
 
@@ -146,6 +152,8 @@ def topology_names() -> list[str]:
 
 def topology_path(name_or_path: str, source: str = "", field: str = "cluster") -> Path:
     """A built-in topology name or a path to a YAML file."""
+    if not name_or_path.strip():
+        raise SpecError(source or "(empty)", field, "empty: give a topology name or a YAML path")
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         return path

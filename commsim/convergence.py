@@ -25,9 +25,11 @@ from typing import Literal
 import numpy as np
 
 from commsim.compression import ErrorFeedback, parse_compressor
+from commsim.files import save_figure
 
 DEFAULT_COMPRESSORS = ("none", "fp16", "int8", "topk:0.05", "topk:0.05+int8")
 LAYER_SIZES = (64, 128, 10)  # 8x8 pixels -> hidden -> 10 digits
+BATCH = 256  # samples per step, split over the workers
 
 
 @dataclass(frozen=True)
@@ -126,11 +128,13 @@ def train(
     steps: int = 300,
     workers: int = 8,
     seed: int = 0,
-    batch: int = 256,
+    batch: int = BATCH,
     lr: float = 0.1,
     momentum: float = 0.9,
 ) -> tuple[np.ndarray, list[np.ndarray], int]:
     """Data-parallel SGD through `compressor`: (loss per step, final params, wire bytes)."""
+    if not 1 <= workers <= batch:
+        raise ValueError(f"{workers} workers for {batch} samples a step: each needs one at least")
     comp = parse_compressor(compressor, seed=seed)
     ef = ErrorFeedback(comp) if error_feedback else None
     params = init_params(np.random.default_rng([seed, 0]))
@@ -198,5 +202,5 @@ def plot_curves(results: Sequence[RunResult], path: str) -> None:
     ax.set_title("MLP on digits, data-parallel SGD through gradient compressors")
     ax.legend(fontsize=7, ncols=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)

@@ -12,6 +12,7 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
     try:
+        os.chmod(tmp, _mode(path))  # mkstemp's 0600 would hide the file from others
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
@@ -20,3 +21,54 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _mode(path: Path) -> int:
+    """The mode the file has, or a new file's under the umask."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+# what --plot writes (matplotlib's formats); a path without a suffix gets a PNG
+IMAGE_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp")
+
+
+def image_format(path: str | Path) -> str:
+    """The image format a path's suffix names (png without one)."""
+    return Path(path).suffix.lstrip(".").lower() or "png"
+
+
+def check_output(path: str | None, flag: str, image: bool = False) -> None:
+    """Refuse, before any work, an output path that cannot be written whole: empty, a
+    directory, in a directory that does not exist or cannot be written, or (an image) of a
+    format no plot can take. A ValueError names the flag and the path."""
+    if path is None:
+        return
+    where = f"{flag} {path!r}"
+    if not path.strip():
+        raise ValueError(f"{flag}: empty path: give a file name")
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise ValueError(f"{where}: is a directory: give a file name in it")
+    if not parent.is_dir():
+        raise ValueError(f"{where}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ValueError(f"{where}: cannot write there (permission denied)")
+    if image and image_format(p) not in IMAGE_FORMATS:
+        raise ValueError(
+            f"{where}: not an image format; end the name in one of {', '.join(IMAGE_FORMATS)}"
+        )
+
+
+def save_figure(fig, path: str | Path) -> None:
+    """A matplotlib figure written whole or not at all, in the format its suffix names."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format=image_format(path), dpi=120)
+    write_atomic(path, buf.getvalue())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -22,7 +22,8 @@ TIERS = ("intra-node", "inter-node", "cross-rack")
 Op = Literal["all-reduce", "all-gather", "reduce-scatter", "broadcast", "all-to-all", "send-recv"]
 Tier = Literal["intra-node", "inter-node", "cross-rack"]
 
-Interval = tuple[float, float]  # 95% confidence interval (low, high); high may be inf
+# 95% confidence interval (low, high); high may be inf (Spec refuses inf elsewhere)
+Interval = tuple[float, Annotated[float, Field(allow_inf_nan=True)]]
 
 
 class TierFit(Spec):

@@ -60,18 +60,20 @@ def load_scenario(path: str | None, overrides: dict[str, Any]) -> tuple[Scenario
     return with_overrides(data, overrides, source), source
 
 
-def with_overrides(data: dict[str, Any], overrides: dict[str, Any], source: str) -> Scenario:
+def with_overrides(
+    data: dict[str, Any], overrides: dict[str, Any], source: str, units: bool = True
+) -> Scenario:
     """A scenario from plain data with fields replaced (None leaves a field alone).
 
     Overrides are merged into the plain data before validation, so a bad value is
     reported like a bad field. Strategy fields (bucket_mb, algorithm, ...) go under
     `strategy`. A `deepspeed` config fills the strategy and batch fields it sets (see
-    _with_deepspeed)."""
+    _with_deepspeed). `units`: sizes, rates and times must say their unit (parse_spec)."""
     data = dict(data)
     strategy = dict(data.get("strategy") or {})
-    if any(overrides.get(k) is not None for k in ("model", "cluster", "gpus")):
-        data["name"] = f"{data.get('name', 'scenario')} (changed by flags)"
     given = {key for key, value in overrides.items() if value is not None}
+    if given & {"model", "cluster", "gpus"}:  # what it names is no longer what runs
+        data["name"] = f"{data.get('name', 'scenario')} (changed: {', '.join(sorted(given))})"
     for key in given:
         if key in STRATEGY_FIELDS:
             strategy[key] = overrides[key]
@@ -79,7 +81,7 @@ def with_overrides(data: dict[str, Any], overrides: dict[str, Any], source: str)
             data[key] = overrides[key]
     settings = _with_deepspeed(data, strategy, given, source)
     data["strategy"] = strategy
-    scenario = parse_spec(Scenario, data, source)
+    scenario = parse_spec(Scenario, data, source, units)
     if settings is not None:
         s = scenario.strategy
         if scenario.gpus % (s.tp * s.pp) == 0:  # otherwise check_layout says why

@@ -17,7 +17,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
 
@@ -46,16 +48,50 @@ def _non_negative(v: float) -> float:
     return v
 
 
-Bytes = Annotated[float, BeforeValidator(units.parse_bytes), AfterValidator(_positive)]
-Rate = Annotated[float, BeforeValidator(units.parse_rate), AfterValidator(_positive)]
-Latency = Annotated[float, BeforeValidator(units.parse_time), AfterValidator(_non_negative)]
+def _with_unit(parse):
+    """A quantity's parser that, for input from a file or flag (validation context
+    {"units": True}), refuses a non-zero number without a unit: read as bytes/s, 100 is
+    a thousand million times slower than the 100 Gb/s that was meant."""
+
+    def validate(value: Any, info: ValidationInfo) -> float:
+        return parse(value, bare=not (info.context or {}).get("units", False))
+
+    return validate
+
+
+def _unit_text(unit: str) -> PlainSerializer:
+    """JSON dumps write a quantity with its SI unit, so a dump reads back as a file does."""
+    return PlainSerializer(lambda v: f"{v!r}{unit}", return_type=str, when_used="json")
+
+
+Bytes = Annotated[
+    float,
+    BeforeValidator(_with_unit(units.parse_bytes)),
+    AfterValidator(_positive),
+    _unit_text("B"),
+]
+Rate = Annotated[
+    float,
+    BeforeValidator(_with_unit(units.parse_rate)),
+    AfterValidator(_positive),
+    _unit_text("B/s"),
+]
+Latency = Annotated[
+    float,
+    BeforeValidator(_with_unit(units.parse_time)),
+    AfterValidator(_non_negative),
+    _unit_text("s"),
+]
 FlopRate = Annotated[float, AfterValidator(_positive)]
 
 
 class Spec(BaseModel):
-    """Base: unknown fields are errors (a typo must not pass silently)."""
+    """Base: unknown fields are errors (a typo must not pass silently), and so are
+    infinite or NaN numbers."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False
+    )
 
 
 class GPUSpec(Spec):
@@ -113,7 +149,12 @@ class FabricSpec(Spec):
 
 
 FailureClass = Literal["gpu", "hbm", "nic", "host", "switch", "cable", "software"]
-Duration = Annotated[float, BeforeValidator(units.parse_time), AfterValidator(_positive)]
+Duration = Annotated[
+    float,
+    BeforeValidator(_with_unit(units.parse_time)),
+    AfterValidator(_positive),
+    _unit_text("s"),
+]
 
 
 class ReliabilitySpec(Spec):
@@ -352,12 +393,14 @@ def _main_errors(errors: list[Any]) -> list[Any]:
     return list(best.values())
 
 
-def parse_spec(cls: type[Spec], data: Any, source: str) -> Any:
-    """Validate plain data as `cls`, turning pydantic's errors into one SpecError."""
+def parse_spec(cls: type[Spec], data: Any, source: str, units: bool = True) -> Any:
+    """Validate plain data as `cls`, turning pydantic's errors into one SpecError. With
+    `units` (input a person wrote) a size, rate or time must say its unit; without (data
+    already in SI, as Python code or a dumped spec gives it) a number is taken as SI."""
     if not isinstance(data, dict):
         raise SpecError(source, "", f"expected a mapping of fields, got {type(data).__name__}")
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(data, context={"units": units})
     except ValidationError as e:
         errors = _main_errors(e.errors())
         err = errors[0]
@@ -368,11 +411,17 @@ def parse_spec(cls: type[Spec], data: Any, source: str) -> Any:
 
 def read_yaml(path: str | Path) -> Any:
     """yaml.safe_load a file; a missing file or bad YAML becomes a SpecError."""
+    if str(path) == "":
+        raise SpecError("(empty path)", "", "give a file name")
     path = Path(path)
     try:
         text = path.read_text()
     except FileNotFoundError:
         raise SpecError(str(path), "", "file not found") from None
+    except IsADirectoryError:
+        raise SpecError(str(path), "", "is a directory, not a YAML file") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(str(path), "", f"not a text file (byte {e.start} is not UTF-8)") from None
     except OSError as e:
         raise SpecError(str(path), "", e.strerror or str(e)) from None
     try:

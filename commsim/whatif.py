@@ -52,7 +52,7 @@ def change(scenario: Scenario, changes: Mapping[str, Any] | None = None, **more:
             _set(data["cluster"], key.split(".")[1:], value, key)
         else:
             flat[key] = value
-    return with_overrides(data, flat, SOURCE)
+    return with_overrides(data, flat, SOURCE, units=False)  # a dumped scenario is in SI
 
 
 def _set(tree: dict[str, Any], path: list[str], value: Any, key: str) -> None:

@@ -239,7 +239,7 @@ def test_bad_expert_parallelism_exits_2(args, expect):
     base = ["--cluster", "dgx-h100-ib", "--gpus", "32", "--global-batch", "64"]
     result = CliRunner().invoke(app, ["predict", *base, *args])
     assert result.exit_code == 2, result.output
-    assert "strategy.ep" in result.output and expect in " ".join(result.output.split())
+    assert "--ep " in result.output and expect in " ".join(result.output.split())
 
 
 def test_mixtral_expert_parallel_prediction_runs():

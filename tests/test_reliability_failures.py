@@ -91,7 +91,7 @@ def test_cluster_yaml_overrides_rates_repair_and_storage():
     assert r.per_unit_s["switch"] == 0.0
     assert r.per_unit_s["hbm"] == pytest.approx(DEFAULT_RATES_PER_HOUR["hbm"] / 3600)
     assert r.repair_s == 48 * 3600 and r.write_Bps == 5e11
-    data = _dgx_h100().model_dump() | {"reliability": {"rates": {"gpu": -1}}}
+    data = _dgx_h100().model_dump(mode="json") | {"reliability": {"rates": {"gpu": -1}}}
     with pytest.raises(SpecError, match="reliability.rates.gpu"):
         parse_spec(ClusterSpec, data, "c.yaml")
     data["reliability"] = {"rates": {"tpu": 1e-6}}

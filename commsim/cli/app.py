@@ -24,6 +24,25 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Predict distributed-training step time and communication, and pick the strategy.",
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from commsim import __version__
+
+        typer.echo(f"commsim {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Predict distributed-training step time and communication, and pick the strategy."""
+
+
 app.command("predict")(predict_cmd)
 app.command("plan")(plan_cmd)
 app.command("collective")(collective_cmd)

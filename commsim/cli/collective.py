@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from commsim.cli.options import ProfileOpt
+from commsim.cli.options import CsvOpt, HtmlOpt, ProfileOpt
 from commsim.collectives.algorithms import ALGORITHMS
 from commsim.report import terminal
 
@@ -36,6 +36,8 @@ def collective_cmd(
     ] = "blocked",
     ps_shards: Annotated[int, typer.Option(help="Parameter-server shards.")] = 1,
     profile: ProfileOpt = None,
+    html: HtmlOpt = None,
+    csv: CsvOpt = None,
     json_out: terminal.JsonOpt = False,
 ) -> None:
     """Time one collective over a size sweep, nccl-tests style (time, algbw, busbw)."""
@@ -44,39 +46,85 @@ def collective_cmd(
     from commsim import catalog
     from commsim.collectives.algorithms import SEARCHED
     from commsim.collectives.group import GroupCost
+    from commsim.files import check_output
     from commsim.profile import apply_profile, load_profile
     from commsim.report import tables
+    from commsim.report.rows import write_csv
     from commsim.specs import ClusterSpec, load_spec
     from commsim.topology.build import build_cluster
     from commsim.topology.placement import place
-    from commsim.units import parse_size_range
 
     with terminal.user_errors():
         if op not in ALGORITHMS:
             raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
-        spec = load_spec(ClusterSpec, catalog.topology_path(cluster, cluster))
+        if gpus < 2:
+            raise ValueError(f"--gpus {gpus}: a collective needs at least 2 ranks")
+        check_output(html, "--html")
+        check_output(csv, "--csv")
+        lo, hi = _size_range(sizes)
+        spec = load_spec(ClusterSpec, catalog.topology_path(cluster, "--cluster", ""))
         if profile:
             spec = apply_profile(spec, load_profile(profile), profile)
         built = build_cluster(spec, gpus, cluster)
         cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
-        lo, hi = parse_size_range(sizes)
         grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
         algs = SEARCHED[op] if algorithm == "all" else (algorithm,)
         rows = _rows(cost, op, gpus, algs, grid)
+        doc = {"op": op, "cluster": spec.name, "gpus": gpus, "placement": placement, "rows": rows}
+        terminal.require_finite(doc, "--sizes")
+        shown = [r | {"algorithm": r["requested"]} for r in rows]
+        title = f"{op}: {gpus} GPUs of {spec.name}, {placement} placement"
+        table = tables.collective_table(title, shown, algs)
+        if csv:
+            write_csv(csv, rows)
+        if html:
+            _html(table, spec, doc, html)
     if json_out:
-        terminal.print_json(
-            {"op": op, "cluster": spec.name, "gpus": gpus, "placement": placement, "rows": rows}
-        )
+        terminal.print_json(doc)
         return
-    shown = [r | {"algorithm": r["requested"]} for r in rows]
-    terminal.console.print(
-        tables.collective_table(
-            f"{op}: {gpus} GPUs of {spec.name}, {placement} placement", shown, algs
-        )
-    )
+    terminal.console.print(table)
+    for path, what in ((csv, "rows"), (html, "report")):
+        if path:
+            terminal.console.print(f"{what} written to {path}", highlight=False)
     if algorithm in ("auto", "nccl"):
         picks = sorted({r["algorithm"] for r in rows})
         terminal.console.print(f"{algorithm} picked: {', '.join(picks)}")
+
+
+def _size_range(text: str) -> tuple[float, float]:
+    """--sizes as (low, high) bytes; a bad one names the flag."""
+    from commsim.units import UnitError, parse_size_range
+
+    try:
+        return parse_size_range(text)
+    except UnitError as e:
+        raise UnitError(f"--sizes: {e}") from None
+
+
+def _html(table: Any, spec: Any, doc: dict[str, Any], path: str) -> None:
+    """The sweep as one HTML page: the table, busbw against size, the cluster."""
+    import yaml
+
+    from commsim.report.html import Report, figure_png
+    from commsim.report.sweeps import plot_busbw
+
+    report = Report(f"commsim collective: {table.title}")
+    report.table(table)
+    report.figure(figure_png(lambda p: plot_busbw(doc, p)), "bus bandwidth against size")
+    report.heading("Inputs")
+    inputs = {k: v for k, v in doc.items() if k != "rows"}
+    report.code(yaml.safe_dump(inputs, sort_keys=False))
+    report.code(yaml.safe_dump({"cluster": spec.model_dump(mode="json")}, sort_keys=False))
+    report.heading("Assumptions")
+    report.lines(
+        [
+            "busbw = algbw x the nccl-tests factor: 2(N-1)/N all-reduce, (N-1)/N all-gather, "
+            "reduce-scatter, all-to-all; 1 broadcast, send-recv",
+            "each algorithm priced on the cluster graph: alpha-beta per link tier, flows shared "
+            "max-min on contended links",
+        ]
+    )
+    report.write(path)
 
 
 def _rows(

@@ -41,6 +41,8 @@ def compression_bench(
     from commsim.report import tables
 
     with terminal.user_errors():
+        if repeats < 1:
+            raise ValueError(f"--repeats {repeats}: time each compressor at least once")
         specs = _compressor_list(compressors)
         sources = {
             "synthetic block": np.concatenate(
@@ -79,6 +81,7 @@ def compression_convergence(
     """Train a small MLP on scikit-learn's bundled digits with simulated workers whose
     gradients pass through each compressor; accuracy and loss against uncompressed."""
     from commsim import convergence
+    from commsim.files import check_output
     from commsim.report import tables
 
     with terminal.user_errors():
@@ -87,6 +90,12 @@ def compression_convergence(
             raise ValueError(f"--error-feedback must be both, on or off, not {error_feedback!r}")
         if steps < 1 or workers < 1:
             raise ValueError("--steps and --workers must be at least 1")
+        if workers > convergence.BATCH:
+            raise ValueError(
+                f"--workers {workers}: at most {convergence.BATCH}, the samples of one step "
+                "(each worker needs one at least)"
+            )
+        check_output(plot, "--plot", image=True)
         specs = _compressor_list(compressors)
         results = convergence.run(specs, modes[error_feedback], steps, workers, seed)
         if plot:

@@ -3,6 +3,8 @@ Setup."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -18,9 +20,17 @@ ScenarioArg = Annotated[
 ModelOpt = Annotated[str | None, typer.Option(help="Model preset, e.g. gpt2-xl, llama2-7b.")]
 ClusterOpt = Annotated[str | None, typer.Option(help="Topology name or YAML path.")]
 GpusOpt = Annotated[int | None, typer.Option(help="Number of GPUs (data-parallel ranks).")]
-GlobalBatchOpt = Annotated[int | None, typer.Option(help="Samples per optimizer step.")]
-MicroBatchOpt = Annotated[int | None, typer.Option(help="Samples per GPU per micro-step.")]
-SeqLenOpt = Annotated[int | None, typer.Option(help="Tokens per sample.")]
+GlobalBatchOpt = Annotated[
+    int | None,
+    typer.Option("--global-batch", "--global-batch-size", help="Samples per optimizer step."),
+]
+MicroBatchOpt = Annotated[
+    int | None,
+    typer.Option("--micro-batch", "--micro-batch-size", help="Samples per GPU per micro-step."),
+]
+SeqLenOpt = Annotated[
+    int | None, typer.Option("--seq-len", "--seq-length", help="Tokens per sample.")
+]
 BucketOpt = Annotated[float | None, typer.Option(help="DDP bucket cap in MiB.")]
 AlgorithmOpt = Annotated[
     str | None,
@@ -47,43 +57,171 @@ ErrorFeedbackOpt = Annotated[
 ]
 
 
-TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel degree.")]
-PpOpt = Annotated[int | None, typer.Option("--pp", help="Pipeline-parallel stages.")]
+# Megatron-LM's flag names are aliases where they differ (arguments.py)
+TpOpt = Annotated[
+    int | None,
+    typer.Option("--tp", "--tensor-model-parallel-size", help="Tensor-parallel degree."),
+]
+PpOpt = Annotated[
+    int | None,
+    typer.Option("--pp", "--pipeline-model-parallel-size", help="Pipeline-parallel stages."),
+]
 EpOpt = Annotated[
-    int | None, typer.Option("--ep", help="Expert-parallel degree (MoE; out of data parallel).")
+    int | None,
+    typer.Option(
+        "--ep",
+        "--expert-model-parallel-size",
+        help="Expert-parallel degree (MoE; out of data parallel).",
+    ),
+]
+CpOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--cp", "--context-parallel-size", help="Context-parallel degree (ring attention)."
+    ),
 ]
 ZeroOpt = Annotated[int | None, typer.Option("--zero", help="ZeRO stage 0, 1, 2 or 3.")]
 FsdpOpt = Annotated[bool, typer.Option("--fsdp", help="FSDP full shard (the same as --zero 3).")]
 RecomputeOpt = Annotated[
-    str | None, typer.Option(help="Activation recomputation: none, selective, full.")
+    str | None,
+    typer.Option(
+        "--recompute",
+        "--recompute-granularity",
+        help="Activation recomputation: none, selective, full.",
+    ),
 ]
 InterleaveOpt = Annotated[
-    int | None, typer.Option(help="Virtual pipeline stages per rank (interleaved 1F1B).")
+    int | None,
+    typer.Option(
+        "--interleave",
+        "--num-virtual-stages-per-pipeline-rank",
+        help="Virtual pipeline stages per rank (interleaved 1F1B).",
+    ),
+]
+LayersPerVirtualOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--num-layers-per-virtual-pipeline-stage",
+        help="Megatron's other way to interleave: layers per virtual stage "
+        "(interleave = layers / (pp x this)).",
+    ),
 ]
 FirstLayersOpt = Annotated[
     int | None,
-    typer.Option(help="Layers on the first pipeline stage (uneven split; the rest even)."),
+    typer.Option(
+        "--first-stage-layers",
+        "--decoder-first-pipeline-num-layers",
+        help="Layers on the first pipeline stage (uneven split; the rest even).",
+    ),
 ]
 LastLayersOpt = Annotated[
     int | None,
-    typer.Option(help="Layers on the last pipeline stage (uneven split; the rest even)."),
+    typer.Option(
+        "--last-stage-layers",
+        "--decoder-last-pipeline-num-layers",
+        help="Layers on the last pipeline stage (uneven split; the rest even).",
+    ),
+]
+DeepSpeedOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--deepspeed",
+        "--deepspeed-config",
+        help="A DeepSpeed ds_config.json: ZeRO stage, buckets, overlap, dtype, batch sizes.",
+    ),
 ]
 TokensOpt = Annotated[float | None, typer.Option(help="Training tokens, for time to train.")]
 ProfileOpt = Annotated[
     str | None, typer.Option(help="Calibration profile (commsim calibrate fit) for the cluster.")
 ]
 PriceOpt = Annotated[float | None, typer.Option(help="Price of one GPU-hour, for cost.")]
+HtmlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--html",
+        help="Also write one self-contained HTML page: tables, plots, inputs and assumptions.",
+    ),
+]
+CsvOpt = Annotated[
+    str | None, typer.Option("--csv", help="Also write the table's rows to this CSV file.")
+]
+
+
+def flag(key: str) -> str:
+    """The flag that sets a scenario or strategy field."""
+    return "--" + key.replace("_", "-")
 
 
 def setup_from_flags(
     scenario: str | None,
     fsdp: bool = False,
     check: bool = True,
+    layers_per_virtual_stage: int | None = None,
     **overrides: Any,
 ) -> Setup:
+    """The scenario file (or the built-in one) with the flags' values, resolved; --fsdp is
+    --zero 3, and Megatron's --num-layers-per-virtual-pipeline-stage becomes interleave."""
     from commsim.scenario import load_scenario, resolve
+    from commsim.specs import SpecError
 
     if fsdp:
+        if overrides.get("zero") not in (None, 3):
+            raise SpecError("--fsdp", "", f"is ZeRO-3, but --zero {overrides['zero']} is given")
         overrides["zero"] = 3
+    if layers_per_virtual_stage is not None and overrides.get("interleave") is not None:
+        raise SpecError(
+            "--num-layers-per-virtual-pipeline-stage", "", "give it or --interleave, not both"
+        )
     spec, source = load_scenario(scenario, overrides)
+    if layers_per_virtual_stage is None:
+        return resolve(spec, source, check)
+    setup = resolve(spec, source, check=False)
+    spec = spec.model_copy(
+        update={"strategy": interleave_of(setup, spec.strategy, layers_per_virtual_stage)}
+    )
     return resolve(spec, source, check)
+
+
+def interleave_of(setup: Setup, strategy: Any, layers: int) -> Any:
+    """The strategy with Megatron's virtual stages of `layers` layers each: interleave =
+    transformer layers / (pp x layers) (Megatron-LM arguments.py)."""
+    from commsim.specs import SpecError
+
+    blocks = sum(layer.name.startswith("block.") for layer in setup.workload.layers)
+    what = "--num-layers-per-virtual-pipeline-stage"
+    if layers < 1 or strategy.pp < 2 or blocks % (strategy.pp * layers):
+        raise SpecError(
+            f"{what} {layers}",
+            "",
+            f"needs pp > 1 and {blocks} layers / pp {strategy.pp} to split into chunks of {layers}",
+        )
+    return strategy.model_copy(update={"interleave": blocks // (strategy.pp * layers)})
+
+
+def _shown(value: Any) -> str:
+    """A flag's value as typed; quoted when empty or spaced."""
+    text = str(value)
+    return repr(text) if not text.strip() or " " in text else text
+
+
+@contextlib.contextmanager
+def blame_flags(scenario: str | None, overrides: dict[str, Any]) -> Iterator[None]:
+    """An error about a scenario field a flag set names the flag and its value, not the
+    scenario file (`predict --tp -2` is the flag's fault, not default.yaml's)."""
+    from commsim import catalog
+    from commsim.specs import SpecError
+
+    source = str(scenario or catalog.DEFAULT_SCENARIO)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        yield
+    except SpecError as e:
+        if e.source != source:
+            raise
+        keys = [k for k in given if e.field in (k, f"strategy.{k}")]
+        if not keys and e.field == "strategy":  # a product of degrees: the ones flags set
+            keys = [k for k in ("tp", "pp", "cp") if k in given]
+        if not keys:
+            raise
+        named = ", ".join(f"{flag(k)} {_shown(given[k])}" for k in keys)
+        raise SpecError(named, "", e.problem) from None

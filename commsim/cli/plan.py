@@ -7,13 +7,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from commsim.cli import plan_show
 from commsim.cli.options import (
     ClusterOpt,
+    CsvOpt,
+    DeepSpeedOpt,
     ErrorFeedbackOpt,
     FirstLayersOpt,
     FsdpOpt,
     GlobalBatchOpt,
+    HtmlOpt,
     LastLayersOpt,
+    LayersPerVirtualOpt,
     MicroBatchOpt,
     ModelOpt,
     PriceOpt,
@@ -21,13 +26,14 @@ from commsim.cli.options import (
     ScenarioArg,
     SeqLenOpt,
     TokensOpt,
+    blame_flags,
     setup_from_flags,
 )
+from commsim.cli.sizing import gpu_count, size_clusters_cmd
 from commsim.report import terminal
 
 if TYPE_CHECKING:
     from commsim.planner.plan import PlanResult
-    from commsim.planner.sizing import SizingRow
     from commsim.planner.sweep import BandwidthSweep
     from commsim.scenario import Setup
 
@@ -40,7 +46,10 @@ FabricOpt = Annotated[
     str | None,
     typer.Option(help="Cluster sizing: comma-separated topologies to compare (templates)."),
 ]
-GpuOpt = Annotated[str | None, typer.Option(help="Cluster sizing: GPU model to put in them.")]
+GpuOpt = Annotated[
+    str | None,
+    typer.Option(help="Cluster sizing: GPU model to put in them (a name, or a GPU YAML file)."),
+]
 DeadlineOpt = Annotated[
     str | None,
     typer.Option(help="Cluster sizing: the smallest cluster that trains in this (30d)."),
@@ -49,16 +58,24 @@ BudgetOpt = Annotated[
     float | None, typer.Option(help="Cluster sizing: the most money (or GPU-hours) to spend.")
 ]
 ObjectiveOpt = Annotated[
-    str, typer.Option(help="Cluster sizing: time-to-train, cost, throughput-per-dollar.")
+    str | None,
+    typer.Option(
+        help="Cluster sizing: what picks the row (default time-to-train): "
+        "time-to-train, cost, throughput-per-dollar, step-time."
+    ),
 ]
 OnlyBucketOpt = Annotated[
     float | None, typer.Option(help="Search only this bucket cap (MiB) instead of 1..200.")
 ]
 OnlyAlgorithmOpt = Annotated[
-    str | None, typer.Option(help="Search only this algorithm instead of all.")
+    str | None,
+    typer.Option(
+        help="Search only this all-reduce algorithm: auto, nccl, ring, tree, rhd, ps, hierarchical."
+    ),
 ]
 OnlyPlacementOpt = Annotated[
-    str | None, typer.Option(help="Search only this placement instead of all.")
+    str | None,
+    typer.Option(help="Search only this placement: blocked, interleaved, topology-aware."),
 ]
 OnlyOverlapOpt = Annotated[
     bool | None, typer.Option("--overlap/--no-overlap", help="Search only overlap on/off.")
@@ -67,20 +84,41 @@ OnlyCompressionOpt = Annotated[
     str | None, typer.Option(help="Search only this gradient compression instead of several.")
 ]
 OnlyTpOpt = Annotated[
-    int | None, typer.Option("--tp", help="Search only this tensor-parallel degree.")
+    int | None,
+    typer.Option(
+        "--tp", "--tensor-model-parallel-size", help="Search only this tensor-parallel degree."
+    ),
 ]
-OnlyPpOpt = Annotated[int | None, typer.Option("--pp", help="Search only this pipeline depth.")]
+OnlyPpOpt = Annotated[
+    int | None,
+    typer.Option("--pp", "--pipeline-model-parallel-size", help="Search only this pipeline depth."),
+]
 OnlyEpOpt = Annotated[
-    int | None, typer.Option("--ep", help="Search only this expert-parallel degree (MoE).")
+    int | None,
+    typer.Option(
+        "--ep",
+        "--expert-model-parallel-size",
+        help="Search only this expert-parallel degree (MoE).",
+    ),
 ]
 OnlyZeroOpt = Annotated[int | None, typer.Option("--zero", help="Search only this ZeRO stage.")]
 OnlyRecomputeOpt = Annotated[
-    str | None, typer.Option(help="Search only this recomputation: none, selective, full.")
+    str | None,
+    typer.Option(
+        "--recompute",
+        "--recompute-granularity",
+        help="Search only this recomputation: none, selective, full.",
+    ),
 ]
 OnlyInterleaveOpt = Annotated[
-    int | None, typer.Option(help="Search only this interleaving (virtual stages).")
+    int | None,
+    typer.Option(
+        "--interleave",
+        "--num-virtual-stages-per-pipeline-rank",
+        help="Search only this interleaving (virtual stages).",
+    ),
 ]
-TopOpt = Annotated[int, typer.Option(help="Rows to show.")]
+TopOpt = Annotated[int, typer.Option(help="Rows to show (at least 1).")]
 SweepPlotOpt = Annotated[
     str | None,
     typer.Option(help="PNG: the winner's step time against NIC bandwidth per compressor."),
@@ -96,7 +134,7 @@ def plan_cmd(
     gpu: GpuOpt = None,
     deadline: DeadlineOpt = None,
     budget: BudgetOpt = None,
-    objective: ObjectiveOpt = "time-to-train",
+    objective: ObjectiveOpt = None,
     global_batch: GlobalBatchOpt = None,
     micro_batch: MicroBatchOpt = None,
     seq_len: SeqLenOpt = None,
@@ -114,17 +152,23 @@ def plan_cmd(
     fsdp: FsdpOpt = False,
     recompute: OnlyRecomputeOpt = None,
     interleave: OnlyInterleaveOpt = None,
+    layers_per_virtual_stage: LayersPerVirtualOpt = None,
     first_stage_layers: FirstLayersOpt = None,
     last_stage_layers: LastLayersOpt = None,
+    deepspeed: DeepSpeedOpt = None,
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
     top: TopOpt = 15,
     plot: SweepPlotOpt = None,
+    html: HtmlOpt = None,
+    csv: CsvOpt = None,
     json_out: terminal.JsonOpt = False,
 ) -> None:
     """Search strategies, ranked by step time: plain DDP in full detail (algorithm x bucket
     x overlap x placement x compression) and, for transformers, data x tensor x pipeline
     layouts (micro-batch, ZeRO, recomputation, interleaving, bucket, algorithm, overlap)."""
+    from commsim.files import check_output
+
     training = dict(  # the same in both modes
         global_batch=global_batch,
         micro_batch=micro_batch,
@@ -132,9 +176,6 @@ def plan_cmd(
         tokens=tokens,
         price_per_gpu_hour=price_per_gpu_hour,
     )
-    if fabric or (gpus and ":" in gpus) or deadline or budget:
-        sizing = dict(fabric=fabric, gpu=gpu, deadline=deadline, budget=budget, objective=objective)
-        return _size_clusters(scenario, model, cluster, gpus, training, plot, json_out, **sizing)
     flags = dict(  # the search dimensions a flag pins
         bucket_mb=bucket_mb,
         algorithm=algorithm,
@@ -151,22 +192,83 @@ def plan_cmd(
         first_stage_layers=first_stage_layers,
         last_stage_layers=last_stage_layers,
     )
+    more = dict(profile=profile, deepspeed=deepspeed)
+    sizing = fabric is not None or ":" in (gpus or "") or deadline is not None or budget is not None
     with terminal.user_errors():
+        _check_mode(
+            sizing,
+            top,
+            gpu,
+            objective,
+            flags
+            | more
+            | {
+                "fsdp": fsdp or None,
+                "num_layers_per_virtual_pipeline_stage": layers_per_virtual_stage,
+            },
+        )
+        for path, flag, image in ((plot, "--plot", True), (html, "--html", False)):
+            check_output(path, flag, image)
+        check_output(csv, "--csv")
+    if sizing:
+        options = dict(fabric=fabric, gpu=gpu, deadline=deadline, budget=budget)
+        files = dict(plot=plot, html=html, csv=csv)
+        return size_clusters_cmd(
+            scenario,
+            model,
+            cluster,
+            gpus,
+            training,
+            json_out,
+            **options,
+            **files,
+            objective=objective or "time-to-train",
+        )
+    given = dict(model=model, cluster=cluster, gpus=gpus) | training | more | flags
+    with terminal.user_errors(), blame_flags(scenario, given):
         setup = setup_from_flags(
             scenario,
             fsdp=fsdp,
             check=False,
-            model=model,
-            cluster=cluster,
-            gpus=_gpu_count(gpus),
-            **training,
-            profile=profile,
-            **flags,
+            layers_per_virtual_stage=layers_per_virtual_stage,
+            **given | {"gpus": gpu_count(gpus)},
         )
-        given = flags | {"micro_batch": micro_batch}  # flags validated as scenario fields: pin them
-        pinned = {k for k, v in given.items() if v is not None} | ({"zero"} if fsdp else set())
+        pins = flags | {"micro_batch": micro_batch}  # flags validated as scenario fields: pin them
+        pinned = {k for k, v in pins.items() if v is not None} | ({"zero"} if fsdp else set())
+        pinned |= {"interleave"} if layers_per_virtual_stage else set()
         result, sweep = _search(setup, pinned, plot)
-    _show_plan(setup, result, sweep, top, plot, json_out)
+        doc = plan_show.plan_doc(setup, result, sweep)
+        if not doc["candidates"]:
+            plan_show.explain_empty(setup, pinned)
+        terminal.require_finite(doc, "--tokens and --price-per-gpu-hour")
+        plan_show.write_files(setup, doc, top, given | {"scenario": scenario}, csv, html, sweep)
+    if json_out:
+        terminal.print_json(doc)
+        return
+    plan_show.show(setup, doc, top, sweep, plot)
+    if html or csv:
+        terminal.console.print(f"written: {', '.join(p for p in (html, csv) if p)}")
+
+
+def _check_mode(sizing: bool, top: int, gpu, objective, search_flags: dict[str, Any]) -> None:
+    """Refuse a flag the chosen mode would ignore: --gpu and --objective only size a
+    cluster; the search's own flags only pin the search."""
+    if top < 1:
+        raise ValueError(f"--top {top}: show at least 1 row")
+    if not sizing:
+        for name, value in (("--gpu", gpu), ("--objective", objective)):
+            if value is not None:
+                raise ValueError(
+                    f"{name}: applies to cluster sizing only (give --gpus LOW:HIGH, --fabric, "
+                    "--deadline or --budget)"
+                )
+        return
+    given = [f"--{k.replace('_', '-')}" for k, v in search_flags.items() if v is not None]
+    if given:
+        raise ValueError(
+            f"{given[0]}: cluster sizing searches every layout for each size; pin a layout "
+            "with `commsim plan` at one GPU count instead"
+        )
 
 
 def _search(
@@ -176,7 +278,8 @@ def _search(
     --plot, the plain-DDP winner's bandwidth sweep, drawn."""
     from commsim.planner.plan import plan
     from commsim.planner.sweep import bandwidth_sweep
-    from commsim.report import plots
+    from commsim.report import labels
+    from commsim.report.sweeps import plot_bandwidth_sweep
 
     base = setup.scenario.strategy
     with terminal.progress(1, "planning") as bar:
@@ -186,206 +289,8 @@ def _search(
     sweep = None
     if plot and result.ranked and result.ranked[0].strategy.data_parallel_only:
         sweep = bandwidth_sweep(setup, result.ranked[0].strategy)
-        plots.plot_bandwidth_sweep(
-            sweep, plot, f"{setup.scenario.name}: where compression stops paying"
-        )
+        title = f"{labels.run_title(setup)}: where compression stops paying"
+        plot_bandwidth_sweep(sweep, plot, title)
     elif plot:
         result.notes.append("--plot draws the compression sweep of a plain-DDP winner only")
     return result, sweep
-
-
-def _show_plan(
-    setup: Setup,
-    result: PlanResult,
-    sweep: BandwidthSweep | None,
-    top: int,
-    plot: str | None,
-    json_out: bool,
-) -> None:
-    """The ranked table, why the winner wins, the notes and where compression stops paying,
-    or the --json document; exit 1 when nothing can run."""
-    from commsim.report import labels, tables
-
-    docs = [p.to_dict() for p in result.ranked]
-    if json_out:
-        terminal.print_json(
-            {
-                "scenario": setup.scenario.name,
-                "gpus": setup.n_gpus,
-                "candidates": docs,
-                "skipped": result.skipped,
-                "notes": result.notes,
-                "bandwidth_sweep": sweep
-                and {
-                    "nic_bandwidth_Bps": sweep.nic_bandwidth,
-                    "step_time_s": sweep.step_time,
-                    "crossover_Bps": sweep.crossovers,
-                },
-            }
-        )
-        return
-    if not docs:
-        terminal.err_console.print("no strategy can run here:", highlight=False)
-        for note in result.notes:
-            terminal.err_console.print(f"  {note}", highlight=False)
-        raise typer.Exit(1)
-    s = setup.scenario
-    terminal.console.print(
-        tables.plan_table(
-            f"{s.name}: {setup.workload.name}, {s.gpus} GPUs of {setup.cluster.spec.name}, "
-            f"global batch {s.global_batch}: {result.searched - result.skipped} of "
-            f"{result.searched} layouts ranked",
-            docs,
-            top,
-        )
-    )
-    for line in [*labels.explain_winner(docs), *result.notes]:
-        terminal.console.print(line, highlight=False)
-    if sweep:
-        _print_crossovers(sweep, plot)
-
-
-def _print_crossovers(sweep: BandwidthSweep, plot: str | None) -> None:
-    """Where each compressor stops paying, from the bandwidth sweep."""
-    for name, bw in sweep.crossovers.items():
-        terminal.console.print(f"{name} stops paying above {bw * 8 / 1e9:.0f} Gb/s per NIC")
-    if not sweep.crossovers:
-        lo, hi = (b * 8 / 1e9 for b in (sweep.nic_bandwidth[0], sweep.nic_bandwidth[-1]))
-        terminal.console.print(
-            f"no compressor that pays here stops paying between {lo:g} and {hi:g} Gb/s per NIC"
-        )
-    terminal.console.print(f"bandwidth sweep drawn to {plot}")
-
-
-def _sizing_title(spec, gpu: str | None) -> str:
-    model = spec.model if isinstance(spec.model, str) else spec.model.name
-    return (
-        f"cluster sizing: {model}, {spec.tokens:.3g} tokens, global batch "
-        f"{spec.global_batch}" + (f", {gpu}" if gpu else "")
-    )
-
-
-def _gpu_count(text: str | None) -> int | None:
-    if text is None:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"--gpus must be a positive count or LOW:HIGH, not {text!r}")
-    return int(text)
-
-
-def _gpu_sizes(text: str | None, default: int) -> list[int]:
-    """'256:16384' as 256, 512, ..., 16384; a single count as itself."""
-    if text is None:
-        return [default]
-    lo, _, hi = text.partition(":")
-    low, high = _gpu_count(lo), _gpu_count(hi or lo)
-    if high < low:
-        raise ValueError(f"--gpus {text}: HIGH must not be below LOW")
-    sizes = [low]
-    while sizes[-1] * 2 <= high:
-        sizes.append(sizes[-1] * 2)
-    return sizes
-
-
-def _size_clusters(
-    scenario: str | None,
-    model: str | None,
-    cluster: str | None,
-    gpus: str | None,
-    overrides: dict[str, Any],
-    plot: str | None,
-    json_out: bool,
-    *,
-    fabric: str | None,
-    gpu: str | None,
-    deadline: str | None,
-    budget: float | None,
-    objective: str,
-) -> None:
-    """`commsim plan` in sizing mode: best strategy per fabric and size, Pareto front, pick."""
-    from commsim.planner.sizing import OBJECTIVES, pareto_front, size_clusters
-    from commsim.report import plots
-    from commsim.scenario import load_scenario
-    from commsim.specs import SpecError
-    from commsim.units import parse_time
-
-    with terminal.user_errors():
-        if objective not in OBJECTIVES:
-            raise ValueError(f"--objective must be one of {', '.join(OBJECTIVES)}")
-        spec, source = load_scenario(scenario, overrides | {"model": model, "cluster": cluster})
-        if spec.tokens is None:
-            raise SpecError(source, "tokens", "cluster sizing needs the training tokens (--tokens)")
-        fabrics = (
-            [f.strip() for f in fabric.split(",")]
-            if fabric
-            else [spec.cluster if isinstance(spec.cluster, str) else spec.cluster.name]
-        )
-        sizes = _gpu_sizes(gpus, spec.gpus)
-        deadline_s = parse_time(deadline) if deadline else None
-        with terminal.progress(len(fabrics) * len(sizes), "sizing") as bar:
-            rows = size_clusters(
-                spec, source, fabrics, sizes, gpu, on_progress=lambda: bar.advance(0)
-            )
-        front = pareto_front(rows)
-        pick = _pick(rows, deadline_s, budget, objective)
-        if plot:
-            plots.plot_sizing(rows, front, pick, plot, _sizing_title(spec, gpu))
-    why = (
-        "the smallest cluster meeting the deadline"
-        if deadline_s
-        else "the fastest within the budget"
-        if budget
-        else f"the best {objective}"
-    )
-    _print_sizing(rows, front, pick, _sizing_title(spec, gpu), why, objective, plot, json_out)
-
-
-def _pick(
-    rows: list[SizingRow], deadline_s: float | None, budget: float | None, objective: str
-) -> SizingRow | None:
-    """The row a deadline or budget picks, else the best by the objective; None if none."""
-    from commsim.planner.sizing import objective_value, pick_size
-
-    if deadline_s or budget:
-        return pick_size(rows, deadline_s, budget)
-    return min(
-        (r for r in rows if r.best),
-        key=lambda r: objective_value(r, objective),
-        default=None,
-    )
-
-
-def _print_sizing(
-    rows: list[SizingRow],
-    front: list[SizingRow],
-    pick: SizingRow | None,
-    title: str,
-    why: str,
-    objective: str,
-    plot: str | None,
-    json_out: bool,
-) -> None:
-    """The sizing table and the pick with why, or the --json document."""
-    from commsim.report import labels, tables
-
-    if json_out:
-        terminal.print_json(
-            {
-                "sizing": [r.to_dict() for r in rows],
-                "pareto": [r.to_dict() for r in front],
-                "pick": pick.to_dict() if pick else None,
-                "objective": objective,
-            }
-        )
-        return
-    terminal.console.print(tables.sizing_table(rows, front, pick, title))
-    if pick:
-        terminal.console.print(
-            f"pick: {pick.gpus} GPUs of {pick.fabric}, {why}: "
-            f"{labels.describe_strategy(pick.best.to_dict()['strategy'])}",
-            highlight=False,
-        )
-    else:
-        terminal.console.print("no cluster meets the deadline/budget", highlight=False)
-    if plot:
-        terminal.console.print(f"scaling curve and Pareto front drawn to {plot}")

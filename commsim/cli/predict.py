@@ -11,14 +11,18 @@ from commsim.cli.options import (
     BucketOpt,
     ClusterOpt,
     CompressionOpt,
+    CpOpt,
+    DeepSpeedOpt,
     EpOpt,
     ErrorFeedbackOpt,
     FirstLayersOpt,
     FsdpOpt,
     GlobalBatchOpt,
     GpusOpt,
+    HtmlOpt,
     InterleaveOpt,
     LastLayersOpt,
+    LayersPerVirtualOpt,
     MicroBatchOpt,
     ModelOpt,
     OverlapOpt,
@@ -32,12 +36,16 @@ from commsim.cli.options import (
     TokensOpt,
     TpOpt,
     ZeroOpt,
+    blame_flags,
     setup_from_flags,
 )
 from commsim.report import terminal
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from commsim.scenario import Setup
+    from commsim.step.prediction import Prediction
 
 
 def predict_cmd(
@@ -57,78 +65,118 @@ def predict_cmd(
     tp: TpOpt = None,
     pp: PpOpt = None,
     ep: EpOpt = None,
+    cp: CpOpt = None,
     zero: ZeroOpt = None,
     fsdp: FsdpOpt = False,
     recompute: RecomputeOpt = None,
     interleave: InterleaveOpt = None,
+    layers_per_virtual_stage: LayersPerVirtualOpt = None,
     first_stage_layers: FirstLayersOpt = None,
     last_stage_layers: LastLayersOpt = None,
+    deepspeed: DeepSpeedOpt = None,
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
     profile: ProfileOpt = None,
     plot: Annotated[
-        str | None, typer.Option(help="Write the step's Gantt chart to this PNG.")
+        str | None, typer.Option(help="Write the step's Gantt chart to this image (PNG, SVG).")
     ] = None,
+    html: HtmlOpt = None,
     json_out: terminal.JsonOpt = False,
 ) -> None:
     """Predict one training step: compute, communication, overlap, scaling, MFU, memory,
-    buckets (data parallel) or pipeline/tensor-parallel parts (hybrid layouts)."""
-    from commsim.report import plots
+    the batch arithmetic, buckets (data parallel) or pipeline/tensor-parallel parts."""
+    from commsim.files import check_output
+    from commsim.report.arithmetic import batch_arithmetic
     from commsim.step.predict import predict
 
-    with terminal.user_errors():
+    flags = dict(
+        model=model,
+        cluster=cluster,
+        gpus=gpus,
+        global_batch=global_batch,
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        bucket_mb=bucket_mb,
+        algorithm=algorithm,
+        placement=placement,
+        overlap=overlap,
+        compression=compression,
+        error_feedback=error_feedback,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        cp=cp,
+        zero=zero,
+        recompute=recompute,
+        interleave=interleave,
+        first_stage_layers=first_stage_layers,
+        last_stage_layers=last_stage_layers,
+        deepspeed=deepspeed,
+        tokens=tokens,
+        price_per_gpu_hour=price_per_gpu_hour,
+        profile=profile,
+    )
+    with terminal.user_errors(), blame_flags(scenario, flags):
+        check_output(plot, "--plot", image=True)
+        check_output(html, "--html")
         setup = setup_from_flags(
-            scenario,
-            model=model,
-            cluster=cluster,
-            gpus=gpus,
-            global_batch=global_batch,
-            micro_batch=micro_batch,
-            seq_len=seq_len,
-            bucket_mb=bucket_mb,
-            algorithm=algorithm,
-            placement=placement,
-            overlap=overlap,
-            compression=compression,
-            error_feedback=error_feedback,
-            tp=tp,
-            pp=pp,
-            ep=ep,
-            zero=zero,
-            fsdp=fsdp,
-            recompute=recompute,
-            interleave=interleave,
-            first_stage_layers=first_stage_layers,
-            last_stage_layers=last_stage_layers,
-            tokens=tokens,
-            price_per_gpu_hour=price_per_gpu_hour,
-            profile=profile,
+            scenario, fsdp=fsdp, layers_per_virtual_stage=layers_per_virtual_stage, **flags
         )
         pred = predict(setup)
-        doc = {"scenario": setup.scenario.name, "gpus": setup.n_gpus} | pred.to_dict()
-        if plot and pred.strategy.data_parallel_only:
-            plots.plot_timeline(doc, pred.events, plot, setup.scenario.name)
-        elif plot:
-            plots.plot_pipeline(doc, pred.events, plot, setup.scenario.name)
+        doc = (
+            {"scenario": setup.scenario.name, "gpus": setup.n_gpus}
+            | pred.to_dict()
+            | {"batch": batch_arithmetic(setup, pred.strategy)}
+        )
+        terminal.require_finite(doc, "--tokens, --price-per-gpu-hour and the sizes given")
+        if plot:
+            draw(setup, doc, pred, plot)
+        if html:
+            _html(setup, doc, pred, flags | {"fsdp": fsdp, "scenario": scenario}, html)
     if json_out:
         terminal.print_json(doc)
         return
-    _print_prediction(setup, doc, plot)
-
-
-def _print_prediction(setup: Setup, doc: dict[str, Any], plot: str | None) -> None:
-    """The step table (its title names the layout) and, for plain DDP, the buckets."""
-    from commsim.report import labels, tables
-
-    s = setup.scenario
-    terminal.console.print(
-        tables.step_table(
-            f"{s.name}: {setup.workload.name} on {s.gpus} GPUs of {setup.cluster.spec.name} "
-            f"({labels.describe_strategy(doc['strategy'])})",
-            doc,
-        )
-    )
-    if doc["buckets"]:
-        terminal.console.print(tables.bucket_table(doc["buckets"]))
+    for table in _tables(setup, doc):
+        terminal.console.print(table)
     if plot:
-        terminal.console.print(f"timeline written to {plot}")
+        terminal.console.print(f"timeline written to {plot}", highlight=False)
+    if html:
+        terminal.console.print(f"report written to {html}", highlight=False)
+
+
+def draw(setup: Setup, doc: dict[str, Any], pred: Prediction, path: str) -> None:
+    """The step's chart: compute and communication streams for plain DDP, one row per
+    pipeline stage otherwise."""
+    from commsim.report import labels, plots
+
+    title = labels.run_title(setup)
+    if pred.strategy.data_parallel_only:
+        plots.plot_timeline(doc, pred.events, path, title)
+    else:
+        plots.plot_pipeline(doc, pred.events, path, title)
+
+
+def _tables(setup: Setup, doc: dict[str, Any]) -> list[Table]:
+    """The step table (its title names what ran and the layout) and, for plain DDP, the
+    buckets."""
+    from commsim.report import labels, step
+
+    out = [step.step_table(labels.run_title(setup), doc)]
+    if doc["buckets"]:
+        out.append(step.bucket_table(doc["buckets"]))
+    return out
+
+
+def _html(
+    setup: Setup, doc: dict[str, Any], pred: Prediction, flags: dict[str, Any], path: str
+) -> None:
+    """The prediction as one HTML page: the tables, the step's chart, the inputs."""
+    from commsim.report import labels, pages
+    from commsim.report.html import Report, figure_png
+
+    report = Report(f"commsim predict: {labels.run_title(setup)}")
+    for table in _tables(setup, doc):
+        report.table(table)
+    report.figure(figure_png(lambda p: draw(setup, doc, pred, p)), "the step, stream by stream")
+    pages.inputs(report, setup, flags)
+    report.write(path)

@@ -27,6 +27,7 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
     searched: int = 0  # layouts enumerated
     skipped: int = 0  # of those: not fitting in memory, or not runnable on their groups
+    fitting: int = 0  # of those: fitting in GPU memory (runnable or not)
 
 
 def plan(
@@ -48,6 +49,7 @@ def plan(
         ranked=[_prediction(setup, model, found, int(k), base) for k in found.ranked[:keep]],
         searched=found.searched,
         skipped=found.searched - len(found.ranked),
+        fitting=len(found.fitting),
     )
     result.notes = _notes(setup, found, pins)
     return result
@@ -79,11 +81,11 @@ def _at_micro_batch(setup: Setup, micro_batch: int) -> Setup:
 
 
 def _notes(setup: Setup, found: SearchResult, pins: dict) -> list[str]:
-    """What a reader needs to trust the ranking: how much was priced, what was left out."""
+    """What a reader needs to trust the ranking: what was left out and why (the counts are
+    PlanResult's: searched, fitting, ranked)."""
     s = setup.scenario
-    notes = [f"{found.searched} layouts searched, {len(found.fitting)} fit in GPU memory"]
     _, same = distinct_placements(setup)
-    notes += [
+    notes = [
         f"placement {p} gives the same rank order as {q} here; shown as {q}"
         for p, q in same.items()
         if "placement" not in pins
@@ -93,14 +95,10 @@ def _notes(setup: Setup, found: SearchResult, pins: dict) -> list[str]:
         smallest = found.layouts.take(dropped[[np.argmin(found.memory[dropped])]])
         variant = _at_micro_batch(setup, int(smallest.micro_batch[0]))
         why = layout_memory(variant, smallest.strategy(0, setup.scenario.strategy))
+        notes.append(f"the smallest layout that does not fit in GPU memory {why.reason(setup.gpu)}")
+    if len(found.fitting) > len(found.ranked):
         notes.append(
-            f"{found.dropped} layouts dropped: they do not fit in GPU memory (the smallest "
-            f"{why.reason(setup.gpu)})"
-        )
-    unrunnable = len(found.fitting) - len(found.ranked)
-    if unrunnable:
-        notes.append(
-            f"{unrunnable} layouts left out: their algorithm cannot run on their groups "
+            "some layouts fit but cannot run their algorithm on their groups "
             "(tree and hierarchical need whole nodes)"
         )
     if s.global_batch % (setup.n_gpus * s.micro_batch) and "tp" not in pins:

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from commsim.specs import ClusterSpec
+if TYPE_CHECKING:  # an annotation only: `commsim --help` must not import pydantic
+    from commsim.specs import ClusterSpec
 
 HOUR = 3600.0
 LLAMA3_HOURS = 54 * 24  # the snapshot: 1,296 hours

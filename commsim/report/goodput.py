@@ -18,6 +18,7 @@ from typing import Any
 
 from rich.table import Table
 
+from commsim.files import save_figure
 from commsim.report.labels import pct
 from commsim.units import fmt_bytes, fmt_time
 
@@ -173,7 +174,7 @@ def plot_sizing(points: Sequence[dict[str, Any]], path: str, title: str) -> None
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -198,5 +199,5 @@ def plot_badput(reports: Sequence[dict[str, Any]], path: str, title: str) -> Non
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)

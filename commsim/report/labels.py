@@ -4,9 +4,21 @@ winner won."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from commsim.units import fmt_time
+
+if TYPE_CHECKING:
+    from commsim.scenario import Setup
+
+
+def run_title(setup: Setup) -> str:
+    """What ran, as titles name it: the model on so many GPUs of a cluster (not the name of
+    a scenario file whose model or cluster a flag replaced)."""
+    return (
+        f"{setup.workload.name} on {setup.n_gpus:,} GPUs of {setup.cluster.spec.name} "
+        f"({setup.gpu.name})"
+    )
 
 
 def compression_label(strategy: dict[str, Any]) -> str:
@@ -108,6 +120,9 @@ def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
         alt = min(others, key=lambda c: c["step_time_s"])
         delta = alt["step_time_s"] - best["step_time_s"]
         value = show(alt["strategy"])
+        if delta <= 0:
+            lines.append(f"  {label} makes no difference here ({value}: the same step).")
+            continue
         lines.append(
             f"  best other {label} ({value}): +{fmt_time(delta)} per step, exposed comm "
             f"{fmt_time(alt['exposed_comm_s'])}."

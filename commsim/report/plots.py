@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from commsim.files import write_atomic
+from commsim.files import save_figure, write_atomic
 from commsim.report.labels import pct
 from commsim.specs import SpecError
 from commsim.units import fmt_time
@@ -54,7 +54,7 @@ def plot_timeline(pred: dict[str, Any], events: Sequence[Any], path: str, title:
     ax.legend(handles, list(colors), loc="upper left", ncols=4, fontsize=8)
     ax.set_ylim(-0.5, 2.0)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -89,118 +89,81 @@ def plot_topology(graph: Any, path: str, title: str) -> None:
     ax.set_title(title)
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 
-def plot_bandwidth_sweep(sweep: Any, path: str, title: str) -> None:
-    """Step time against NIC bandwidth for each compressor; where each stops paying."""
-    import matplotlib
-    import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    gbps = [b * 8 / 1e9 for b in sweep.nic_bandwidth]
-    fig, ax = plt.subplots(figsize=(9, 5))
-    for name, times in sweep.step_time.items():
-        style = {"color": "black", "linewidth": 2.5} if name == "none" else {}
-        ax.plot(gbps, times, marker="o", markersize=3, label=name, **style)
-    for name, bw in sweep.crossovers.items():
-        ax.axvline(bw * 8 / 1e9, color="grey", linestyle=":", linewidth=1)
-        ax.annotate(
-            f"{name} stops paying\n{bw * 8 / 1e9:.0f} Gb/s",
-            (bw * 8 / 1e9, ax.get_ylim()[1]),
-            rotation=90,
-            va="top",
-            ha="right",
-            fontsize=7,
-            color="grey",
-        )
-    ax.axvline(sweep.current * 8 / 1e9, color="red", linewidth=1)
-    ax.annotate(
-        "this cluster",
-        (sweep.current * 8 / 1e9, ax.get_ylim()[0]),
-        color="red",
-        fontsize=8,
-        ha="left",
-        va="bottom",
-    )
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set_xlabel("bandwidth per NIC (Gb/s)")
-    ax.set_ylabel("step time (s)")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+PIPELINE_COLORS = {
+    "forward": "#4c72b0",
+    "backward": "#55a868",
+    "tp": "#c44e52",
+    "send": "#dd8452",
+    "zero3": "#937860",
+    "dp": "#da8bc3",
+    "optimizer": "#8172b2",
+}
+PIPELINE_NAMES = ("forward", "backward", "tp all-reduce", "send", "ZeRO-3 gather", "dp sync")
+ZOOM_ABOVE = 32  # micro-batches per step past which a second panel zooms on the warm-up
 
 
-def plot_pipeline(pred: dict[str, Any], events: Sequence[Any], path: str, title: str) -> None:
-    """Gantt chart of a pipelined step (commsim.step.pipeline events): a row per stage with its idle
-    time hatched as the bubble, ZeRO-3 gathers and hidden dp sync on a thin row beneath."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from commsim.step.pipeline import event_stage
-
-    colors = {
-        "forward": "#4c72b0",
-        "backward": "#55a868",
-        "tp": "#c44e52",
-        "send": "#dd8452",
-        "zero3": "#937860",
-        "dp": "#da8bc3",
-        "optimizer": "#8172b2",
-    }
-    names = [
-        "forward",
-        "backward",
-        "tp all-reduce",
-        "send",
-        "ZeRO-3 gather",
-        "dp sync",
-        "optimizer",
-    ]
-    p = 1 + max(event_stage(ev) for ev in events)
-    shown = list(range(p)) if p <= 16 else [*range(8), *range(p - 8, p)]
-    fig, ax = plt.subplots(figsize=(12, 1.6 + 0.45 * len(shown)))
-    edge = 0.2 if len(events) < 400 * p else 0.0  # white seams wash out thousands of bars
-    for (y, h, kind), spans in _stage_bars(events, shown).items():
+def _draw_stages(ax, bars, shown: list[int], p: int, edge: float) -> None:
+    """The stage rows of a pipeline chart on one axes."""
+    for (y, h, kind), spans in bars.items():
         if kind == "idle":
             style = dict(facecolor="#f4f4f4", edgecolor="#b0b0b0", hatch="///", linewidth=0)
         else:
-            style = dict(facecolor=colors[kind], edgecolor="white", linewidth=edge)
+            style = dict(facecolor=PIPELINE_COLORS[kind], edgecolor="white", linewidth=edge)
         ax.broken_barh(spans, (y, h), **style)
     if p > 16:
         ax.axhline(7.5 - 0.05, color="#888888", linestyle="--", linewidth=0.8)
     ax.set_yticks(range(len(shown)), [f"stage {k}" for k in shown])
     ax.set_ylim(len(shown) - 0.45, -0.55)
     ax.set_xlabel("time (s)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+
+
+def plot_pipeline(pred: dict[str, Any], events: Sequence[Any], path: str, title: str) -> None:
+    """Gantt chart of a pipelined step (commsim.step.pipeline events): a row per stage with
+    its idle time hatched as the bubble, ZeRO-3 gathers and hidden dp sync on a thin row
+    beneath. With more than ZOOM_ABOVE micro-batches (hundreds of bars a row) a second
+    panel zooms on the warm-up: twice the bubble and four more ticks, marked on the first."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from commsim.step.pipeline import event_stage, pipeline_span
+
+    p = 1 + max(event_stage(ev) for ev in events)
+    shown = list(range(p)) if p <= 16 else [*range(8), *range(p - 8, p)]
+    m = (pred.get("layout") or {}).get("micro_batches", 1)
+    zoom = m > ZOOM_ABOVE and pred["bubble_s"] > 0
+    height = 1.6 + 0.45 * len(shown)
+    fig, axes = plt.subplots(2 if zoom else 1, 1, figsize=(12, height * (1.9 if zoom else 1)))
+    axes = list(axes) if zoom else [axes]
+    edge = 0.2 if len(events) < 400 * p else 0.0  # white seams wash out thousands of bars
+    bars = _stage_bars(events, shown)
+    for ax in axes:
+        _draw_stages(ax, bars, shown, p, edge)
+    if zoom:
+        start, _ = pipeline_span(events)
+        v = pred["strategy"]["interleave"]
+        tick = pred["bubble_s"] * v / max(p - 1, 1)
+        window = (start, start + 2 * pred["bubble_s"] + 4 * tick)
+        axes[1].set_xlim(*window)
+        axes[0].axvspan(*window, color="#ffd54f", alpha=0.35, zorder=0)
+        axes[1].set_title(f"zoom: the warm-up, the first {fmt_time(window[1] - start)}")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PIPELINE_COLORS.values()]
     handles.append(plt.Rectangle((0, 0), 1, 1, fc="#f4f4f4", ec="#b0b0b0", hatch="///"))
-    ax.legend(
-        handles,
-        [*names, "idle (bubble)"],
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.5 / (1.6 + 0.45 * len(shown))),
-        ncols=8,
-        fontsize=8,
-        frameon=False,
-    )
+    labels = [*PIPELINE_NAMES, "optimizer", "idle (bubble)"]
+    fig.legend(handles, labels, loc="lower center", ncols=8, fontsize=8, frameon=False)
     cut = f" (stages 8-{p - 9} not drawn)" if p > 16 else ""
-    ax.set_title(
-        f"{title}: {p} stages{cut}, step {fmt_time(pred['step_time_s'])}, bubble "
-        f"{fmt_time(pred['bubble_s'])} ({pct(pred['bubble_s'] / pred['step_time_s'])})"
+    axes[0].set_title(
+        f"{title}: {p} stages{cut}, {m} micro-batches, step {fmt_time(pred['step_time_s'])}, "
+        f"bubble {fmt_time(pred['bubble_s'])} ({pct(pred['bubble_s'] / pred['step_time_s'])})",
+        fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.tight_layout(rect=(0, 0.04 if zoom else 0.07, 1, 1))
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -226,67 +189,6 @@ def _stage_bars(
             kind = "dp" if kind == "dp hidden" else kind
             bars.setdefault((*lane, kind), []).append((ev.start_s, ev.end_s - ev.start_s))
     return bars
-
-
-def plot_sizing(rows: Sequence[Any], front: Sequence[Any], pick: Any, path: str, title: str):
-    """Scaling curve (time to train and scaling efficiency against GPUs, per fabric) and the
-    Pareto front of time to train against cost."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    eff = left.twinx()
-    for fabric in dict.fromkeys(r.fabric for r in rows):
-        ok = [r for r in rows if r.fabric == fabric and r.best and r.best.training]
-        gpus = [r.gpus for r in ok]
-        days = [r.best.training["time_to_train_s"] / 86400 for r in ok]
-        line = left.plot(gpus, days, marker="o", label=f"{fabric}: time to train")[0]
-        eff.plot(
-            gpus,
-            [100 * r.best.scaling_efficiency for r in ok],
-            linestyle="--",
-            color=line.get_color(),
-            label=f"{fabric}: scaling efficiency",
-        )
-        cost = [(r.best.training.get("cost") or r.best.training["gpu_hours"]) for r in ok]
-        right.scatter(cost, days, color=line.get_color(), label=fabric)
-        for r, c, d in zip(ok, cost, days, strict=True):
-            right.annotate(
-                f"{r.gpus}", (c, d), fontsize=7, xytext=(3, 3), textcoords="offset points"
-            )
-    if front:
-        fc = [(r.best.training.get("cost") or r.best.training["gpu_hours"]) for r in front]
-        fd = [r.best.training["time_to_train_s"] / 86400 for r in front]
-        right.plot(fc, fd, color="black", linewidth=1, label="Pareto front")
-    if pick is not None and pick.best and pick.best.training:
-        right.scatter(
-            [pick.best.training.get("cost") or pick.best.training["gpu_hours"]],
-            [pick.best.training["time_to_train_s"] / 86400],
-            s=150,
-            facecolors="none",
-            edgecolors="red",
-            label="pick",
-        )
-    left.set_xscale("log", base=2)
-    left.set_yscale("log")
-    left.set_xlabel("GPUs")
-    left.set_ylabel("time to train (days)")
-    eff.set_ylabel("scaling efficiency (%)")
-    eff.set_ylim(0, 105)
-    left.legend(loc="upper center", fontsize=7)
-    eff.legend(loc="lower left", fontsize=7)
-    right.set_xscale("log")
-    right.set_yscale("log")
-    has_price = any(r.best and r.best.training and r.best.training.get("cost") for r in rows)
-    right.set_xlabel("cost" if has_price else "GPU-hours")
-    right.set_ylabel("time to train (days)")
-    right.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_validation(validation: Validation, path: str | Path, title: str) -> None:

@@ -8,7 +8,6 @@ from typing import Any
 from rich.table import Table
 
 from commsim.report.labels import (
-    compression_label,
     layout_label,
     pct,
 )
@@ -21,13 +20,13 @@ def collective_table(
     """nccl-tests style: one line per size; time (us) and busbw (GB/s) per algorithm, plus
     algbw when only one algorithm is shown. The fastest time of a row is bold."""
     table = Table(title=title, title_justify="left")
-    table.add_column("size", justify="right")
+    table.add_column("size", justify="right", no_wrap=True)
     single = len(algorithms) == 1
     for alg in algorithms:
-        table.add_column(f"{alg}\ntime (us)", justify="right")
+        table.add_column(f"{alg}\ntime (us)", justify="right", no_wrap=True)
         if single:
-            table.add_column("algbw\n(GB/s)", justify="right")
-        table.add_column("busbw\n(GB/s)" if single else f"{alg}\nbusbw", justify="right")
+            table.add_column("algbw\n(GB/s)", justify="right", no_wrap=True)
+        table.add_column("busbw\n(GB/s)" if single else "\nbusbw", justify="right", no_wrap=True)
     by_size: dict[float, dict[str, dict[str, Any]]] = {}
     for row in rows:
         by_size.setdefault(row["bytes"], {})[row["algorithm"]] = row
@@ -43,153 +42,6 @@ def collective_table(
                 line.append(f"{r['algbw_Bps'] / 1e9:.2f}")
             line.append(f"{r['busbw_Bps'] / 1e9:.2f}")
         table.add_row(*line)
-    return table
-
-
-def step_table(title: str, pred: dict[str, Any]) -> Table:
-    """The step's summary: where the time goes and the derived metrics."""
-    table = Table(title=title, title_justify="left", show_header=False)
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    table.add_column("what it is", style="dim")
-    rows = [
-        ("step time", fmt_time(pred["step_time_s"]), "one optimizer step"),
-        ("compute", fmt_time(pred["compute_s"]), "forward + backward + optimizer"),
-        ("  forward", fmt_time(pred["forward_s"]), "all micro-batches"),
-        ("  backward", fmt_time(pred["backward_s"]), "all micro-batches"),
-        ("  optimizer", fmt_time(pred["optimizer_s"]), "mixed-precision Adam, HBM-bound"),
-        *(
-            (label, fmt_time(pred[key]), what)
-            for key, label, what in (
-                ("bubble_s", "pipeline bubble", "(p - 1) / v idle ticks"),
-                ("tp_comm_s", "tensor-parallel comm", "on the critical path"),
-                ("ep_comm_s", "expert-parallel all-to-all", "on the critical path"),
-                ("pp_comm_s", "pipeline sends", "on the critical path"),
-                ("dp_comm_s", "data-parallel comm", "gradient sync / ZeRO collectives"),
-                ("dp_exposed_s", "  of it exposed", "not hidden under backward"),
-            )
-            if pred.get(key)  # a part the layout does not have (or that costs nothing)
-        ),
-        ("communication", fmt_time(pred["comm_s"]), "sum of collectives"),
-        ("encode/decode", fmt_time(pred["codec_s"]), "compression on the compute stream"),
-        (
-            "exposed comm",
-            fmt_time(pred["exposed_comm_s"]),
-            "communication not hidden under compute",
-        ),
-        ("overlap ratio", pct(pred["overlap_ratio"]), "1 - exposed / comm"),
-        ("overlap efficiency", pct(pred["overlap_efficiency"]), "T_comp / max(T_comp, T_comm)"),
-        ("scaling efficiency", pct(pred["scaling_efficiency"]), "thr(N) / (N thr(1))"),
-        ("MFU", pct(pred["mfu"]), "model FLOP/s / (N peak), recomputation not counted"),
-        (
-            "TFLOP/s per GPU",
-            f"{pred['tflops_per_gpu']:.1f}",
-            "hardware FLOP/s, recomputation counted",
-        ),
-        ("samples/s", f"{pred['samples_per_s']:.1f}", "global throughput"),
-        _memory_row(pred["memory"]),
-        *(
-            (label, value(pred["training"][key]), what)
-            for key, label, value, what in (
-                (
-                    "time_to_train_s",
-                    "time to train",
-                    lambda t: f"{t / 86400:.1f} days",
-                    "tokens / tokens per step x step time",
-                ),
-                ("gpu_hours", "GPU-hours", lambda h: f"{h:,.0f}", "N x time to train"),
-                ("cost", "cost", lambda c: f"{c:,.0f}", "GPU-hours x price"),
-            )
-            if pred.get("training") and pred["training"][key] is not None
-        ),
-    ]
-    for row in rows:
-        table.add_row(*row)
-    return table
-
-
-def _memory_row(m: dict[str, Any]) -> tuple[str, str, str]:
-    verdict = "fits" if m["fits"] else "[red]DOES NOT FIT[/red]"
-    parts = ", ".join(
-        f"{k.removesuffix('_bytes')} {m[k] / 1e9:.1f}"
-        for k in (
-            "params_bytes",
-            "grads_bytes",
-            "optimizer_bytes",
-            "activations_bytes",
-            "buffers_bytes",
-        )
-    )
-    return (
-        "memory per GPU",
-        f"{m['total_bytes'] / 1e9:.1f} GB",
-        f"{verdict} in {m['usable_bytes'] / 1e9:.1f} GB usable ({parts} GB)",
-    )
-
-
-def bucket_table(buckets: Sequence[dict[str, Any]], limit: int = 12) -> Table:
-    """Per-bucket breakdown: size, when its gradients are ready, when its all-reduce runs."""
-    table = Table(title="gradient buckets (in all-reduce order)", title_justify="left")
-    for col in ("#", "size", "tensors", "layers", "ready", "start", "end", "all-reduce", "waited"):
-        table.add_column(col, justify="right")
-    shown = buckets if len(buckets) <= limit else [*buckets[: limit - 2], None, buckets[-1]]
-    for b in shown:
-        if b is None:
-            table.add_row("...", *[""] * 8)
-            continue
-        table.add_row(
-            str(b["index"]),
-            fmt_bytes(b["bytes"]),
-            str(b["tensors"]),
-            str(b["layers"]),
-            fmt_time(b["ready_s"]),
-            fmt_time(b["start_s"]),
-            fmt_time(b["end_s"]),
-            fmt_time(b["time_s"]),
-            fmt_time(b["start_s"] - b["ready_s"]),
-        )
-    return table
-
-
-def plan_table(title: str, candidates: Sequence[dict[str, Any]], top: int) -> Table:
-    """Ranked strategies, best first."""
-    table = Table(title=title, title_justify="left")
-    columns = (
-        "rank",
-        "layout",
-        "algorithm",
-        "bucket",
-        "overlap",
-        "placement",
-        "compression",
-        "step",
-        "exposed comm",
-        "bubble",
-        "memory",
-        "MFU",
-        "vs best",
-    )
-    for col in columns:
-        left = col in ("layout", "algorithm", "placement", "compression")
-        table.add_column(col, justify="left" if left else "right")
-    best = candidates[0]["step_time_s"]
-    for i, c in enumerate(candidates[:top], 1):
-        s = c["strategy"]
-        table.add_row(
-            str(i),
-            layout_label(c),
-            s["algorithm"],
-            f"{s['bucket_mb']:g} MiB",
-            "on" if s["overlap"] else "off",
-            s["placement"],
-            compression_label(s),
-            fmt_time(c["step_time_s"]),
-            fmt_time(c["exposed_comm_s"]),
-            fmt_time(c.get("bubble_s", 0.0)),
-            f"{c['memory']['total_bytes'] / 1e9:.1f} GB",
-            pct(c["mfu"]),
-            f"+{100 * (c['step_time_s'] / best - 1):.1f}%",
-        )
     return table
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sys
 from collections.abc import Iterator
 from typing import Annotated, Any
@@ -14,8 +15,19 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-# Piped output (CI logs, `| less`) gets a wide page instead of rich's 80-column default.
-console = Console(width=None if sys.stdout.isatty() else 160)
+# Tables are laid out for 120 columns. A terminal gives its own width; piped output (CI
+# logs, `| less`) gets COLUMNS when set, else 120 instead of rich's 80-column default.
+PAGE_WIDTH = 120
+
+
+def _width() -> int | None:
+    if sys.stdout.isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else PAGE_WIDTH
+
+
+console = Console(width=_width())
 
 
 err_console = Console(stderr=True)
@@ -34,8 +46,42 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except (SpecError, UnitError, ValueError) as e:
-        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        error_line(str(e))
         raise typer.Exit(2) from None
+
+
+def error_line(message: str) -> None:
+    """One error line on stderr, the message as written (no rich markup: a pattern such as
+    [a-z] must stay in it)."""
+    from rich.text import Text
+
+    err_console.print(Text("error: ", style="red") + Text(message), soft_wrap=True)
+
+
+def _not_finite(obj: Any, path: str = "") -> str | None:
+    """The path of the first number in a document that is NaN or infinite, else None."""
+    if isinstance(obj, float) or getattr(obj, "ndim", None) == 0:  # numpy scalars too
+        return None if math.isfinite(float(obj)) else path or "(the result)"
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return None
+    for key, value in items:
+        found = _not_finite(value, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
+def require_finite(doc: dict[str, Any], flags: str = "") -> None:
+    """Refuse to show a result with a NaN or an infinity in it (an input so large that a
+    figure overflows): a ValueError naming the figure, never a printed inf."""
+    where = _not_finite(doc)
+    if where:
+        hint = f" (check {flags})" if flags else ""
+        raise ValueError(f"{where} is not a finite number: an input is out of range{hint}")
 
 
 def _jsonable(obj: Any) -> Any:
@@ -64,6 +110,7 @@ def progress(total: int, label: str) -> Progress:
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
+        disable=not err_console.is_terminal,  # a log or pipe gets no bar (nor its blank line)
     )
     bar.add_task(label, total=total)
     return bar

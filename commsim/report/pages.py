@@ -1,0 +1,58 @@
+"""What an HTML report (report.html) says besides the tables and plots: the inputs that
+produced them, as YAML a reader can rerun, and the modelling assumptions behind them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import yaml
+
+from commsim.report.html import Report
+
+if TYPE_CHECKING:
+    from commsim.scenario import Setup
+
+
+def _yaml(data: object) -> str:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=100)
+
+
+def assumptions(setup: Setup) -> list[str]:
+    """The modelling choices a prediction rests on, with the constants the model uses."""
+    from commsim.step.memory import OPTIMIZER_BYTES, PARAM_BYTES, RESERVE_FRACTION, WORKSPACE_BYTES
+
+    s, gpu = setup.scenario, setup.gpu
+    compute = (
+        f"compute at {s.compute_efficiency:.0%} of the {gpu.name}'s peak for every FLOP"
+        if s.compute_efficiency
+        else f"compute by the {gpu.name}'s roofline: GEMMs at its measured best rate, "
+        "attention at FlashAttention's, element-wise work at HBM bandwidth"
+    )
+    return [
+        compute,
+        "collectives priced on the cluster graph (alpha-beta per link tier, flows shared "
+        "max-min on contended links)",
+        f"memory: {PARAM_BYTES} B weights, the gradients, {OPTIMIZER_BYTES} B of fp32 master "
+        "weights and Adam moments per parameter (ZeRO, Rajbhandari et al. 2020), "
+        "activations per Korthikanti et al. 2022",
+        f"usable HBM: {1 - RESERVE_FRACTION:.0%} of {gpu.hbm_bytes / 1e9:.0f} GB "
+        f"(a {RESERVE_FRACTION:.0%} reserve for fragmentation, an estimate); "
+        f"{WORKSPACE_BYTES / 2**30:g} GiB of CUDA/NCCL workspace (an estimate)",
+        "an error-feedback residual is one gradient-sized buffer per GPU",
+    ]
+
+
+def inputs(report: Report, setup: Setup, flags: dict[str, object]) -> None:
+    """The flags given, the scenario after them, the cluster and the GPU, as YAML."""
+    given = {k: v for k, v in flags.items() if v not in (None, False)}
+    report.heading("Inputs")
+    report.lines([f"scenario file: {setup.source}"])
+    if given:
+        report.code(_yaml({"flags": given}))
+    scenario = setup.scenario.model_dump(mode="json", exclude_none=True)
+    scenario.pop("cluster", None)
+    report.code(_yaml({"scenario": scenario}))
+    report.code(_yaml({"cluster": setup.cluster.spec.model_dump(mode="json", exclude_none=True)}))
+    report.code(_yaml({"gpu": setup.gpu.model_dump(mode="json", exclude_none=True)}))
+    report.heading("Assumptions")
+    report.lines(assumptions(setup))

@@ -1,0 +1,206 @@
+"""Issue 14's inputs: each is answered, with one line naming the flag or the file and field
+and exit 2, never a silent wrong number, an inf, a NaN, a traceback or a half-written file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from commsim.cli.app import app
+from commsim.specs import ClusterSpec, SpecError, load_spec, parse_spec
+from commsim.units import UnitError, parse_bytes, parse_rate, parse_time
+
+CLUSTER = """
+name: bare
+nodes: 4
+node:
+  gpu: {gpu}
+  gpus_per_node: 8
+  interconnect: nvswitch
+  nics: {{count: 1, bandwidth: {bandwidth}}}
+fabric: {{kind: infiniband, nodes_per_leaf: 2}}
+"""
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def refused(*args: str, says: str):
+    """The command exits 2 with one error line that contains `says`."""
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert says in lines[0], lines[0]
+    for bad in ("Traceback", "nan", "inf "):
+        assert bad not in lines[0]
+
+
+def _cluster(tmp_path: Path, gpu: str = "a100", bandwidth: str = "100Gbps") -> str:
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER.format(gpu=gpu, bandwidth=bandwidth))
+    return str(path)
+
+
+@pytest.mark.parametrize("command", [("topo", "show"), ("predict", "--cluster")])
+def test_a_bare_rate_in_a_file_is_refused(tmp_path, command):
+    """100 read as bytes/s made a 2.7e7 s step and `topo show` 0.00 GB/s."""
+    path = _cluster(tmp_path, bandwidth="100")
+    extra = ("--gpus", "32", "--global-batch", "512") if command[0] == "predict" else ()
+    refused(*command, path, *extra, says="c.yaml: node.nics.bandwidth: 100 has no unit")
+
+
+def test_units_required_from_files_but_not_from_python():
+    assert parse_rate("100Gbps", bare=False) == 12.5e9
+    assert parse_time(0, bare=False) == 0.0  # zero is zero in any unit
+    for parse, value in ((parse_rate, 100), (parse_bytes, "4096"), (parse_time, "2")):
+        with pytest.raises(UnitError, match="has no unit"):
+            parse(value, bare=False)
+        assert parse(value) > 0  # Python callers pass SI numbers
+    assert parse_bytes("1PiB") == 2.0**50 and parse_bytes("1EB") == 1e18
+    with pytest.raises(UnitError, match="not a finite size"):
+        parse_bytes("1e400B")
+
+
+def test_a_spec_dumped_as_json_reads_back_with_its_units():
+    spec = load_spec(ClusterSpec, "topologies/dgx-h100-ib.yaml")
+    data = spec.model_dump(mode="json")
+    assert data["node"]["nics"]["bandwidth"].endswith("B/s")
+    assert parse_spec(ClusterSpec, data, "dump") == spec
+
+
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (("predict", "--bucket-mb", "inf"), "--bucket-mb inf: Input should be a finite number"),
+        (("predict", "--tokens", "inf"), "--tokens inf: Input should be a finite number"),
+        (("predict", "--price-per-gpu-hour", "inf"), "--price-per-gpu-hour inf: Input should"),
+        (
+            ("predict", "--tokens", "1e300", "--price-per-gpu-hour", "1e308"),
+            "training.cost is not a finite number",
+        ),
+        (("collective", "all-reduce", "--gpus", "1"), "--gpus 1: a collective needs at least 2"),
+        (("collective", "all-reduce", "--sizes", "1e400B"), "--sizes: '1e400B' is not a finite"),
+        (("compression", "convergence", "--workers", "2000"), "--workers 2000: at most 256"),
+        (("compression", "bench", "--repeats", "0"), "--repeats 0: time each compressor"),
+    ],
+)
+def test_no_inf_or_nan_ever_printed(args, says):
+    refused(*args, says=says)
+
+
+def test_petabyte_sizes_in_both_spellings():
+    for size in ("1PiB", "1PB"):
+        result = run("collective", "all-reduce", "--gpus", "8", "--sizes", f"1TiB:{size}", "--json")
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["rows"]
+
+
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (("plan", "--deadline", "0d", "--tokens", "1e9"), "--deadline 0d: must be a positive"),
+        (("plan", "--budget", "0", "--tokens", "1e9"), "--budget 0: must be a positive"),
+        (("plan", "--budget", "-5", "--tokens", "1e9"), "--budget -5: must be a positive"),
+        (("plan", "--gpu", "h100"), "--gpu: applies to cluster sizing only"),
+        (("plan", "--objective", "cost"), "--objective: applies to cluster sizing only"),
+        (("plan", "--top", "-1"), "--top -1: show at least 1 row"),
+        (("plan", "--fsdp", "--zero", "1"), "--fsdp: is ZeRO-3, but --zero 1 is given"),
+        (("predict", "--fsdp", "--zero", "1"), "--fsdp: is ZeRO-3, but --zero 1 is given"),
+        (("plan", "--gpus", "64:128", "--tp", "2", "--tokens", "1e9"), "--tp: cluster sizing"),
+        (("plan", "--tp", "3"), "--tp 3: tp x pp x cp = 3 x 1 x 1 does not divide the 64"),
+        (("plan", "--pp", "100"), "--pp 100: tp x pp x cp = 1 x 100 x 1 does not divide"),
+        (("plan", "--cluster", "dgx-a100-ib", "--pp", "64"), "--pp 64: 64 pipeline stages for 48"),
+        (
+            ("plan", "--tokens", "1e9", "--gpus", "8:1000000000"),
+            "--gpus: 536,870,912 GPUs: no layout of gpt2-xl at global batch 512 uses more than",
+        ),
+    ],
+)
+def test_flags_that_would_be_ignored_are_refused(args, says):
+    """Each of these was accepted and ignored (or ran for minutes) on main."""
+    refused(*args, says=says)
+
+
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (("predict", "--tp", "-2"), "--tp -2: Input should be greater than or equal to 1"),
+        (("predict", "--cluster", "nowhere"), "--cluster nowhere: unknown topology 'nowhere'"),
+        (("predict", "--gpus", "100000"), "--gpus 100000: 100000 GPUs requested"),
+        (("predict", "--cluster", ""), "--cluster '': empty: give a topology name"),
+        (("collective", "all-reduce", "--cluster", "x"), "--cluster: unknown topology 'x'"),
+    ],
+)
+def test_a_flag_is_blamed_not_the_scenario_file(args, says):
+    refused(*args, says=says)
+    assert "default.yaml" not in run(*args).output
+
+
+def test_a_binary_or_empty_file_names_itself(tmp_path):
+    garbage = tmp_path / "garbage.yaml"
+    garbage.write_bytes(bytes(range(128, 256)))
+    refused("predict", str(garbage), says="garbage.yaml: not a text file (byte 0 is not UTF-8)")
+    refused("predict", "--cluster", str(garbage), says="garbage.yaml: not a text file")
+    with pytest.raises(SpecError, match="give a file name"):
+        load_spec(ClusterSpec, "")
+
+
+def test_a_pattern_in_a_message_keeps_its_brackets(tmp_path):
+    """rich read `[a-z]` in the testbed prefix pattern as markup and printed '^{0,9}$'."""
+    bed = tmp_path / "tb.yaml"
+    bed.write_text(
+        "name: x\nprefix: 'AB!'\nracks: 2\nhosts_per_rack: 2\n"
+        "host_rate: 100Mbps\nuplink_rate: 100Mbps\n"
+    )
+    refused("testbed", "check", str(bed), says="pattern '^[a-z][a-z0-9]{0,9}$'")
+
+
+@pytest.mark.parametrize(
+    "flag,path,says",
+    [
+        ("--plot", "{tmp}/missing/a.png", "directory '{tmp}/missing' does not exist"),
+        ("--plot", "{tmp}", "is a directory"),
+        ("--plot", "{tmp}/out.txt", "not an image format"),
+        ("--html", "{tmp}/missing/r.html", "directory '{tmp}/missing' does not exist"),
+    ],
+)
+def test_output_paths_are_checked_before_any_work(tmp_path, flag, path, says):
+    path, says = path.format(tmp=tmp_path), says.format(tmp=tmp_path)
+    refused("predict", flag, path, says=f"{flag} {path!r}: {says}")
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+
+
+def test_a_plot_goes_where_it_is_said_to(tmp_path):
+    """A name without a suffix is written as a PNG under that very name."""
+    path = tmp_path / "timeline"
+    result = run("predict", "--plot", str(path))
+    assert result.exit_code == 0, result.output
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"timeline written to {path}\n" in result.output
+    assert [p.name for p in tmp_path.iterdir()] == ["timeline"]
+
+
+def test_a_gpu_the_catalog_lacks_comes_from_yaml(tmp_path):
+    gpu = tmp_path / "mi300x.yaml"
+    gpu.write_text(
+        "name: mi300x\npeak_flops: 1.3074e15\nhbm_bytes: 192GB\nhbm_bandwidth: 5.3TB/s\n"
+        "nvlink_bandwidth: 64GB/s\nsource: AMD Instinct MI300X datasheet\n"
+    )
+    path = _cluster(tmp_path, gpu=str(gpu))
+    result = run("predict", "--cluster", path, "--gpus", "32", "--global-batch", "512", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["memory"]["usable_bytes"] == pytest.approx(0.9 * 192e9)
+    refused(
+        "predict",
+        "--cluster",
+        _cluster(tmp_path, gpu="mi999"),
+        "--gpus",
+        "32",
+        says="unknown GPU 'mi999'",
+    )
