@@ -96,7 +96,8 @@ def _with_deepspeed(
 ) -> DeepSpeedSettings | None:
     """Merge a scenario's DeepSpeed config (commsim.deepspeed) into its plain data: the
     fields it sets fill what the scenario leaves out; a flag (or what-if change) overrides
-    it; a scenario field that says otherwise is a SpecError naming that field."""
+    it; a scenario field that says otherwise is a SpecError naming that field, unless the
+    config itself came by flag (--deepspeed), which then overrides the file."""
     path = data.get("deepspeed")
     if not path:
         return None
@@ -108,7 +109,7 @@ def _with_deepspeed(
         for key, value in values.items():
             if value is None or key in given:
                 continue
-            if key in target and target[key] != value:
+            if key in target and target[key] != value and "deepspeed" not in given:
                 field = f"strategy.{key}" if target is strategy else key
                 raise SpecError(source, field, f"{target[key]!r}, but {path} makes it {value!r}")
             target[key] = value

@@ -20,6 +20,7 @@ from commsim.cli.testbed import testbed_app
 from commsim.cli.topo import topo_app
 
 app = typer.Typer(
+    rich_markup_mode=None,  # plain help: wraps every value, never cuts one off with …
     add_completion=False,
     no_args_is_help=True,
     help="Predict distributed-training step time and communication, and pick the strategy.",

@@ -241,7 +241,8 @@ def plan_cmd(
         if not doc["candidates"]:
             plan_show.explain_empty(setup, pinned)
         terminal.require_finite(doc, "--tokens and --price-per-gpu-hour")
-        plan_show.write_files(setup, doc, top, given | {"scenario": scenario}, csv, html, sweep)
+        inputs = given | {"scenario": scenario}
+        plan_show.write_files(setup, result, doc, top, inputs, (csv, html), sweep)
     if json_out:
         terminal.print_json(doc)
         return

@@ -102,19 +102,22 @@ def crossover_lines(sweep: BandwidthSweep) -> list[str]:
 
 def write_files(
     setup: Setup,
+    result: PlanResult,
     doc: dict[str, Any],
     top: int,
     flags: dict[str, Any],
-    csv: str | None,
-    html: str | None,
+    files: tuple[str | None, str | None],
     sweep: Any,
 ) -> None:
-    """--csv: one row per kept candidate; --html: the table, its lines, the sweep, inputs."""
+    """--csv: one row per kept candidate; --html: the table, its lines, the winner's step,
+    the sweep, the inputs."""
+    from commsim.cli.predict import draw
     from commsim.report import labels, pages
     from commsim.report.html import Report, figure_png
     from commsim.report.rows import write_csv
     from commsim.report.sweeps import plot_bandwidth_sweep
 
+    csv, html = files
     if csv:
         write_csv(csv, doc["candidates"])
     if not html:
@@ -125,6 +128,9 @@ def write_files(
         for table in tables:
             report.table(table)
         report.lines(text)
+        best = doc["candidates"][0]
+        png = figure_png(lambda p: draw(setup, best, result.ranked[0], p))
+        report.figure(png, "the winner's step")
     else:
         report.lines(["no strategy can run here", *doc["notes"]])
     if sweep:

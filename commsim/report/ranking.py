@@ -16,7 +16,7 @@ from commsim.units import fmt_time
 # the strategy settings a row shows, and how each is written
 SETTINGS = (
     ("algorithm", lambda s: s["algorithm"]),
-    ("bucket", lambda s: f"{s['bucket_mb']:g} MiB"),
+    ("bucket MiB", lambda s: f"{s['bucket_mb']:g}"),
     ("overlap", lambda s: "on" if s["overlap"] else "off"),
     ("placement", lambda s: s["placement"]),
     ("compression", compression_label),
@@ -61,7 +61,7 @@ def plan_table(title: str, rows: Sequence[dict[str, Any]], top: int) -> tuple[Ta
         ("layout", True, lambda i, r: layout_label(r)),
         *((name, True, lambda i, r, n=name: r["shown"][n]) for name, _ in SETTINGS),
         ("step", False, lambda i, r: fmt_time(r["step_time_s"])),
-        ("exposed comm", False, lambda i, r: fmt_time(r["exposed_comm_s"])),
+        ("exposed", False, lambda i, r: fmt_time(r["exposed_comm_s"])),
         ("bubble", False, lambda i, r: fmt_time(r.get("bubble_s", 0.0))),
         ("memory", False, lambda i, r: f"{r['memory']['total_bytes'] / 1e9:.1f} GB"),
         ("MFU", False, lambda i, r: pct(r["mfu"])),
