@@ -149,7 +149,8 @@ def prediction(
         strategy=strategy,
         step_time_s=step,
         parts=parts,
-        overlap_ratio=1.0 - exposed / busy if busy > 0 else 1.0,
+        # clipped to [0, 1]: exposed == busy may round to 1 + 2e-16 (-0.0% hidden)
+        overlap_ratio=min(1.0, max(0.0, 1.0 - exposed / busy)) if busy > 0 else 1.0,
         overlap_efficiency=compute / max(compute, busy) if compute > 0 else 1.0,
         scaling_efficiency=single / (n * step),
         mfu=b["mfu"],
