@@ -112,6 +112,11 @@ def test_petabyte_sizes_in_both_spellings():
         (("plan", "--fsdp", "--zero", "1"), "--fsdp: is ZeRO-3, but --zero 1 is given"),
         (("predict", "--fsdp", "--zero", "1"), "--fsdp: is ZeRO-3, but --zero 1 is given"),
         (("plan", "--gpus", "64:128", "--tp", "2", "--tokens", "1e9"), "--tp: cluster sizing"),
+        (("collective", "all-reduce", "--algorithm", "magic"), "--algorithm magic: all-reduce has"),
+        (("predict", "--error-feedback"), "--error-feedback: keeps what a lossy compressor"),
+        (("predict", "--zero", "3", "--bucket-mb", "50"), "--bucket-mb 50.0: ZeRO-3/FSDP"),
+        (("predict", "--zero", "3", "--compression", "int8"), "--compression int8: a DDP comm"),
+        (("calibrate", "fit", "r.jsonl", "--cluster", "x", "-o", "/no/p.yaml"), "-o '/no/p.yaml'"),
         (("plan", "--tp", "3"), "--tp 3: tp x pp x cp = 3 x 1 x 1 does not divide the 64"),
         (("plan", "--pp", "100"), "--pp 100: tp x pp x cp = 1 x 100 x 1 does not divide"),
         (("plan", "--cluster", "dgx-a100-ib", "--pp", "64"), "--pp 64: 64 pipeline stages for 48"),
@@ -204,3 +209,26 @@ def test_a_gpu_the_catalog_lacks_comes_from_yaml(tmp_path):
         "32",
         says="unknown GPU 'mi999'",
     )
+
+
+def test_help_needs_no_pydantic():
+    """`commsim --help` imports no spec machinery (it took 1.2 s when it did)."""
+    import subprocess
+    import sys
+
+    code = "import sys, commsim.cli.app; print('pydantic' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_a_usage_error_is_one_line_too():
+    refused("predict", "--gpus", "inf", says="Invalid value for '--gpus'")
+    refused("predict", "--no-such-flag", says="No such option: --no-such-flag")
+
+
+def test_an_overlap_ratio_never_rounds_below_zero():
+    """With one-token sequences every bit of communication is exposed: 1 - exposed / comm
+    rounded to -2.2e-16 (found by tests/test_properties.py)."""
+    result = run("plan", "--seq-len", "1", "--top", "1", "--json")
+    ratios = [c["overlap_ratio"] for c in json.loads(result.stdout)["candidates"]]
+    assert ratios and all(0.0 <= r <= 1.0 for r in ratios)

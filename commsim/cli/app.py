@@ -7,7 +7,11 @@ prints one line naming the file and field on stderr and exits 2, never a traceba
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import typer
+from typer.core import TyperGroup
 
 from commsim.cli import goodput
 from commsim.cli.calibrate import calibrate_app
@@ -19,7 +23,34 @@ from commsim.cli.predict import predict_cmd
 from commsim.cli.testbed import testbed_app
 from commsim.cli.topo import topo_app
 
+
+class OneLineErrors(TyperGroup):
+    """The command group whose usage errors (a flag that is not an integer, an unknown
+    option) are one line on stderr and exit 2, as commsim's own input errors are."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        except Exception as e:  # click's ClickException family (vendored by typer)
+            if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
+                raise
+            if type(e).__name__ == "NoArgsIsHelpError":  # no arguments: the help
+                e.show()
+            else:
+                from commsim.report.terminal import error_line
+
+                error_line(e.format_message())
+            sys.exit(e.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=OneLineErrors,
     rich_markup_mode=None,  # plain help: wraps every value, never cuts one off with …
     add_completion=False,
     no_args_is_help=True,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from commsim.files import write_atomic
+from commsim.files import check_output, write_atomic
 from commsim.report import terminal
 from commsim.units import fmt_bytes, fmt_rate, fmt_time
 
@@ -105,6 +105,8 @@ def run_cmd(
             batch=batch,
             comm_hooks=tuple(h.strip().lower() for h in comm_hooks.split(",") if h.strip()),
         )
+        if local is not None:
+            check_output(out, "--out")
         code = launch_local(cfg, local) if local is not None else run_rank(cfg)
     if code:
         raise typer.Exit(code)
@@ -131,6 +133,7 @@ def import_cmd(
     from commsim.specs import SpecError
 
     with terminal.user_errors():
+        check_output(out, "--out")
         if op is not None and op not in OPS:
             raise SpecError("--op", "", f"unknown op {op!r} (choose from {', '.join(OPS)})")
         records = [r for log in logs for r in parse_log(log, op)]
@@ -185,6 +188,7 @@ def fit_cmd(
     from commsim.profile import profile_yaml
 
     with terminal.user_errors():
+        check_output(output, "-o")
         spec = _cluster(cluster)
         fitted = fit_profile(read_results(results), spec, source=", ".join(results))
         write_atomic(output, profile_yaml(fitted.profile))
@@ -236,6 +240,7 @@ def validate_cmd(
     from commsim.units import parse_bytes
 
     with terminal.user_errors():
+        check_output(plot, "--plot", image=True)
         spec = _cluster(cluster)
         prof = load_profile(profile)
         measured = read_results(results)

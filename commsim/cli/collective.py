@@ -69,7 +69,10 @@ def collective_cmd(
         cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
         grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
         algs = SEARCHED[op] if algorithm == "all" else (algorithm,)
-        rows = _rows(cost, op, gpus, algs, grid)
+        try:
+            rows = _rows(cost, op, gpus, algs, grid)
+        except ValueError as e:  # the algorithm cannot run this op, or not on this group
+            raise ValueError(f"--algorithm {algorithm}: {e}") from None
         doc = {"op": op, "cluster": spec.name, "gpus": gpus, "placement": placement, "rows": rows}
         terminal.require_finite(doc, "--sizes")
         shown = [r | {"algorithm": r["requested"]} for r in rows]

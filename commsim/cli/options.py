@@ -198,6 +198,23 @@ def interleave_of(setup: Setup, strategy: Any, layers: int) -> Any:
     return strategy.model_copy(update={"interleave": blocks // (strategy.pp * layers)})
 
 
+def refuse_ignored(strategy: Any, given: dict[str, Any]) -> None:
+    """A flag the step model would not use with the rest of the strategy is an error, not
+    a no-op: error feedback without a lossy compressor, DDP buckets under ZeRO-3."""
+    from commsim.specs import SpecError
+
+    if given.get("error_feedback") and strategy.compression == "none":
+        raise SpecError(
+            "--error-feedback", "", "keeps what a lossy compressor drops: give --compression"
+        )
+    if given.get("bucket_mb") is not None and strategy.zero == 3:
+        raise SpecError(
+            f"--bucket-mb {_shown(given['bucket_mb'])}",
+            "",
+            "ZeRO-3/FSDP gathers and reduce-scatters per transformer block: no DDP buckets",
+        )
+
+
 def _shown(value: Any) -> str:
     """A flag's value as typed; quoted when empty or spaced."""
     text = str(value)

@@ -37,6 +37,7 @@ from commsim.cli.options import (
     TpOpt,
     ZeroOpt,
     blame_flags,
+    refuse_ignored,
     setup_from_flags,
 )
 from commsim.report import terminal
@@ -122,6 +123,7 @@ def predict_cmd(
         setup = setup_from_flags(
             scenario, fsdp=fsdp, layers_per_virtual_stage=layers_per_virtual_stage, **flags
         )
+        refuse_ignored(setup.scenario.strategy, flags)
         pred = predict(setup)
         doc = (
             {"scenario": setup.scenario.name, "gpus": setup.n_gpus}
