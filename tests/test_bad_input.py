@@ -232,3 +232,16 @@ def test_an_overlap_ratio_never_rounds_below_zero():
     result = run("plan", "--seq-len", "1", "--top", "1", "--json")
     ratios = [c["overlap_ratio"] for c in json.loads(result.stdout)["candidates"]]
     assert ratios and all(0.0 <= r <= 1.0 for r in ratios)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("goodput",),
+        ("topo", "show", "aws-p4d"),
+        ("compression", "convergence"),
+        ("calibrate", "validate", "r.jsonl", "--profile", "p.yaml", "--cluster", "x"),
+    ],
+)
+def test_every_plot_path_is_checked_first(tmp_path, command):
+    refused(*command, "--plot", str(tmp_path / "no" / "a.png"), says="does not exist")

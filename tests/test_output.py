@@ -284,6 +284,7 @@ def _page(path: Path) -> _Page:
         (("predict", *GPT3), "global batch"),
         (("plan", "--cluster", "ethernet-10g", "--gpus", "128", "--plot", "{tmp}/s.png"), "step"),
         (("collective", "all-reduce", "--gpus", "16", "--sizes", "1KiB:1MiB"), "busbw"),
+        (("plan", "--model", "gpt2-xl", "--tokens", "1e10", "--gpus", "64:128"), "GPUs"),
     ],
 )
 def test_html_report_is_one_self_contained_page(tmp_path, args, cell):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from commsim.cli.sizing import gpu_sizes
+from commsim.files import check_output
 from commsim.reliability.recovery import STRATEGIES, Policy
 from commsim.report import terminal
 from commsim.units import parse_time
@@ -105,6 +106,7 @@ def goodput_cmd(
     from commsim.scenario import load_scenario, resolve
 
     with terminal.user_errors():
+        check_output(plot, "--plot", image=True)
         if recovery != "all" and recovery not in STRATEGIES:
             raise ValueError(f"--recovery must be one of {', '.join(STRATEGIES)} or all")
         flags = _overrides(

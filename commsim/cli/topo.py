@@ -56,11 +56,13 @@ def topo_show(
 ) -> None:
     """A topology's summary: nodes, NICs, tiers, bandwidths, switch counts; --plot draws it."""
     from commsim import catalog
+    from commsim.files import check_output
     from commsim.report import plots, tables
     from commsim.specs import ClusterSpec, load_spec
     from commsim.topology.build import build_cluster
 
     with terminal.user_errors():
+        check_output(plot, "--plot", image=True)
         spec = load_spec(ClusterSpec, catalog.topology_path(name, name))
         built = build_cluster(spec, gpus, name)
         summary = built.summary()
