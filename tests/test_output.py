@@ -384,3 +384,11 @@ def test_progress_never_counts_past_its_total(monkeypatch):
     run("plan", "--top", "1")
     run("plan", "--model", "gpt2-xl", "--tokens", "1e10", "--gpus", "64:128")
     assert seen and all(done <= total for done, total in seen)
+
+
+def test_the_sizing_table_fits_one_line_a_row():
+    args = ("plan", "--model", "gpt2-xl", "--tokens", "3e10", "--gpus", "32:256")
+    text = run(*args, "--price-per-gpu-hour", "2").output
+    body = [line for line in text.splitlines() if line.startswith("│")]
+    assert len(body) == 4 and _width(text) <= 120
+    assert "30B tokens" in text and "Pareto, pick" in text and "h │" in text  # hours, not 0.4 d

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def _sizing_title(spec, gpu: str | None) -> str:
     model = spec.model if isinstance(spec.model, str) else spec.model.name
     return (
-        f"cluster sizing: {model}, {spec.tokens:.3g} tokens, global batch "
+        f"cluster sizing: {model}, {spec.tokens / 1e9:,.4g}B tokens, global batch "
         f"{spec.global_batch}" + (f", {gpu}" if gpu else "")
     )
 

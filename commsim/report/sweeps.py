@@ -27,12 +27,17 @@ def _pyplot():
 
 
 def _plain(axis) -> None:
-    """Plain numbers on a log axis: 256, 0.5, 1,024 rather than 2^8 or 10^3."""
-    import matplotlib.ticker
+    """Plain numbers on a log axis: 256, 0.5, 1,024 rather than 2^8 or 10^3. A decimal
+    axis (call after plotting) gets ticks at 1, 2, 5 a decade, or at every digit when its
+    data span less than a decade, so it is never left with one label or none."""
+    import matplotlib.ticker as ticker
 
-    fmt = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.6g}")
-    axis.set_major_formatter(fmt)
-    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    if axis.get_scale() == "log" and axis._scale.base == 10:
+        lo, hi = axis.get_view_interval()
+        subs = (1.0, 2.0, 5.0) if hi > 10 * lo else tuple(float(d) for d in range(1, 10))
+        axis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.6g}"))
+    axis.set_minor_formatter(ticker.NullFormatter())
 
 
 def coinciding(curves: dict[str, Sequence[float]]) -> dict[str, list[float]]:

@@ -11,7 +11,7 @@ from commsim.report.labels import (
     layout_label,
     pct,
 )
-from commsim.units import fmt_bytes, fmt_rate, fmt_time
+from commsim.units import fmt_bytes, fmt_duration, fmt_rate, fmt_time
 
 
 def collective_table(
@@ -110,46 +110,37 @@ def convergence_table(rows: Sequence[dict[str, Any]], steps: int, workers: int) 
 
 
 def sizing_table(rows: Sequence[Any], front: Sequence[Any], pick: Any, title: str) -> Table:
-    """Per fabric and cluster size: the best strategy, time to train, GPU-hours, cost."""
+    """Per fabric and cluster size: the best layout, its step, time to train, cost (GPU-hours
+    when no price is given: cost is GPU-hours x price), scaling efficiency and MFU; the
+    Pareto front and the pick marked. One line a row within 120 columns."""
+    priced = any(r.best and (r.best.training or {}).get("cost") is not None for r in rows)
+    money = ("cost", "cost") if priced else ("gpu_hours", "GPU-hours")
     table = Table(title=title, title_justify="left")
-    for col in (
-        "fabric",
-        "GPUs",
-        "best layout",
-        "step",
-        "time to train",
-        "GPU-hours",
-        "cost",
-        "scaling eff.",
-        "MFU",
-        "",
-    ):
-        table.add_column(col, justify="left" if col in ("fabric", "best layout", "") else "right")
+    columns = ("fabric", "GPUs", "best layout", "step", "to train", money[1], "scaling", "MFU")
+    for col in (*columns, ""):
+        left = col in ("fabric", "best layout", "")
+        table.add_column(col, justify="left" if left else "right", no_wrap=col != "")
     on_front = {(r.fabric, r.gpus) for r in front}
     for r in rows:
         p = r.best
-        mark = " ".join(
-            [
-                *(["Pareto"] if (r.fabric, r.gpus) in on_front else []),
-                *(["<- pick"] if pick is r else []),
-            ]
-        )
+        marks = [
+            *(["Pareto"] if (r.fabric, r.gpus) in on_front else []),
+            *(["pick"] if pick is r else []),
+        ]
         if p is None:
-            table.add_row(r.fabric, str(r.gpus), f"[dim]{r.note}[/dim]", *[""] * 7)
+            table.add_row(r.fabric, f"{r.gpus:,}", f"[dim]{r.note}[/dim]", *[""] * 6)
             continue
         t = p.training or {}
-        d = p.to_dict()
         table.add_row(
             r.fabric,
             f"{r.gpus:,}",
-            f"{layout_label(d)} {d['strategy']['algorithm']}",
+            layout_label(p.to_dict()),
             fmt_time(p.step_time_s),
-            f"{t.get('time_to_train_s', 0) / 86400:.1f} d",
-            f"{t.get('gpu_hours', 0):,.0f}",
-            f"{t['cost']:,.0f}" if t.get("cost") is not None else "",
+            fmt_duration(t["time_to_train_s"]) if "time_to_train_s" in t else "",
+            f"{t[money[0]]:,.0f}" if t.get(money[0]) is not None else "",
             pct(p.scaling_efficiency),
             pct(p.mfu),
-            mark,
+            ", ".join(marks),
         )
     return table
 
