@@ -392,3 +392,16 @@ def test_the_sizing_table_fits_one_line_a_row():
     body = [line for line in text.splitlines() if line.startswith("│")]
     assert len(body) == 4 and _width(text) <= 120
     assert "30B tokens" in text and "Pareto, pick" in text and "h │" in text  # hours, not 0.4 d
+
+
+def test_plan_plot_sweeps_the_best_plain_ddp_layout(tmp_path, monkeypatch):
+    """The winner is ZeRO-3: --plot drew nothing and said so; now the best plain-DDP
+    layout's sweep, the cluster's own bandwidth named in the legend."""
+    from commsim.report import sweeps
+
+    figures = []
+    monkeypatch.setattr(sweeps, "save_figure", lambda fig, path: figures.append(fig))
+    text = run("plan", "--plot", str(tmp_path / "bw.png")).output
+    assert "the sweep is of the best plain-DDP layout" in " ".join(text.split())
+    legend = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    assert "this cluster: 100 Gb/s per NIC" in legend and "none" in legend

@@ -300,9 +300,9 @@ def _hook_table(rows: list[HookRow]) -> Table:
     from rich.table import Table
 
     table = Table(title="DDP comm hooks: speedup over plain all-reduce", title_justify="left")
-    cols = ("run", "buckets", "hook", "measured step", "speedup", "predicted step", "speedup")
-    for col in (*cols, "error"):
-        table.add_column(col, justify="left" if col in ("run", "hook") else "right")
+    cols = ("run", "buckets", "hook", "measured", "speedup", "predicted", "speedup", "error")
+    for col in cols:  # the hook's name on one line, whatever the page's width
+        table.add_column(col, justify="left" if col in ("run", "hook") else "right", no_wrap=True)
     for h in rows:
         hook = h.compression + (" + EF" if h.error_feedback else "")
         table.add_row(

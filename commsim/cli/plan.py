@@ -281,6 +281,7 @@ def _search(
     from commsim.planner.sweep import bandwidth_sweep
     from commsim.report import labels
     from commsim.report.sweeps import plot_bandwidth_sweep
+    from commsim.units import fmt_time
 
     base = setup.scenario.strategy
     with terminal.progress(1, "planning") as bar:
@@ -288,10 +289,17 @@ def _search(
             setup, base, pinned, on_progress=lambda n, of: bar.update(0, completed=n, total=of)
         )
     sweep = None
-    if plot and result.ranked and result.ranked[0].strategy.data_parallel_only:
-        sweep = bandwidth_sweep(setup, result.ranked[0].strategy)
+    ddp = [k for k, p in enumerate(result.ranked) if p.strategy.data_parallel_only]
+    if plot and ddp:  # compression is a DDP comm hook: the best plain-DDP layout's sweep
+        sweep = bandwidth_sweep(setup, result.ranked[ddp[0]].strategy)
         title = f"{labels.run_title(setup)}: where compression stops paying"
         plot_bandwidth_sweep(sweep, plot, title)
+        if ddp[0]:
+            step = fmt_time(result.ranked[ddp[0]].step_time_s)
+            result.notes.append(
+                f"--plot: the winner is not plain DDP; the sweep is of the best plain-DDP "
+                f"layout ({step} a step)"
+            )
     elif plot:
-        result.notes.append("--plot draws the compression sweep of a plain-DDP winner only")
+        result.notes.append("--plot: no plain-DDP layout ranked, so no compression sweep")
     return result, sweep

@@ -82,7 +82,13 @@ def plot_bandwidth_sweep(sweep: Any, path: str, title: str) -> None:
             color="grey",
         )
     here = sweep.current * 8 / 1e9
-    ax.axvline(here, color="red", linewidth=1, label=f"this cluster: {here:,.4g} Gb/s per NIC")
+    ax.axvline(
+        here,
+        color="#17becf",
+        linewidth=2,
+        alpha=0.7,
+        label=f"this cluster: {here:,.4g} Gb/s per NIC",
+    )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     _plain(ax.xaxis)
