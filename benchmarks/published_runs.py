@@ -393,7 +393,7 @@ def _kind(r: Row) -> str:
 
 def text_table(rows: list[Row], efficiency: float) -> str:
     out = [
-        f"compute_efficiency = {efficiency:g} for every row; error = (predicted - reported)"
+        f"compute_efficiency = {efficiency} for every row; error = (predicted - reported)"
         " / reported, in the unit the source reports (per GPU)",
         f"{'run':<32} {'GPUs':>5}  {'layout':<40} {'kind':<10} {'reported':>9} "
         f"{'predicted':>9} {'HW TF/s':>7} {'MFU':>6} {'error':>7}  step  split of the "

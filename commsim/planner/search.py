@@ -24,7 +24,7 @@ from commsim.specs import Strategy
 from commsim.step.layouts import ALGORITHMS, GRAD_DTYPES, Layouts
 from commsim.step.memory import RECOMPUTE
 from commsim.step.model import StepBreakdown, StepModel
-from commsim.step.shape import Shape, balanced_ends
+from commsim.step.shape import Shape, balanced_ends, split_problem
 from commsim.topology.placement import PLACEMENTS, place
 
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -94,11 +94,9 @@ def model_parallel_shapes(setup: Setup, pins: dict[str, Any]) -> list[tuple]:
                 m = s.global_batch // (dp * b)
                 vs = _choices(pins, "interleave", INTERLEAVES if blocks else (1,))
                 for v, (first, last) in itertools.product(vs, splits):
-                    # interleaving: pp > 1, and micro-batches in groups of pp (check_layout);
-                    # an even split must divide, an uneven one runs without interleaving
-                    even = first < 0 and last < 0
-                    if (v > 1 and (pp == 1 or m < pp or not even)) or (
-                        even and blocks and blocks % (pp * v)
+                    # interleaving: pp > 1, and micro-batches in groups of pp (check_layout)
+                    if (v > 1 and (pp == 1 or m < pp)) or (
+                        blocks and split_problem(blocks, pp, v, first, last)
                     ):
                         continue
                     out.append((dp, tp, pp, ep, b, m, v, first, last))
