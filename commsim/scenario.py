@@ -254,6 +254,13 @@ def _check_kernels(setup: Setup, strategy: Strategy) -> None:
                 f"{strategy.fsdp_shard} does not divide the data-parallel degree "
                 f"{setup.dp(strategy)}",
             )
+        if strategy.fsdp_shard % strategy.ep:
+            raise SpecError(
+                src,
+                "strategy.fsdp_shard",
+                f"{strategy.fsdp_shard} is not a multiple of ep = {strategy.ep}: each shard group "
+                "must hold whole expert-parallel groups",
+            )
 
 
 def _check_model_parallel(setup: Setup, strategy: Strategy) -> None:

@@ -203,6 +203,10 @@ Compression = Annotated[str, AfterValidator(_compressor)]
 Algorithm = Literal[("auto", "nccl", *ALGORITHMS["all-reduce"])]  # type: ignore[valid-type]
 Placement = Literal["blocked", "interleaved", "topology-aware"]
 GradDtype = Literal["fp32", "fp16", "bf16"]
+# rank order, fastest-varying first: Megatron-core's default, or pipeline inside data
+# parallelism (Megatron-LM's --use-tp-pp-dp-mapping; Llama 3's [TP, CP, PP, DP], arXiv:2407.21783
+# Sec. 3.3.2, so that data parallelism, not the pipeline, crosses the pods)
+RankOrder = Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"]
 
 
 class Strategy(Spec):
@@ -236,6 +240,7 @@ class Strategy(Spec):
     flash_attention: bool = True  # fused attention: no s x s scores kept, causal half computed
     tp_overlap: bool = False  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
     fsdp_shard: int | None = Field(default=None, ge=1)  # hybrid sharding: ZeRO-3 groups (HSDP)
+    order: RankOrder = "tp-cp-ep-dp-pp"  # how ranks map to GPUs, fastest-varying first
 
     @property
     def split_layers(self) -> tuple[int, int]:

@@ -266,7 +266,7 @@ class StepModel:
         crosses a stage boundary forward and back, v times with interleaving; the tp ranks
         split the activation (scatter-gather optimisation)."""
         act = L.micro_batch * self.shape.seq_len / L.cp * self.shape.hidden * ACT_BYTES / L.tp
-        cols = (L.placement, L.tp, L.dp, L.pp, L.cp)
+        cols = (L.placement, L.tp, L.dp, L.pp, L.cp, L.order)
         inverse, firsts = _group_rows(list(cols))
         line = np.array(
             [self.groups.send(*(int(col[i]) for col in cols)) for i in firsts.tolist()]
