@@ -93,3 +93,56 @@ def test_stack_choices_come_from_the_base_strategy():
     base = setup.scenario.strategy.model_copy(update={"precision": "fp8", "tp_overlap": True})
     L = enumerate_layouts(setup, {"micro_batch": 1}, base)
     assert L.fp8.all() and np.array_equal(L.tp_overlap, L.tp > 1)
+
+
+def test_predict_and_plan_take_the_new_strategy_flags():
+    import json
+
+    from typer.testing import CliRunner
+
+    from commsim.cli.app import app
+
+    args = ["--model", "llama3-8b", "--cluster", "dgx-h100-ib", "--gpus", "16"]
+    args += ["--global-batch", "32", "--seq-len", "32768"]
+    stack = ["--precision", "fp8", "--tp-overlap", "--no-flash-attention"]
+    run = CliRunner().invoke
+    out = run(
+        app,
+        ["predict", *args, "--tp", "8", "--cp", "2", "--order", "tp-cp-ep-pp-dp", *stack, "--json"],
+    )
+    assert out.exit_code == 0, out.output
+    s = json.loads(out.output)["strategy"]
+    assert (s["cp"], s["order"], s["precision"], s["tp_overlap"], s["flash_attention"]) == (
+        2,
+        "tp-cp-ep-pp-dp",
+        "fp8",
+        True,
+        False,
+    )
+    out = run(
+        app,
+        [
+            "plan",
+            *args,
+            "--tp",
+            "8",
+            "--cp",
+            "2",
+            "--zero",
+            "3",
+            "--fsdp-shard",
+            "1",
+            *stack[:2],
+            "--json",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    top = json.loads(out.output)["candidates"][0]["strategy"]
+    assert (top["cp"], top["fsdp_shard"], top["precision"], top["tp_overlap"]) == (
+        2,
+        1,
+        "fp8",
+        True,
+    )
+    out = run(app, ["predict", *args, "--cp", "3"])
+    assert out.exit_code == 2 and "strategy.cp" in out.output

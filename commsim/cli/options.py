@@ -68,6 +68,27 @@ LastLayersOpt = Annotated[
     int | None,
     typer.Option(help="Layers on the last pipeline stage (uneven split; the rest even)."),
 ]
+CpOpt = Annotated[
+    int | None, typer.Option("--cp", help="Context-parallel degree (ring attention; seq % 2cp).")
+]
+OrderOpt = Annotated[
+    str | None,
+    typer.Option(help="Rank order, fastest first: tp-cp-ep-dp-pp (Megatron) or tp-cp-ep-pp-dp."),
+]
+FsdpShardOpt = Annotated[
+    int | None, typer.Option(help="Hybrid sharding: ZeRO-3 over groups of this many dp ranks.")
+]
+PrecisionOpt = Annotated[
+    str | None, typer.Option(help="The blocks' GEMMs: bf16 or fp8 (Transformer Engine).")
+]
+FlashOpt = Annotated[
+    bool | None,
+    typer.Option("--flash-attention/--no-flash-attention", help="Fused (Flash) attention."),
+]
+TpOverlapOpt = Annotated[
+    bool | None,
+    typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap tensor-parallel comm with GEMMs."),
+]
 TokensOpt = Annotated[float | None, typer.Option(help="Training tokens, for time to train.")]
 ProfileOpt = Annotated[
     str | None, typer.Option(help="Calibration profile (commsim calibrate fit) for the cluster.")

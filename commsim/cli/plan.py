@@ -3,7 +3,7 @@ several fabrics)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -11,17 +11,44 @@ from commsim.cli.options import (
     ClusterOpt,
     ErrorFeedbackOpt,
     FirstLayersOpt,
+    FlashOpt,
     FsdpOpt,
     GlobalBatchOpt,
     LastLayersOpt,
     MicroBatchOpt,
     ModelOpt,
+    PrecisionOpt,
     PriceOpt,
     ProfileOpt,
     ScenarioArg,
     SeqLenOpt,
     TokensOpt,
+    TpOverlapOpt,
     setup_from_flags,
+)
+from commsim.cli.plan_options import (
+    BudgetOpt,
+    DeadlineOpt,
+    FabricOpt,
+    GpuOpt,
+    GpusOrRangeOpt,
+    ObjectiveOpt,
+    OnlyAlgorithmOpt,
+    OnlyBucketOpt,
+    OnlyCompressionOpt,
+    OnlyCpOpt,
+    OnlyEpOpt,
+    OnlyFsdpShardOpt,
+    OnlyInterleaveOpt,
+    OnlyOrderOpt,
+    OnlyOverlapOpt,
+    OnlyPlacementOpt,
+    OnlyPpOpt,
+    OnlyRecomputeOpt,
+    OnlyTpOpt,
+    OnlyZeroOpt,
+    SweepPlotOpt,
+    TopOpt,
 )
 from commsim.report import terminal
 
@@ -30,61 +57,6 @@ if TYPE_CHECKING:
     from commsim.planner.sizing import SizingRow
     from commsim.planner.sweep import BandwidthSweep
     from commsim.scenario import Setup
-
-# plan's own flags: what cluster sizing compares, and the search dimensions a flag pins
-GpusOrRangeOpt = Annotated[
-    str | None,
-    typer.Option(help="GPU count, or LOW:HIGH to size the cluster (doubling from LOW)."),
-]
-FabricOpt = Annotated[
-    str | None,
-    typer.Option(help="Cluster sizing: comma-separated topologies to compare (templates)."),
-]
-GpuOpt = Annotated[str | None, typer.Option(help="Cluster sizing: GPU model to put in them.")]
-DeadlineOpt = Annotated[
-    str | None,
-    typer.Option(help="Cluster sizing: the smallest cluster that trains in this (30d)."),
-]
-BudgetOpt = Annotated[
-    float | None, typer.Option(help="Cluster sizing: the most money (or GPU-hours) to spend.")
-]
-ObjectiveOpt = Annotated[
-    str, typer.Option(help="Cluster sizing: time-to-train, cost, throughput-per-dollar.")
-]
-OnlyBucketOpt = Annotated[
-    float | None, typer.Option(help="Search only this bucket cap (MiB) instead of 1..200.")
-]
-OnlyAlgorithmOpt = Annotated[
-    str | None, typer.Option(help="Search only this algorithm instead of all.")
-]
-OnlyPlacementOpt = Annotated[
-    str | None, typer.Option(help="Search only this placement instead of all.")
-]
-OnlyOverlapOpt = Annotated[
-    bool | None, typer.Option("--overlap/--no-overlap", help="Search only overlap on/off.")
-]
-OnlyCompressionOpt = Annotated[
-    str | None, typer.Option(help="Search only this gradient compression instead of several.")
-]
-OnlyTpOpt = Annotated[
-    int | None, typer.Option("--tp", help="Search only this tensor-parallel degree.")
-]
-OnlyPpOpt = Annotated[int | None, typer.Option("--pp", help="Search only this pipeline depth.")]
-OnlyEpOpt = Annotated[
-    int | None, typer.Option("--ep", help="Search only this expert-parallel degree (MoE).")
-]
-OnlyZeroOpt = Annotated[int | None, typer.Option("--zero", help="Search only this ZeRO stage.")]
-OnlyRecomputeOpt = Annotated[
-    str | None, typer.Option(help="Search only this recomputation: none, selective, full.")
-]
-OnlyInterleaveOpt = Annotated[
-    int | None, typer.Option(help="Search only this interleaving (virtual stages).")
-]
-TopOpt = Annotated[int, typer.Option(help="Rows to show.")]
-SweepPlotOpt = Annotated[
-    str | None,
-    typer.Option(help="PNG: the winner's step time against NIC bandwidth per compressor."),
-]
 
 
 def plan_cmd(
@@ -116,6 +88,12 @@ def plan_cmd(
     interleave: OnlyInterleaveOpt = None,
     first_stage_layers: FirstLayersOpt = None,
     last_stage_layers: LastLayersOpt = None,
+    cp: OnlyCpOpt = None,
+    order: OnlyOrderOpt = None,
+    fsdp_shard: OnlyFsdpShardOpt = None,
+    precision: PrecisionOpt = None,
+    flash_attention: FlashOpt = None,
+    tp_overlap: TpOverlapOpt = None,
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
     top: TopOpt = 15,
@@ -150,7 +128,11 @@ def plan_cmd(
         interleave=interleave,
         first_stage_layers=first_stage_layers,
         last_stage_layers=last_stage_layers,
+        cp=cp,
+        order=order,
+        fsdp_shard=fsdp_shard,
     )
+    stack = dict(precision=precision, flash_attention=flash_attention, tp_overlap=tp_overlap)
     with terminal.user_errors():
         setup = setup_from_flags(
             scenario,
@@ -162,6 +144,7 @@ def plan_cmd(
             **training,
             profile=profile,
             **flags,
+            **stack,  # the user's stack: every searched layout runs it, none searched
         )
         given = flags | {"micro_batch": micro_batch}  # flags validated as scenario fields: pin them
         pinned = {k for k, v in given.items() if v is not None} | ({"zero"} if fsdp else set())

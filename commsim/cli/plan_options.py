@@ -1,0 +1,71 @@
+"""The flags only `plan` takes: what cluster sizing compares, and the search dimensions a
+flag pins to one value."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+GpusOrRangeOpt = Annotated[
+    str | None,
+    typer.Option(help="GPU count, or LOW:HIGH to size the cluster (doubling from LOW)."),
+]
+FabricOpt = Annotated[
+    str | None,
+    typer.Option(help="Cluster sizing: comma-separated topologies to compare (templates)."),
+]
+GpuOpt = Annotated[str | None, typer.Option(help="Cluster sizing: GPU model to put in them.")]
+DeadlineOpt = Annotated[
+    str | None,
+    typer.Option(help="Cluster sizing: the smallest cluster that trains in this (30d)."),
+]
+BudgetOpt = Annotated[
+    float | None, typer.Option(help="Cluster sizing: the most money (or GPU-hours) to spend.")
+]
+ObjectiveOpt = Annotated[
+    str, typer.Option(help="Cluster sizing: time-to-train, cost, throughput-per-dollar.")
+]
+OnlyBucketOpt = Annotated[
+    float | None, typer.Option(help="Search only this bucket cap (MiB) instead of 1..200.")
+]
+OnlyAlgorithmOpt = Annotated[
+    str | None, typer.Option(help="Search only this algorithm instead of all.")
+]
+OnlyPlacementOpt = Annotated[
+    str | None, typer.Option(help="Search only this placement instead of all.")
+]
+OnlyOverlapOpt = Annotated[
+    bool | None, typer.Option("--overlap/--no-overlap", help="Search only overlap on/off.")
+]
+OnlyCompressionOpt = Annotated[
+    str | None, typer.Option(help="Search only this gradient compression instead of several.")
+]
+OnlyTpOpt = Annotated[
+    int | None, typer.Option("--tp", help="Search only this tensor-parallel degree.")
+]
+OnlyPpOpt = Annotated[int | None, typer.Option("--pp", help="Search only this pipeline depth.")]
+OnlyEpOpt = Annotated[
+    int | None, typer.Option("--ep", help="Search only this expert-parallel degree (MoE).")
+]
+OnlyZeroOpt = Annotated[int | None, typer.Option("--zero", help="Search only this ZeRO stage.")]
+OnlyRecomputeOpt = Annotated[
+    str | None, typer.Option(help="Search only this recomputation: none, selective, full.")
+]
+OnlyInterleaveOpt = Annotated[
+    int | None, typer.Option(help="Search only this interleaving (virtual stages).")
+]
+OnlyCpOpt = Annotated[
+    int | None, typer.Option("--cp", help="Search only this context-parallel degree.")
+]
+OnlyOrderOpt = Annotated[
+    str | None, typer.Option(help="Search only this rank order: tp-cp-ep-dp-pp or tp-cp-ep-pp-dp.")
+]
+OnlyFsdpShardOpt = Annotated[
+    int | None, typer.Option(help="Search only ZeRO-3 hybrid-sharded over this many dp ranks.")
+]
+TopOpt = Annotated[int, typer.Option(help="Rows to show.")]
+SweepPlotOpt = Annotated[
+    str | None,
+    typer.Option(help="PNG: the winner's step time against NIC bandwidth per compressor."),
+]
