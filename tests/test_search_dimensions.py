@@ -132,7 +132,7 @@ def test_predict_and_plan_take_the_new_strategy_flags():
             "3",
             "--fsdp-shard",
             "1",
-            *stack[:2],
+            *stack[:3],
             "--json",
         ],
     )
