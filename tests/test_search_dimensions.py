@@ -145,4 +145,4 @@ def test_predict_and_plan_take_the_new_strategy_flags():
         True,
     )
     out = run(app, ["predict", *args, "--cp", "3"])
-    assert out.exit_code == 2 and "strategy.cp" in out.output
+    assert out.exit_code == 2 and "tp x pp x cp = 1 x 1 x 3 does not divide" in out.output
