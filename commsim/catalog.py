@@ -6,6 +6,8 @@ from pathlib import Path
 
 from commsim.specs import GPUSpec, SpecError
 
+# compute_capability is CUDA's sm version (NVIDIA CUDA GPU list: V100 7.0, A100 8.0, H100 and
+# H200 9.0, B200 10.0); NCCL's tuner picks its table rows by it (src/graph/tuning.cc).
 # Peak figures are dense (no structured sparsity) BF16/FP16 tensor-core FLOP/s, HBM size
 # and bandwidth, and NVLink bandwidth per direction (vendors quote the bidirectional sum).
 GPUS: dict[str, GPUSpec] = {
@@ -19,6 +21,8 @@ GPUS: dict[str, GPUSpec] = {
             nvlink_bandwidth="150GB/s",
             source="NVIDIA Tesla V100 datasheet (SXM2): 125 TFLOPS tensor, 32 GB, "
             "900 GB/s, NVLink 300 GB/s bidirectional",
+            compute_capability=7.0,
+            nvlink_links=6,  # NVLink 2: 6 links x 25 GB/s per direction (V100 datasheet)
         ),
         GPUSpec(
             name="a100-40gb",
@@ -28,6 +32,8 @@ GPUS: dict[str, GPUSpec] = {
             nvlink_bandwidth="300GB/s",
             source="NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 1,555 GB/s, "
             "NVLink 600 GB/s bidirectional",
+            compute_capability=8.0,
+            nvlink_links=12,  # NVLink 3: 12 links x 25 GB/s per direction (A100 datasheet)
         ),
         GPUSpec(
             name="a100-80gb",
@@ -37,6 +43,8 @@ GPUS: dict[str, GPUSpec] = {
             nvlink_bandwidth="300GB/s",
             source="NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16 dense, 2,039 GB/s, "
             "NVLink 600 GB/s bidirectional",
+            compute_capability=8.0,
+            nvlink_links=12,  # NVLink 3: 12 links (A100 datasheet)
         ),
         GPUSpec(
             name="h100",
@@ -46,6 +54,8 @@ GPUS: dict[str, GPUSpec] = {
             nvlink_bandwidth="450GB/s",
             source="NVIDIA H100 datasheet (SXM5): 989 TFLOPS BF16 dense (1,979 with "
             "sparsity), 80 GB, 3.35 TB/s, NVLink 900 GB/s bidirectional",
+            compute_capability=9.0,
+            nvlink_links=18,  # NVLink 4: 18 links x 25 GB/s per direction (H100 datasheet)
         ),
         GPUSpec(
             name="h200",
@@ -55,6 +65,8 @@ GPUS: dict[str, GPUSpec] = {
             nvlink_bandwidth="450GB/s",
             source="NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 141 GB, 4.8 TB/s, "
             "NVLink 900 GB/s bidirectional",
+            compute_capability=9.0,
+            nvlink_links=18,  # NVLink 4: 18 links (H200 datasheet)
         ),
         GPUSpec(
             name="b200",
@@ -65,6 +77,8 @@ GPUS: dict[str, GPUSpec] = {
             source="NVIDIA DGX B200 datasheet: 72 PFLOPS FP8 training for 8 GPUs "
             "(4.5 PF FP8, 2.25 PF BF16 dense per GPU), 1,440 GB HBM3e, 64 TB/s; "
             "NVLink 5 1.8 TB/s bidirectional",
+            compute_capability=10.0,
+            nvlink_links=18,  # NVLink 5: 18 links x 50 GB/s per direction (DGX B200 datasheet)
         ),
         GPUSpec(
             name="cpu-host",

@@ -183,7 +183,9 @@ def model_times(spec: ClusterSpec, points: list[Point], algorithms: dict[str, st
     for i, p in enumerate(points):
         key = (p.gpus, p.op, p.bytes)
         if key not in memo:
-            cost = groups.get(p.gpus) or groups.setdefault(p.gpus, GroupCost(cluster, p.gpus))
+            cost = groups.get(p.gpus) or groups.setdefault(
+                p.gpus, GroupCost(cluster, p.gpus, backend="gloo")
+            )
             memo[key] = float(cost.time(p.op, algorithms[p.op], p.bytes)[0])
         out[i] = memo[key]
     return out

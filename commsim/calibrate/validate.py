@@ -210,7 +210,9 @@ def validate(
 
     def group(gpus) -> GroupCost:
         key = tuple(int(g) for g in gpus)
-        return groups.get(key) or groups.setdefault(key, GroupCost(cluster, np.array(key)))
+        return groups.get(key) or groups.setdefault(
+            key, GroupCost(cluster, np.array(key), backend="gloo")
+        )
 
     rows = []
     for p in points:
