@@ -42,7 +42,15 @@ import numpy as np
 from scipy import optimize, stats
 
 from commsim import __version__, catalog
-from commsim.calibrate.records import MetaRecord, Results
+from commsim.calibrate.points import (  # noqa: F401 (placement, span: fit's public names)
+    MIN_SHARE,
+    Point,
+    collect_points,
+    inliers,
+    placement,
+    span,
+)
+from commsim.calibrate.records import Results
 from commsim.collectives.backends import ALGORITHMS
 from commsim.collectives.group import GroupCost
 from commsim.profile import (
@@ -60,114 +68,7 @@ from commsim.profile import (
 from commsim.specs import ClusterSpec, SpecError
 from commsim.topology.build import build_cluster
 
-MIN_SHARE = 1e-3  # a parameter moving no point's time by this much is not fitted
 BETA_FLOOR = 1e-6  # beta may fall to this fraction of its start (bandwidth x 1e6), no lower
-
-
-@dataclass(frozen=True)
-class Point:
-    """One measured collective placed on the cluster."""
-
-    run: str
-    line: int
-    op: str
-    group: tuple[int, ...]  # world ranks
-    gpus: tuple[int, ...]  # the GPU each group rank ran on
-    bytes: float
-    measured_s: float
-    span: str  # the widest tier the group crosses
-
-
-def placement(meta: MetaRecord, spec: ClusterSpec, source: str = "results") -> np.ndarray:
-    """GPU of each world rank, from where the ranks ran.
-
-    Racks (COMMSIM_RACK) in order of first appearance take leaves 0, 1, ...; hosts in a
-    rack take its nodes in order of first appearance; without rack labels hosts take nodes
-    0, 1, ... A host's ranks take its GPUs by LOCAL_RANK (else rank). Only the structure
-    matters: which ranks share a node and which nodes share a rack."""
-    gpn, per_rack = spec.node.gpus_per_node, spec.fabric.nodes_per_leaf
-    ranks = sorted(meta.ranks, key=lambda r: r.rank)
-    hosts = meta.hosts
-    if all(r.rack is not None for r in ranks):
-        rack_of: dict[str, str] = {}
-        for r in ranks:
-            if rack_of.setdefault(r.host, r.rack) != r.rack:  # type: ignore[arg-type]
-                raise SpecError(source, "placement", f"host {r.host!r} is in two racks")
-        racks = list(dict.fromkeys(rack_of[h] for h in hosts))
-        node_of: dict[str, int] = {}
-        for k, rack in enumerate(racks):
-            members = [h for h in hosts if rack_of[h] == rack]
-            if len(members) > per_rack:
-                raise SpecError(
-                    source,
-                    "placement",
-                    f"rack {rack!r} ran {len(members)} hosts but cluster {spec.name!r} has "
-                    f"{per_rack} nodes per rack",
-                )
-            node_of.update({h: k * per_rack + i for i, h in enumerate(members)})
-    else:
-        node_of = {h: i for i, h in enumerate(hosts)}
-    if max(node_of.values()) >= spec.nodes:
-        raise SpecError(
-            source,
-            "placement",
-            f"the run needs node {max(node_of.values()) + 1} but cluster {spec.name!r} has "
-            f"{spec.nodes} nodes",
-        )
-    gpu = np.empty(len(ranks), dtype=np.int64)
-    for host in hosts:
-        mine = sorted(
-            (r for r in ranks if r.host == host),
-            key=lambda r: (r.local_rank if r.local_rank is not None else r.rank, r.rank),
-        )
-        if len(mine) > gpn:
-            raise SpecError(
-                source,
-                "placement",
-                f"host {host!r} ran {len(mine)} ranks but cluster {spec.name!r} has {gpn} "
-                "GPUs per node",
-            )
-        for local, r in enumerate(mine):
-            gpu[r.rank] = node_of[host] * gpn + local
-    return gpu
-
-
-def span(spec: ClusterSpec, gpus) -> str:
-    """The widest tier a group crosses: one node, one rack, or several racks."""
-    nodes = np.asarray(gpus) // spec.node.gpus_per_node
-    if np.unique(nodes).size == 1:
-        return "intra-node"
-    if np.unique(nodes // spec.fabric.nodes_per_leaf).size == 1:
-        return "inter-node"
-    return "cross-rack"
-
-
-def collect_points(results: Results, spec: ClusterSpec) -> tuple[list[Point], list[str]]:
-    """Every measured collective of a group of two or more, placed; and notes on what was
-    left out (unsupported ops)."""
-    points, notes = [], []
-    for run_id, run in results.runs.items():
-        gpu = placement(run.meta, spec, f"run {run_id}")
-        for line, rec in run.collectives:
-            if rec.status != "ok":
-                notes.append(f"{rec.op} unsupported by {run.meta.backend} in run {run_id}")
-                continue
-            if len(rec.group) < 2:
-                continue
-            gpus = tuple(int(g) for g in gpu[rec.group])
-            points.append(
-                Point(
-                    run_id,
-                    line,
-                    rec.op,
-                    tuple(rec.group),
-                    gpus,
-                    float(rec.bytes),  # type: ignore[arg-type]
-                    float(rec.time_s),  # type: ignore[arg-type]
-                    span(spec, gpus),
-                )
-            )
-    return points, list(dict.fromkeys(notes))
 
 
 # --------------------------------------------------------------------------- the model
@@ -184,7 +85,8 @@ def model_times(spec: ClusterSpec, points: list[Point], algorithms: dict[str, st
         key = (p.gpus, p.op, p.bytes)
         if key not in memo:
             cost = groups.get(p.gpus) or groups.setdefault(
-                p.gpus, GroupCost(cluster, p.gpus, backend="gloo")
+                p.gpus,
+                GroupCost(cluster, p.gpus, backend="gloo"),  # the tier fit: gloo's
             )
             memo[key] = float(cost.time(p.op, algorithms[p.op], p.bytes)[0])
         out[i] = memo[key]
@@ -344,6 +246,8 @@ def fit_profile(results: Results, spec: ClusterSpec, *, source: str = "results")
     points, notes = collect_points(results, spec)
     if not points:
         raise SpecError(source, "", "no measured collective of two or more ranks to fit")
+    if backend == "nccl":
+        return _fit_nccl_profile(results, spec, points, notes, source)
     spans = Counter(p.span for p in points)
     model = TierModel(spec, [t for t in TIERS if spans.get(t)])
     if len(points) <= len(model.params):
@@ -371,7 +275,7 @@ def fit_profile(results: Results, spec: ClusterSpec, *, source: str = "results")
             break
         free = matters
         theta = _solve(times, measured, model, theta, free, "soft_l1")
-    keep = _inliers(np.log(times(theta) / measured))
+    keep = inliers(np.log(times(theta) / measured))
     if keep.sum() <= free.sum():
         raise SpecError(source, "", "too few consistent points to fit: measure more")
     was_fitted = free.copy()
@@ -433,16 +337,42 @@ def fit_profile(results: Results, spec: ClusterSpec, *, source: str = "results")
     return FitResult(profile, points, predicted, model.cluster(theta))
 
 
+def _fit_nccl_profile(
+    results: Results, spec: ClusterSpec, points: list[Point], notes: list[str], source: str
+) -> FitResult:
+    """An NCCL backend's profile: NCCL's model fitted (calibrate.nccl_fit); the link tiers
+    keep the cluster's values (under NCCL they only cap bandwidth where the fabric is
+    congested, which nccl-tests on a quiet fabric does not show)."""
+    from commsim.calibrate.nccl_fit import fit_nccl
+
+    algorithms = ALGORITHMS["nccl"]
+    result = fit_nccl(results, spec, points, algorithms, source)
+    measured = np.array([p.measured_s for p in points])
+    kept = result.keep
+    resid = result.predicted[kept] / measured[kept] - 1.0
+    profile = Profile(
+        cluster=spec.name,
+        backend="nccl",
+        tiers={},
+        algorithms=algorithms,
+        nccl=result.fit,
+        compute=fit_compute(results, spec),
+        provenance=Provenance(
+            files=results.files,
+            runs=list(results.runs),
+            date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            points=len(points),
+            commsim=__version__,
+            rms_rel_error=float(np.sqrt(np.mean(resid**2))),
+        ),
+        notes=[*notes, *result.notes],
+    )
+    return FitResult(profile, points, result.predicted, result.spec)
+
+
 def _matters(jac: np.ndarray, scale: np.ndarray, predicted: np.ndarray) -> np.ndarray:
     """Parameters that move some point's time by MIN_SHARE or more over their scale."""
     return np.max(np.abs(jac) * scale / predicted[:, None], axis=0) >= MIN_SHARE
-
-
-def _inliers(resid: np.ndarray) -> np.ndarray:
-    """Points within 4 robust standard deviations (1.4826 x the median absolute deviation,
-    Rousseeuw & Croux 1993), or within 5%, of the median residual."""
-    dev = np.abs(resid - np.median(resid))
-    return dev <= max(4 * 1.4826 * float(np.median(dev)), 0.05)
 
 
 def _check_separable(jac: np.ndarray, params: list[Param], source: str) -> None:

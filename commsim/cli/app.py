@@ -121,12 +121,26 @@ ProfileOpt = Annotated[
     str | None, typer.Option(help="Calibration profile (commsim calibrate fit) for the cluster.")
 ]
 PriceOpt = Annotated[float | None, typer.Option(help="Price of one GPU-hour, for cost.")]
+NcclVersionOpt = Annotated[
+    str | None,
+    typer.Option(help="NCCL whose tuning model prices the collectives (default: the cluster's)."),
+]
 
 
-def _setup(scenario: str | None, fsdp: bool = False, check: bool = True, **overrides: Any) -> Setup:
+def _setup(
+    scenario: str | None,
+    fsdp: bool = False,
+    check: bool = True,
+    nccl_version: str | None = None,
+    **overrides: Any,
+) -> Setup:
     if fsdp:
         overrides["zero"] = 3
     spec, source = load_scenario(scenario, overrides)
+    if nccl_version is not None:  # a cluster field: the what-if API's dotted path
+        from commsim.whatif import change
+
+        spec = change(spec, {"cluster.nccl.version": nccl_version})
     return resolve(spec, source, check)
 
 
@@ -157,6 +171,7 @@ def predict_cmd(
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
     profile: ProfileOpt = None,
+    nccl_version: NcclVersionOpt = None,
     plot: Annotated[
         str | None, typer.Option(help="Write the step's Gantt chart to this PNG.")
     ] = None,
@@ -191,6 +206,7 @@ def predict_cmd(
             tokens=tokens,
             price_per_gpu_hour=price_per_gpu_hour,
             profile=profile,
+            nccl_version=nccl_version,
         )
         pred = predict(setup)
         doc = {"scenario": setup.scenario.name, "gpus": setup.n_gpus} | pred.to_dict()
@@ -261,6 +277,7 @@ def plan_cmd(
     ] = None,
     error_feedback: ErrorFeedbackOpt = None,
     profile: ProfileOpt = None,
+    nccl_version: NcclVersionOpt = None,
     tp: Annotated[
         int | None, typer.Option("--tp", help="Search only this tensor-parallel degree.")
     ] = None,
@@ -341,6 +358,7 @@ def plan_cmd(
             tokens=tokens,
             price_per_gpu_hour=price_per_gpu_hour,
             profile=profile,
+            nccl_version=nccl_version,
             **flags,
         )
         base = setup.scenario.strategy  # flags validated as scenario fields; now pin them

@@ -26,6 +26,9 @@ of bucket sizes: this turns each question into two cached graph evaluations.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import numpy as np
 
 from commsim.collectives import backends, nccl
@@ -85,7 +88,8 @@ class GroupCost:
         self.channels = cluster.nics_per_node if self.gpus_per_node > 1 else 1
         self._cache: dict[tuple[str, str, float], float] = {}
         self._comm: nccl.CommModel | None = None
-        self._caps: dict[tuple, object] = {}
+        self._caps: dict[tuple[str, int], float] = {}  # the graph's, whatever NCCL's settings
+        self._choices: dict[tuple[str, int], tuple] = {}  # of this NCCL communicator
 
     def _graph_time(self, op: str, algorithm: str, size: float) -> float:
         key = (op, algorithm, float(size))
@@ -162,14 +166,17 @@ class GroupCost:
 
     def nccl_choice(self, op: str, sizes: np.ndarray) -> list[str]:
         """The algorithm NCCL runs for each size. Under NCCL its tuner's choice ("Ring/LL128",
-        nccl.model) for the ops it prices; otherwise backends.ALGORITHMS["nccl"]: for
-        all-reduce on whole nodes the ring-or-tree pick (nccl.nccl_like_choice, fed this
-        group's ring bus bandwidth from the graph), else the one it has for the op (ring;
-        all-to-all, send-recv: direct)."""
+        nccl.model) for the ops it prices; otherwise (gloo, or all-to-all and send-recv)
+        NCCL's kernels as commsim's schedules: for all-reduce on whole nodes the
+        ring-or-tree pick (nccl.nccl_like_choice, fed this group's ring bus bandwidth from
+        the graph), else the one it has for the op (ring; all-to-all, send-recv: direct)."""
         algorithms_for(op)  # a ValueError naming the collectives for an unknown op
         if self._nccl_priced(op, "nccl") is not None:
             return self._nccl_price(op, np.atleast_1d(sizes), ALL, detail=True)[1]
-        names = self._candidates(op, backends.ALGORITHMS["nccl"][op])
+        spelled = backends.ALGORITHMS["nccl"][op]
+        if spelled == "nccl":  # NCCL's kernels as commsim schedules: ring, or ring|tree
+            spelled = "ring|tree" if op == "all-reduce" else "ring"
+        names = self._candidates(op, spelled)
         if len(names) == 1:
             return [names[0]] * sizes.size
         big = 2.0**28
@@ -199,6 +206,15 @@ class GroupCost:
         if index is None or (index == TREE and op != "all-reduce"):
             return None
         return index
+
+    def with_nccl(self, spec) -> GroupCost:
+        """This group priced with `spec`'s NCCL settings (its version, fitted latencies and
+        channel bandwidths; the same fabric): a calibration fit's model. The graph's times
+        and caps are shared."""
+        other = copy.copy(self)
+        other.cluster = dataclasses.replace(self.cluster, spec=spec)
+        other._comm, other._choices = None, {}
+        return other
 
     def comm(self) -> nccl.CommModel:
         """NCCL's model of this group's communicator (ranks, nodes, GPUs per node)."""
@@ -231,15 +247,16 @@ class GroupCost:
     def _nccl_candidates(self, op: str, only: int) -> tuple[list, np.ndarray, np.ndarray]:
         """NCCL's candidates for `op` (its algorithm `only`'s, or ALL), their indices among
         the communicator's, and the graph's cap for each; cached."""
-        key = ("candidates", op, only)
-        if key not in self._caps:
+        key = (op, only)
+        if key not in self._choices:
             every = self.comm().candidates[op]
             keep = np.array([k for k, c in enumerate(every) if only in (ALL, c.algorithm)])
             if keep.size == 0:
                 raise ValueError(f"NCCL runs no {NCCL_ALGORITHMS[only]} for {op} on this group")
             cands = [every[k] for k in keep]
-            self._caps[key] = (cands, keep, np.array([self._cap(op, c.algorithm) for c in cands]))
-        return self._caps[key]
+            caps = np.array([self._cap(op, c.algorithm) for c in cands])
+            self._choices[key] = (cands, keep, caps)
+        return self._choices[key]
 
     def _nccl_price(
         self, op: str, sizes: np.ndarray, only: int, detail: bool = False
