@@ -269,28 +269,33 @@ class CommModel:
         one column per size: the tree correction of Tree (and on Blackwell x86 hosts
         NVLSTree) all-reduce by log2 of the size over 64 B, and the ring plateau, x1.4 (x1.9
         before sm80) on a multi-node Ring/Simple all-reduce of 64 bytes or more a channel
-        and rank. Rows broadcast: a latency row without the plateau is one column wide."""
+        and rank. Rows broadcast: a row without an adjustment is one column wide."""
         lat0, bw0, top, rows, plateau = self._vectors(op)
         if keep is not None:
-            lat0, bw0, top, rows, plateau = (
-                lat0[keep],
-                bw0[keep],
-                top[keep],
-                rows[keep],
-                plateau[keep],
-            )
+            lat0, bw0, top, rows, plateau = (x[keep] for x in (lat0, bw0, top, rows, plateau))
         sizes = np.asarray(sizes, dtype=float)
         lat, bw = lat0[:, None], bw0[:, None]
-        if top.any():
+        corrected = np.nonzero(top)[0]
+        if corrected.size:
             log_size = np.frexp(np.floor(sizes / 64.0))[1] - 1  # log2i(nBytes >> 6)
-            inside = (log_size >= 0) & (log_size < top[:, None])
-            index = np.clip(log_size, 0, rows.shape[1] - 1)
-            bw = bw * np.where(inside, rows[:, index], 1.0)
+            bw = np.repeat(bw, sizes.size, axis=1)
+            for k in corrected:
+                factor = rows[k][np.clip(log_size, 0, rows.shape[1] - 1)]
+                bw[k] *= np.where((log_size >= 0) & (log_size < top[k]), factor, 1.0)
         if plateau.any():
             big = np.floor(sizes / (self.graphs.comm_channels * self.ranks)) >= 64
             factor = np.where(plateau[:, None] & big, 1.9 if self.m.cc < 80 else 1.4, 1.0)
             lat = lat * factor
         return lat, bw
+
+    def estimate(self, op: str, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """NCCL's own time (s) of its choice at each size, and the chosen candidate's index
+        (the closed form: no graph)."""
+        sizes = np.asarray(sizes, dtype=float)
+        lat, bw = self.terms(op, sizes)
+        table = lat + sizes / bw
+        best = np.argmin(table, axis=0)
+        return np.take_along_axis(table, best[None], axis=0)[0], best
 
     def _vectors(self, op: str):
         """Per candidate of `op`: latency, bandwidth, how many tree corrections apply (0:
