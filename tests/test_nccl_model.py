@@ -347,3 +347,17 @@ def test_backend_defaults_and_what_is_affine():
     assert gloo.is_affine("all-reduce", "ring") and not gloo.is_affine("all-reduce", "tree")
     with pytest.raises(ValueError, match="NCCL needs a GPU"):
         nccl.comm_model(cpu, 8, 2)
+
+
+def test_everywhere_the_backend_and_version_reach_the_step():
+    # predict / plan / the what-if API price the step's collectives with NCCL's model of
+    # the cluster's version; gloo prices commsim's schedules on the graph
+    from commsim import whatif
+
+    base = whatif.load(changes={"cluster": "dgx-h100-ib", "gpus": 64, "global_batch": 512})
+    step = {
+        v: whatif.metric(whatif.predict(whatif.change(base, {"cluster.nccl.version": v})), "comm_s")
+        for v in ("2.18", "2.30")
+    }
+    gloo = whatif.metric(whatif.predict(whatif.change(base, {"cluster.backend": "gloo"})), "comm_s")
+    assert step["2.18"] != step["2.30"] and gloo not in step.values()
