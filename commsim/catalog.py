@@ -6,6 +6,8 @@ from pathlib import Path
 
 from commsim.specs import GPUSpec, SpecError
 
+# compute_capability is CUDA's sm version (NVIDIA CUDA GPU list: V100 7.0, A100 8.0, H100 and
+# H200 9.0, B200 10.0); NCCL's tuner picks its table rows by it (src/graph/tuning.cc).
 # Peak figures are dense (no structured sparsity) BF16/FP16 tensor-core FLOP/s, HBM size
 # and bandwidth, and NVLink bandwidth per direction (vendors quote the bidirectional sum).
 # Kernel figures: gemm_efficiency is the Maximum Achievable Matmul FLOPS (MAMF, the best
@@ -29,6 +31,8 @@ GPUS: dict[str, GPUSpec] = {
             nvlink_bandwidth="150GB/s",
             source="NVIDIA Tesla V100 datasheet (SXM2): 125 TFLOPS tensor, 32 GB, "
             "900 GB/s, NVLink 300 GB/s bidirectional",
+            compute_capability=7.0,
+            nvlink_links=6,  # NVLink 2: 6 links x 25 GB/s per direction (V100 datasheet)
         ),
         GPUSpec(
             name="a100-40gb",
@@ -43,6 +47,8 @@ GPUS: dict[str, GPUSpec] = {
             attention_efficiency=_ATTENTION_EFFICIENCY,
             kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
             "A100 SXM 267.9 of 312 TFLOPS (ml-engineering, CUDA 12.1)",
+            compute_capability=8.0,
+            nvlink_links=12,  # NVLink 3: 12 links x 25 GB/s per direction (A100 datasheet)
         ),
         GPUSpec(
             name="a100-80gb",
@@ -57,6 +63,8 @@ GPUS: dict[str, GPUSpec] = {
             attention_efficiency=_ATTENTION_EFFICIENCY,
             kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
             "A100 SXM 267.9 of 312 TFLOPS (ml-engineering, CUDA 12.1)",
+            compute_capability=8.0,
+            nvlink_links=12,  # NVLink 3: 12 links (A100 datasheet)
         ),
         GPUSpec(
             name="h100",
@@ -74,6 +82,8 @@ GPUS: dict[str, GPUSpec] = {
             kernel_source="132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5); "
             "MAMF H100 SXM 792.1 of 989 TFLOPS BF16 (ml-engineering, CUDA 12.1); FP8 as the "
             "same die's H200 SXM: 1,453.4 of 1,979",
+            compute_capability=9.0,
+            nvlink_links=18,  # NVLink 4: 18 links x 25 GB/s per direction (H100 datasheet)
         ),
         GPUSpec(
             name="h200",
@@ -90,6 +100,8 @@ GPUS: dict[str, GPUSpec] = {
             attention_efficiency=_ATTENTION_EFFICIENCY,
             kernel_source="132 SMs (GH100, as H100 SXM5); MAMF H100/H200 SXM 794.5 of 989 "
             "TFLOPS BF16 and H200 SXM 1,453.4 of 1,979 FP8 (ml-engineering)",
+            compute_capability=9.0,
+            nvlink_links=18,  # NVLink 4: 18 links (H200 datasheet)
         ),
         GPUSpec(
             name="b200",
@@ -107,6 +119,8 @@ GPUS: dict[str, GPUSpec] = {
             attention_efficiency=_ATTENTION_EFFICIENCY,
             kernel_source="148 SMs (NVIDIA Blackwell architecture technical brief, B200); MAMF "
             "B200 SXM 1,745.0 of 2,250 TFLOPS BF16 and 3,432.5 of 4,500 FP8 (ml-engineering)",
+            compute_capability=10.0,
+            nvlink_links=18,  # NVLink 5: 18 links x 50 GB/s per direction (DGX B200 datasheet)
         ),
         GPUSpec(
             name="cpu-host",

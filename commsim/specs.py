@@ -75,6 +75,11 @@ class GPUSpec(Spec):
     fp8_gemm_efficiency: float | None = Field(default=None, gt=0, le=1)  # best FP8 GEMM / peak
     attention_efficiency: float | None = Field(default=None, gt=0, le=1)  # FlashAttention / peak
     kernel_source: str = ""  # where the measured kernel figures come from
+    # what NCCL's tuner reads (src/graph/tuning.cc, topo.h): the CUDA compute capability
+    # picks its table rows (Volta 7.x, Ampere 8.x, Hopper 9.x, Blackwell 10.x); NVLink links
+    # per GPU times NCCL's per-link rate for that capability is its NVLink bandwidth
+    compute_capability: float | None = None
+    nvlink_links: int = Field(default=0, ge=0)
 
 
 class NICSpec(Spec):
@@ -96,6 +101,12 @@ class NodeSpec(Spec):
     pcie_bandwidth: Rate = "32GB/s"  # GPU <-> NIC; PCIe 4.0 x16 is 31.5 GB/s per direction
     nics: NICSpec
     rail_optimized: bool = False
+    # the host CPU: NCCL's per-step network overhead is 1 us on Intel, 2 us on AMD hosts, and
+    # its LL bandwidth cap across nodes has a row per vendor (tuning.cc getNetOverhead, llMaxBws)
+    cpu: Literal["intel", "amd", "arm", "power"] = "intel"
+    # NVLink SHARP (in-switch reduction, NCCL's NVLS and NVLSTree): NVSwitch 3 with Hopper or
+    # later GPUs. None: yes on nvswitch nodes of compute capability 9.0 and up
+    nvls: bool | None = None
 
 
 class FabricSpec(Spec):
@@ -110,6 +121,33 @@ class FabricSpec(Spec):
     link_latency: Latency = "100ns"  # cable + serialisation, per hop
     switch_latency: Latency = "200ns"  # per switch traversal
     routing: Literal["balanced", "hash"] = "balanced"
+    # in-network reduction NCCL can use (CollNet: InfiniBand SHARP through the
+    # nccl-rdma-sharp-plugins, NCCL_COLLNET_ENABLE=1); enables CollNetDirect/Chain and
+    # multi-node NVLS in NCCL's tuner
+    sharp: bool = False
+
+
+def _nccl_version(v: str) -> str:
+    from commsim.collectives.nccl.tables import tables
+
+    tables(v)  # a ValueError naming the versions encoded for one it cannot read
+    return v
+
+
+NcclVersion = Annotated[str, BeforeValidator(str), AfterValidator(_nccl_version)]
+LinkClass = Literal["nvlink", "pci", "net"]
+
+
+class NcclSpec(Spec):
+    """How NCCL runs on this cluster: the version whose tuning model prices its collectives,
+    and what a calibration fit (commsim calibrate fit on nccl-tests logs) learnt: a factor on
+    NCCL's per-step latencies of each link class, and the per-channel bandwidth of its rings
+    on one node (intra) and across nodes (inter), replacing what its topology search finds."""
+
+    version: NcclVersion = "2.30"
+    latency_scale: dict[LinkClass, Annotated[float, Field(gt=0)]] = {}
+    channel_bandwidth_intra: Rate | None = None
+    channel_bandwidth_inter: Rate | None = None
 
 
 FailureClass = Literal["gpu", "hbm", "nic", "host", "switch", "cable", "software"]
@@ -143,10 +181,20 @@ class ClusterSpec(Spec):
     node: NodeSpec
     fabric: FabricSpec
     reliability: ReliabilitySpec | None = None  # failure rates, repair, storage (optional)
+    # what runs the collectives: NCCL (its tuner's algorithm, protocol and cost model, the
+    # graph capping its bandwidth) or gloo (commsim's schedules on the graph). None: nccl on
+    # GPUs, gloo on the CPU testbed (gpu: cpu-host). A calibration profile's backend wins.
+    backend: Literal["nccl", "gloo"] | None = None
+    nccl: NcclSpec = NcclSpec()
 
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.node.gpus_per_node
+
+    @property
+    def comm_backend(self) -> str:
+        """The backend that runs the collectives (see `backend`)."""
+        return self.backend or ("gloo" if self.node.gpu == "cpu-host" else "nccl")
 
 
 class LayerSpec(Spec):

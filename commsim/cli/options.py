@@ -94,12 +94,17 @@ ProfileOpt = Annotated[
     str | None, typer.Option(help="Calibration profile (commsim calibrate fit) for the cluster.")
 ]
 PriceOpt = Annotated[float | None, typer.Option(help="Price of one GPU-hour, for cost.")]
+NcclVersionOpt = Annotated[
+    str | None,
+    typer.Option(help="NCCL whose tuning model prices the collectives (default: the cluster's)."),
+]
 
 
 def setup_from_flags(
     scenario: str | None,
     fsdp: bool = False,
     check: bool = True,
+    nccl_version: str | None = None,
     **overrides: Any,
 ) -> Setup:
     from commsim.scenario import load_scenario, resolve
@@ -107,4 +112,8 @@ def setup_from_flags(
     if fsdp:
         overrides["zero"] = 3
     spec, source = load_scenario(scenario, overrides)
+    if nccl_version is not None:  # a cluster field: the what-if API's dotted path
+        from commsim.whatif import change
+
+        spec = change(spec, {"cluster.nccl.version": nccl_version})
     return resolve(spec, source, check)

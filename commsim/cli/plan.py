@@ -17,6 +17,7 @@ from commsim.cli.options import (
     LastLayersOpt,
     MicroBatchOpt,
     ModelOpt,
+    NcclVersionOpt,
     PrecisionOpt,
     PriceOpt,
     ProfileOpt,
@@ -79,6 +80,7 @@ def plan_cmd(
     compression: OnlyCompressionOpt = None,
     error_feedback: ErrorFeedbackOpt = None,
     profile: ProfileOpt = None,
+    nccl_version: NcclVersionOpt = None,
     tp: OnlyTpOpt = None,
     pp: OnlyPpOpt = None,
     ep: OnlyEpOpt = None,
@@ -143,6 +145,7 @@ def plan_cmd(
             gpus=_gpu_count(gpus),
             **training,
             profile=profile,
+            nccl_version=nccl_version,
             **flags,
             **stack,  # the user's stack: every searched layout runs it, none searched
         )

@@ -24,6 +24,7 @@ from commsim.cli.options import (
     LastLayersOpt,
     MicroBatchOpt,
     ModelOpt,
+    NcclVersionOpt,
     OrderOpt,
     OverlapOpt,
     PlacementOpt,
@@ -78,6 +79,7 @@ def predict_cmd(
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
     profile: ProfileOpt = None,
+    nccl_version: NcclVersionOpt = None,
     plot: Annotated[
         str | None, typer.Option(help="Write the step's Gantt chart to this PNG.")
     ] = None,
@@ -121,6 +123,7 @@ def predict_cmd(
             tokens=tokens,
             price_per_gpu_hour=price_per_gpu_hour,
             profile=profile,
+            nccl_version=nccl_version,
         )
         pred = predict(setup)
         doc = {"scenario": setup.scenario.name, "gpus": setup.n_gpus} | pred.to_dict()

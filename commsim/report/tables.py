@@ -46,6 +46,34 @@ def collective_table(
     return table
 
 
+def nccl_choice_table(title: str, rows: Sequence[dict[str, Any]]) -> Table:
+    """Per size what NCCL's tuner runs: algorithm, protocol, channels, its own estimate,
+    the runner-up and its estimate (why it won), and the bandwidth that priced it: NCCL's
+    algorithm bandwidth or the graph's share for the group, whichever is lower."""
+    table = Table(title=title, title_justify="left")
+    for col in ("size", "algorithm", "protocol", "channels", "NCCL's estimate (us)"):
+        table.add_column(col, justify="right" if col != "algorithm" else "left")
+    table.add_column("runner-up")
+    table.add_column("its estimate (us)", justify="right")
+    table.add_column("algbw NCCL / graph (GB/s)", justify="right")
+    for r in rows:
+        second = r["runner_up_nccl_time_s"]
+        nccl_bw, graph_bw = r["nccl_algbw_Bps"] / 1e9, r["graph_algbw_Bps"] / 1e9
+        bold = "[bold]{}[/bold]"
+        table.add_row(
+            fmt_bytes(r["bytes"]),
+            r["nccl_algorithm"],
+            r["protocol"],
+            str(r["channels"]),
+            f"{r['nccl_time_s'] * 1e6:.1f}",
+            r["runner_up"] or "-",
+            "-" if second is None else f"{second * 1e6:.1f}",
+            f"{nccl_bw:.0f} / " + (bold.format(f"{graph_bw:.0f}") if graph_bw < nccl_bw
+                                   else f"{graph_bw:.0f}"),
+        )  # fmt: skip
+    return table
+
+
 def step_table(title: str, pred: dict[str, Any]) -> Table:
     """The step's summary: where the time goes and the derived metrics."""
     table = Table(title=title, title_justify="left", show_header=False)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 
 from commsim.collectives.algorithms import ALGORITHMS as OP_ALGORITHMS
-from commsim.collectives.algorithms import pipelined
 from commsim.collectives.group import GroupCost
 from commsim.step.layouts import ALGORITHMS, RANK_ORDERS, Layouts
 from commsim.topology.build import Cluster
@@ -138,7 +137,7 @@ class Groups:
                 continue
             if name not in ("auto", "nccl") and name not in cost.algorithms(op):
                 line[k] = np.inf
-            elif name in ("auto", "nccl") or pipelined(op, name):
+            elif not cost.is_affine(op, name):
                 general.append((k, name, key))
             else:
                 line[k] = cost.affine(op, name)
