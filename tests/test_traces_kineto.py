@@ -111,13 +111,15 @@ def test_all_gather_counts_its_output(tmp_path):
 def test_step_summary_by_hand(tmp_path):
     s = summarize([read_kineto(_write(tmp_path, nccl_trace()))])
     first = s.steps[0]
-    # compute [0,400) [450,800) [900,1000): 850 us; comm [300,500) [820,900): 280 us;
-    # exposed: comm less compute = [400,450) [820,900) = 130 us; idle [800,820) = 20 us
+    # busy [0,400) [450,800) [900,1000): 850 us; comm [300,500) [820,900): 280 us; gaps
+    # [400,450) (A still runs, but compute resumes before it ends: idle) and [800,900),
+    # which B's end closes: a wait of 100 us, the only exposed time; compute 1000 - 100
     assert first.step_s == pytest.approx(1000e-6)
-    assert first.compute_s == pytest.approx(850e-6)
+    assert first.busy_s == pytest.approx(850e-6)
     assert first.comm_s == pytest.approx(280e-6)
-    assert first.exposed_comm_s == pytest.approx(130e-6)
-    assert first.idle_s == pytest.approx(20e-6)
+    assert first.exposed_comm_s == pytest.approx(100e-6)
+    assert first.compute_s == pytest.approx(900e-6)
+    assert first.idle_s == pytest.approx(50e-6)
     c = s.collectives[0]
     # 1 MiB in 200 us on 4 ranks: algbw 5.24 GB/s, busbw x 2 (4-1)/4 = 1.5
     assert c.algbw_Bps == pytest.approx(2**20 / 200e-6)
@@ -155,8 +157,10 @@ def test_gloo_annotations_on_the_default_group(tmp_path):
     (c,) = t.collectives
     assert (c.op, c.bytes, c.group) == ("all-reduce", 4000, (0, 1))
     f = summarize([t]).steps[0]
-    assert f.compute_s == pytest.approx(350e-6)  # the launch call is not compute
-    assert f.exposed_comm_s == pytest.approx(100e-6)
+    # busy [10,310) [430,480); launch [310,330); the wait [330,430) ends with the all-reduce
+    assert f.busy_s == pytest.approx(350e-6)
+    assert f.exposed_comm_s == pytest.approx(120e-6)
+    assert f.compute_s == pytest.approx(380e-6)
 
 
 def _first_coll_args(d):

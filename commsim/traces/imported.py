@@ -19,7 +19,7 @@ from commsim.specs import SpecError
 from commsim.traces.graph import Graph, Node
 from commsim.traces.intervals import clip
 from commsim.traces.kineto import RankTrace
-from commsim.traces.summary import step_collectives
+from commsim.traces.summary import step_collectives, waits
 
 
 def step_index(trace: RankTrace, number: int) -> int:
@@ -47,11 +47,10 @@ def rank_nodes(trace: RankTrace, k: int) -> list[Node]:
     for a, b, comp in zip(cuts[:-1], cuts[1:], computing, strict=True):
         deps = () if last is None else (last,)
         dur = b - a
-        if not comp:
-            waited = [j for j, c in enumerate(colls) if a < c.end <= b]
-            if waited:  # a wait: after the collective that ended last in the gap
-                j = max(waited, key=lambda j: colls[j].end)
-                deps, dur = (*deps, j), b - colls[j].end
+        wait = waits([(a, b)], colls) if not comp else []
+        if wait:  # after the collective that ended last in the gap, the wake-up
+            j = wait[0][2]
+            deps, dur = (*deps, j), b - colls[j].end
         last = next(ids)
         chain.append(Node(last, "comp", "compute" if comp else "idle", float(dur), deps))
         ends[float(b)] = last

@@ -90,7 +90,7 @@ class Collective:
 class Step:
     number: int
     start: float
-    end: float  # the annotation's end (CPU); the step's window runs to the next step's start
+    end: float  # the annotation's end (CPU); RankTrace.window extends it over trailing work
     forwards: int  # DDP forward passes in it (micro-batches), 0 when not DDP
 
 
@@ -106,19 +106,22 @@ class RankTrace:
     groups: dict[str, tuple[str, tuple[int, ...]]]  # process group name -> (desc, ranks)
     steps: tuple[Step, ...]
     compute: np.ndarray  # disjoint busy intervals, seconds
+    launches: np.ndarray  # the main thread's collective launch calls (c10d::*, ...)
     collectives: tuple[Collective, ...]
     metadata: dict[str, Any]  # the trace's other top-level fields (a harness's own timings)
 
     def window(self, k: int) -> tuple[float, float]:
-        """Step k's window: from its start to the next step's start; the last step's to the
-        end of whatever started within it."""
+        """Step k's window: from its annotation's start to its end or, later, the end of the
+        last collective or compute that started within it (GPU work trails its launch),
+        never past the next step's start."""
         s = self.steps[k]
-        if k + 1 < len(self.steps):
-            return s.start, self.steps[k + 1].start
         ends = [c.end for c in self.collectives if s.start <= c.start < s.end]
         inside = (self.compute[:, 0] >= s.start) & (self.compute[:, 0] < s.end)
         ends += self.compute[inside, 1].tolist()
-        return s.start, max([s.end, *ends])
+        end = max([s.end, *ends])
+        if k + 1 < len(self.steps):
+            end = min(end, max(s.end, self.steps[k + 1].start))
+        return s.start, end
 
 
 def op_of(name: str) -> str:
@@ -313,6 +316,7 @@ def read_kineto(path: str | Path) -> RankTrace:
         groups,
         tuple(steps),
         busy,
+        launches,
         tuple(colls),
         extra,
     )

@@ -1,10 +1,14 @@
 """Where a traced step's time went, per rank and step, defined once:
 
-    step      the step's window (ProfilerStep#N's start to the next one's)
-    compute   time the rank computes (union of its compute)
+    step      the step's window (ProfilerStep#N, extended over work it started: RankTrace.window)
+    busy      time the rank computes (union of its compute ops or kernels)
     comm      time any collective runs (union of the collectives)
-    exposed   time a collective runs while nothing computes: comm less compute
-    idle      time neither runs: step - (compute + exposed)
+    waits     the gaps between compute that end after a collective ended within them: the
+              rank stood blocked on communication (imported.py makes them wait nodes)
+    exposed   time the rank launches or waits for communication: launch calls + waits
+    compute   step - exposed: its compute and whatever else its host ran (what a harness
+              times as a step without communication)
+    idle      compute - busy: gaps not spent waiting (host overhead, launch latency)
     overlap   1 - exposed / comm (1 when there is no communication)
 
 and each collective's algbw (bytes / time) and busbw (algbw x nccl-tests' factor for its
@@ -28,6 +32,7 @@ class StepFigures:
     step: int
     step_s: float
     compute_s: float
+    busy_s: float
     comm_s: float
     exposed_comm_s: float
     idle_s: float
@@ -74,21 +79,35 @@ def step_collectives(trace: RankTrace, k: int) -> list[Collective]:
     return [c for c in trace.collectives if lo <= c.start < hi]
 
 
+def waits(gaps: np.ndarray, colls: list[Collective]) -> list[tuple[float, float, int]]:
+    """(start, end, collective) of each gap in which a collective ended: the rank waited
+    for the one that ended last in it (and then woke up)."""
+    out = []
+    for a, b in np.asarray(gaps).reshape(-1, 2).tolist():
+        ended = [j for j, c in enumerate(colls) if a < c.end <= b]
+        if ended:
+            out.append((a, b, max(ended, key=lambda j: colls[j].end)))
+    return out
+
+
 def step_figures(trace: RankTrace, k: int) -> StepFigures:
     lo, hi = trace.window(k)
     colls = step_collectives(trace, k)
-    comp = clip(trace.compute, lo, hi)
-    comm = clip([(c.start, c.end) for c in colls], lo, hi)
-    compute_s, comm_s = measure(comp), measure(comm)
-    exposed = measure(difference(comm, comp))
+    busy = clip(trace.compute, lo, hi)
+    launch = difference(clip(trace.launches, lo, hi), busy)
+    comm_s = measure(clip([(c.start, c.end) for c in colls], lo, hi))
+    gaps = difference(difference([(lo, hi)], busy), launch)
+    exposed = measure(launch) + sum(b - a for a, b, _ in waits(gaps, colls))
+    busy_s = measure(busy)
     return StepFigures(
         rank=trace.rank,
         step=trace.steps[k].number,
         step_s=hi - lo,
-        compute_s=compute_s,
+        compute_s=hi - lo - exposed,
+        busy_s=busy_s,
         comm_s=comm_s,
         exposed_comm_s=exposed,
-        idle_s=max(hi - lo - compute_s - exposed, 0.0),
+        idle_s=max(hi - lo - exposed - busy_s, 0.0),
         overlap_ratio=1.0 - exposed / comm_s if comm_s > 0 else 1.0,
         collectives=len(colls),
     )
