@@ -2,8 +2,9 @@
 nodes cut wherever a collective was launched, the gaps kept as idle nodes, and its
 collectives, each waiting for the compute done before its launch and for the previous
 collective of its process group (one communication stream per group, as NCCL runs one per
-communicator). A gap that ends after a collective finished is a wait: the compute after it
-waits for that collective, then for the rest of the gap (the wake-up).
+communicator). A gap the rank spent waiting (summary.waits) makes the compute after it wait
+for that collective, then for the rest of the gap (the wake-up; none when the collective's
+record ends after the rank resumed, as gloo's do: the replay then counts that overrun).
 
 Replayed with the recorded durations the graph gives back the measured step, to the
 nanosecond, wherever a group's collectives ran one at a time (NCCL; gloo runs a group's
@@ -50,7 +51,7 @@ def rank_nodes(trace: RankTrace, k: int) -> list[Node]:
         wait = waits([(a, b)], colls) if not comp else []
         if wait:  # after the collective that ended last in the gap, the wake-up
             j = wait[0][2]
-            deps, dur = (*deps, j), b - colls[j].end
+            deps, dur = (*deps, j), max(b - colls[j].end, 0.0)
         last = next(ids)
         chain.append(Node(last, "comp", "compute" if comp else "idle", float(dur), deps))
         ends[float(b)] = last

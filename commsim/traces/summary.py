@@ -3,8 +3,8 @@
     step      the step's window (ProfilerStep#N, extended over work it started: RankTrace.window)
     busy      time the rank computes (union of its compute ops or kernels)
     comm      time any collective runs (union of the collectives)
-    waits     the gaps between compute that end after a collective ended within them: the
-              rank stood blocked on communication (imported.py makes them wait nodes)
+    waits     the gaps between compute in which a collective ended, or that one covers:
+              the rank stood blocked on communication (imported.py makes them wait nodes)
     exposed   time the rank launches or waits for communication: launch calls + waits
     compute   step - exposed: its compute and whatever else its host ran (what a harness
               times as a step without communication)
@@ -80,13 +80,19 @@ def step_collectives(trace: RankTrace, k: int) -> list[Collective]:
 
 
 def waits(gaps: np.ndarray, colls: list[Collective]) -> list[tuple[float, float, int]]:
-    """(start, end, collective) of each gap in which a collective ended: the rank waited
-    for the one that ended last in it (and then woke up)."""
+    """(start, end, collective) of each gap the rank spent waiting on communication: one in
+    which a collective ended (the rank waited for the one that ended last, then woke up),
+    or one a collective covers whole (gloo's worker threads close their annotation after
+    the waiting thread has resumed: the one that ends first after the gap)."""
     out = []
     for a, b in np.asarray(gaps).reshape(-1, 2).tolist():
         ended = [j for j, c in enumerate(colls) if a < c.end <= b]
         if ended:
             out.append((a, b, max(ended, key=lambda j: colls[j].end)))
+            continue
+        covering = [j for j, c in enumerate(colls) if c.start <= a and c.end > b]
+        if covering:
+            out.append((a, b, min(covering, key=lambda j: colls[j].end)))
     return out
 
 

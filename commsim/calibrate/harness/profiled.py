@@ -26,7 +26,7 @@ def profile_steps(run: Run, batch: tuple, step, what: str) -> Path:
     out = Path(run.cfg.profile_dir or ".")
     out.mkdir(parents=True, exist_ok=True)
     timings = []
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:  # sizes of gloo's ops
         for i in range(2 * run.cfg.ddp_repeats):
             sync = i >= run.cfg.ddp_repeats
             total, optimizer = step(
