@@ -48,7 +48,7 @@ def rank_nodes(trace: RankTrace, k: int) -> list[Node]:
     for a, b, comp in zip(cuts[:-1], cuts[1:], computing, strict=True):
         deps = () if last is None else (last,)
         dur = b - a
-        wait = waits([(a, b)], colls) if not comp else []
+        wait = waits([(a, b)], colls, not trace.gpu) if not comp else []
         if wait:  # after the collective that ended last in the gap, the wake-up
             j = wait[0][2]
             deps, dur = (*deps, j), max(b - colls[j].end, 0.0)

@@ -3,7 +3,7 @@
     step      the step's window (ProfilerStep#N, extended over work it started: RankTrace.window)
     busy      time the rank computes (union of its compute ops or kernels)
     comm      time any collective runs (union of the collectives)
-    waits     the gaps between compute in which a collective ended, or that one covers:
+    waits     the gaps between compute in which a collective ended (CPU: or one covers):
               the rank stood blocked on communication (imported.py makes them wait nodes)
     exposed   time the rank launches or waits for communication: launch calls + waits
     compute   step - exposed: its compute and whatever else its host ran (what a harness
@@ -79,20 +79,23 @@ def step_collectives(trace: RankTrace, k: int) -> list[Collective]:
     return [c for c in trace.collectives if lo <= c.start < hi]
 
 
-def waits(gaps: np.ndarray, colls: list[Collective]) -> list[tuple[float, float, int]]:
+def waits(
+    gaps: np.ndarray, colls: list[Collective], covering: bool
+) -> list[tuple[float, float, int]]:
     """(start, end, collective) of each gap the rank spent waiting on communication: one in
     which a collective ended (the rank waited for the one that ended last, then woke up),
-    or one a collective covers whole (gloo's worker threads close their annotation after
-    the waiting thread has resumed: the one that ends first after the gap)."""
+    or, with `covering` (CPU traces), one a collective covers whole: gloo's worker threads
+    close their annotation after the waiting thread has resumed (the one that ends first
+    after the gap). GPU kernels end when they end: there a covered gap is idle."""
     out = []
     for a, b in np.asarray(gaps).reshape(-1, 2).tolist():
         ended = [j for j, c in enumerate(colls) if a < c.end <= b]
         if ended:
             out.append((a, b, max(ended, key=lambda j: colls[j].end)))
             continue
-        covering = [j for j, c in enumerate(colls) if c.start <= a and c.end > b]
-        if covering:
-            out.append((a, b, min(covering, key=lambda j: colls[j].end)))
+        over = [j for j, c in enumerate(colls) if covering and c.start <= a and c.end > b]
+        if over:
+            out.append((a, b, min(over, key=lambda j: colls[j].end)))
     return out
 
 
@@ -103,7 +106,7 @@ def step_figures(trace: RankTrace, k: int) -> StepFigures:
     launch = difference(clip(trace.launches, lo, hi), busy)
     comm_s = measure(clip([(c.start, c.end) for c in colls], lo, hi))
     gaps = difference(difference([(lo, hi)], busy), launch)
-    exposed = measure(launch) + sum(b - a for a, b, _ in waits(gaps, colls))
+    exposed = measure(launch) + sum(b - a for a, b, _ in waits(gaps, colls, not trace.gpu))
     busy_s = measure(busy)
     return StepFigures(
         rank=trace.rank,
