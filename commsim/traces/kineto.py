@@ -8,8 +8,9 @@ about each.
   onto them ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size",
   "Process Group Name" / "Description" / "Ranks": the key names as libtorch spells them);
   gloo collectives are `gloo:<op>` annotations on gloo's worker threads, sized by their
-  "Input Dims" and "Input type", on the default process group (the one group gloo runs when
-  the trace has a single one; with several the group is unknown and left out).
+  "Input Dims" and "Input type" (recorded with record_shapes=True); gloo records no group,
+  so they are taken to run on the default process group (pg_desc "default_pg", or the
+  only group; DDP's all-reduces do), an assumption the summary states.
 - Compute is every GPU kernel that is not a collective when the trace has GPU kernels;
   otherwise (CPU training) the main thread's ops, less the collectives' launch calls
   (c10d::*, record_param_comms).
@@ -238,7 +239,8 @@ def _gloo(ev, args, t, source, i, lane, groups, world) -> Collective:
         dtype = str(types[0])
         elt = dtype_bytes(dtype, source, f"traceEvents[{i}].args.Input type")
         nbytes = float(sum(int(np.prod(d)) for d in dims if isinstance(d, list))) * elt
-    default = next(iter(groups.items())) if len(groups) == 1 else None
+    default = next(((k, g) for k, g in groups.items() if g[0] == "default_pg"), None)
+    default = next(iter(groups.items())) if len(groups) == 1 else default
     pg, desc, group = (default[0], *default[1]) if default else (None, None, None)
     if group is None and len(groups) == 0 and world > 0:
         group = tuple(range(world))
