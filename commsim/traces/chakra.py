@@ -20,6 +20,7 @@ GlobalMetadata.version, or the "-chakra.X" end of its "schema" attribute (the Py
 converter's), and any other is refused.
 
 Attributes read: comm_type (CollectiveCommType), comm_size, pg_name, comm_src, comm_dst,
+comm_tag,
 and commsim's own duration_s (exact seconds beside duration_micros). Process groups come
 from the METADATA node "process_group:init" whose inputs.values is PyTorch's JSON list of
 groups (pg_name, pg_desc, ranks), as Chakra's converter keeps it; a collective without a
@@ -243,9 +244,8 @@ def graph_node(n: EtNode, source: str) -> Node:
         size = float(_need(n, "comm_size", source))
         peer = int(_need(n, "comm_dst" if n.type == SEND else "comm_src", source))
         kind = "send" if n.type == SEND else "recv"
-        return Node(
-            n.id, kind, n.name, duration, deps, "send-recv", size, n.attrs.get("pg_name"), peer
-        )
+        tag, pg = n.attrs.get("comm_tag"), n.attrs.get("pg_name")
+        return Node(n.id, kind, n.name, duration, deps, "send-recv", size, pg, peer, tag)
     return Node(n.id, "comp", n.name, 0.0 if n.type == METADATA else duration, deps)
 
 
@@ -296,6 +296,8 @@ def _node_bytes(n: Node, groups_json: str | None = None) -> bytes:
     if n.kind in ("send", "recv"):
         out += _attr("comm_size", 9, int(n.bytes))
         out += _attr("comm_dst" if n.kind == "send" else "comm_src", 7, n.peer)
+        if n.tag is not None:
+            out += _attr("comm_tag", 7, n.tag)
     if n.pg is not None:
         out += _attr("pg_name", 29, n.pg)
     return out

@@ -28,6 +28,7 @@ class Node:
     bytes: float = 0.0  # nccl-tests' size; sends: the message
     pg: str | None = None
     peer: int | None = None  # sends: destination rank; receives: source rank
+    tag: int | None = None  # sends and receives: matched by tag when given, else in order
 
 
 @dataclass

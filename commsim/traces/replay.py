@@ -1,7 +1,8 @@
 """Replay an execution graph: every node starts when the nodes it waits for have ended; a
 collective starts when every member rank has reached it (the k-th collective of a process
 group on one rank meets the k-th on the others) and lasts its duration; a send lasts its
-duration from when the sender reaches it, and the matching receive ends when the send has
+duration from when the sender reaches it, and the matching receive (same tag, else the
+k-th from that sender) ends when the send has
 landed (synchronous sends, as Megatron's pipeline p2p: the receiver waits, the sender does
 not wait for the receiver). Ranks with no nodes of their own (a partial set of traces)
 are taken to reach each collective with the ranks present; a collective whose group is
@@ -45,7 +46,7 @@ def _vertices(graph: Graph, source: str):
     vertex: dict[tuple[int, int], tuple] = {}
     members: dict[tuple, list[tuple[int, Node]]] = {}
     seen: dict[tuple, int] = {}
-    sends: dict[tuple[int, int, int], tuple[int, int]] = {}
+    sends: dict[tuple, tuple[int, int]] = {}
     recvs = []
     for rank, nodes in graph.ranks.items():
         for n in nodes:
@@ -59,14 +60,14 @@ def _vertices(graph: Graph, source: str):
                 key = ("coll", n.pg, k)
             else:
                 key = ("node", rank, n.id)
-                if n.kind == "send":
-                    k = seen.get((rank, "send", n.peer), 0)
-                    seen[(rank, "send", n.peer)] = k + 1
-                    sends[(rank, n.peer, k)] = (rank, n.id)
-                elif n.kind == "recv":
-                    k = seen.get((rank, "recv", n.peer), 0)
-                    seen[(rank, "recv", n.peer)] = k + 1
-                    recvs.append(((n.peer, rank, k), (rank, n.id)))
+                if n.kind in ("send", "recv"):
+                    k = seen.get((rank, n.kind, n.peer), 0)
+                    seen[(rank, n.kind, n.peer)] = k + 1
+                    k = ("tag", n.tag) if n.tag is not None else k
+                    if n.kind == "send":
+                        sends[(rank, n.peer, k)] = (rank, n.id)
+                    else:
+                        recvs.append(((n.peer, rank, k), (rank, n.id)))
             vertex[(rank, n.id)] = key
             members.setdefault(key, []).append((rank, n))
     extra: dict[tuple, list[tuple]] = {}
