@@ -33,7 +33,7 @@ import gzip
 import json
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -226,8 +226,8 @@ def _need(n: EtNode, name: str, source: str) -> Any:
 
 
 def graph_node(n: EtNode, source: str) -> Node:
-    """A Chakra node as a graph node: compute (and memory, metadata) nodes keep their
-    duration, collectives their op, size and group, sends and receives their peer."""
+    """A Chakra node as a graph node: compute (and memory) nodes keep their duration,
+    collectives their op, size and group, sends and receives their peer and tag."""
     seconds = n.attrs.get("duration_s")
     duration = float(seconds) if isinstance(seconds, float) else n.duration_micros * 1e-6
     deps = tuple(dict.fromkeys([*n.data_deps, *n.ctrl_deps]))
@@ -246,7 +246,7 @@ def graph_node(n: EtNode, source: str) -> Node:
         kind = "send" if n.type == SEND else "recv"
         tag, pg = n.attrs.get("comm_tag"), n.attrs.get("pg_name")
         return Node(n.id, kind, n.name, duration, deps, "send-recv", size, pg, peer, tag)
-    return Node(n.id, "comp", n.name, 0.0 if n.type == METADATA else duration, deps)
+    return Node(n.id, "comp", n.name, duration, deps)
 
 
 def rank_of_file(path: str | Path) -> int:
@@ -267,7 +267,9 @@ def import_chakra(paths: list[str | Path]) -> Graph:
             raise SpecError(str(path), "", f"a second trace of rank {rank}")
         meta, nodes = read_chakra(path)
         groups.update(_groups_of(nodes, str(path)))
-        ranks[rank] = [graph_node(n, str(path)) for n in nodes]
+        meta_ids = {n.id for n in nodes if n.type == METADATA}  # no work: left out
+        kept = [graph_node(n, str(path)) for n in nodes if n.type != METADATA]
+        ranks[rank] = [replace(x, deps=tuple(d for d in x.deps if d not in meta_ids)) for x in kept]
     groups.setdefault("world", ("world", tuple(sorted(ranks))))
     text = {k: str(v) for k, v in meta.items() if isinstance(v, (str, int, float))}
     return Graph(ranks, groups, text)
