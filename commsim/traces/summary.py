@@ -9,7 +9,7 @@
     compute   step - exposed: its compute and whatever else its host ran (what a harness
               times as a step without communication)
     idle      compute - busy: gaps not spent waiting (host overhead, launch latency)
-    overlap   1 - exposed / comm (1 when there is no communication)
+    overlap   1 - exposed / comm, at least 0 (waits include the wake-up); 1 without comm
 
 and each collective's algbw (bytes / time) and busbw (algbw x nccl-tests' factor for its
 group size, commsim.collectives.algorithms.bus_factor).
@@ -117,7 +117,7 @@ def step_figures(trace: RankTrace, k: int) -> StepFigures:
         comm_s=comm_s,
         exposed_comm_s=exposed,
         idle_s=max(hi - lo - exposed - busy_s, 0.0),
-        overlap_ratio=1.0 - exposed / comm_s if comm_s > 0 else 1.0,
+        overlap_ratio=max(1.0 - exposed / comm_s, 0.0) if comm_s > 0 else 1.0,
         collectives=len(colls),
     )
 
