@@ -45,8 +45,12 @@ def _export(tmp_path, **kw):
     return setup, graph, step, paths
 
 
+MOE = dict(model="mixtral-8x7b", cluster="dgx-h100-ib", gpus=16, tp=2, pp=2, ep=2)
+
+
 @pytest.mark.parametrize(
-    "layout", [dict(gpus=8), dict(gpus=16, tp=2, pp=2), dict(gpus=16, tp=2, pp=2, zero=1)]
+    "layout",
+    [dict(gpus=8), dict(gpus=16, tp=2, pp=2), dict(gpus=16, tp=2, pp=2, zero=1), MOE],
 )
 def test_exported_layout_reads_back_the_same(tmp_path, layout):
     setup, graph, step, paths = _export(tmp_path, **layout)
