@@ -1,5 +1,5 @@
 """The `commsim` command line: the typer app and its commands, one module per group
-(predict, plan, collective, claims, topo, calibrate, testbed, compression).
+(predict, plan, collective, claims, topo, calibrate, testbed, compression, trace).
 
 Every command prints a rich table, or with --json one JSON document on stdout. Bad input
 prints one line naming the file and field on stderr and exits 2, never a traceback.
@@ -18,6 +18,7 @@ from commsim.cli.plan import plan_cmd
 from commsim.cli.predict import predict_cmd
 from commsim.cli.testbed import testbed_app
 from commsim.cli.topo import topo_app
+from commsim.cli.trace import trace_app
 
 app = typer.Typer(
     add_completion=False,
@@ -33,6 +34,7 @@ app.add_typer(calibrate_app, name="calibrate")
 app.add_typer(testbed_app, name="testbed")
 goodput.register(app)  # commsim goodput, commsim stragglers
 app.add_typer(compression_app, name="compression")
+app.add_typer(trace_app, name="trace")
 
 if __name__ == "__main__":
     app()

@@ -74,6 +74,12 @@ def run_cmd(
     comm_hooks: Annotated[
         str, typer.Option(help="DDP comm hooks to measure: none, fp16, bf16, powersgd:R.")
     ] = "none",
+    profile_dir: Annotated[
+        str | None,
+        typer.Option(
+            help="Also profile DDP steps; each rank writes its torch.profiler trace here."
+        ),
+    ] = None,
 ) -> None:
     """Benchmark collectives and a DDP step with torch.distributed; append results to OUT.
 
@@ -104,6 +110,7 @@ def run_cmd(
             depth=depth,
             batch=batch,
             comm_hooks=tuple(h.strip().lower() for h in comm_hooks.split(",") if h.strip()),
+            profile_dir=profile_dir,
         )
         code = launch_local(cfg, local) if local is not None else run_rank(cfg)
     if code:

@@ -77,14 +77,7 @@ class Groups:
         key = (placement, kind, tp, dp, pp, ep, ps_shards, cp, shard, order)
         if key not in self._costs:
             groups = self.members(placement, kind, tp, dp, pp, ep, cp, shard, order)
-            if groups.shape[1] == 1:
-                self._costs[key] = None
-            else:
-                nodes = self.cluster.node_of(groups)
-                if (nodes == nodes[:, :1]).all():
-                    groups = groups[:1]  # each group inside its own node: they share no link
-                shards = min(ps_shards, groups.shape[1])
-                self._costs[key] = GroupCost(self.cluster, groups, ps_shards=shards)
+            self._costs[key] = concurrent_cost(self.cluster, groups, ps_shards)
         return self._costs[key]
 
     def send(self, placement, tp, dp, pp, cp=1, order=0) -> tuple[float, float]:
@@ -149,6 +142,17 @@ class Groups:
                 rows = order[bounds[k] : bounds[k + 1]]
                 out[rows] = self.cost(*key).time(op, name, nbytes[rows])
         return out
+
+
+def concurrent_cost(cluster: Cluster, groups: np.ndarray, ps_shards: int = 1) -> GroupCost | None:
+    """The GroupCost of groups (a row of GPUs each) running one collective at the same time;
+    None for groups of one rank. Also what a trace replay prices a process group with."""
+    if groups.shape[1] == 1:
+        return None
+    nodes = cluster.node_of(groups)
+    if (nodes == nodes[:, :1]).all():
+        groups = groups[:1]  # each group inside its own node: they share no link
+    return GroupCost(cluster, groups, ps_shards=min(ps_shards, groups.shape[1]))
 
 
 def _group_rows(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
