@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from commsim.cli.options import gpu_sizes
 from commsim.reliability.recovery import STRATEGIES, Policy
 from commsim.report import terminal
 from commsim.units import parse_time
@@ -41,21 +42,6 @@ def _policy(recovery, interval, async_save, spares, spare_target, detect, resche
         warmup_s=parse_time(warmup),
         init_s=parse_time(init) if init else None,
     )
-
-
-def _sizes(text: str | None, default: int) -> list[int]:
-    if text is None:
-        return [default]
-    lo, _, hi = text.partition(":")
-    if not lo.isdigit() or (hi and not hi.isdigit()) or int(lo) < 1:
-        raise ValueError(f"--gpus must be a positive count or LOW:HIGH, not {text!r}")
-    low, high = int(lo), int(hi or lo)
-    if high < low:
-        raise ValueError(f"--gpus {text}: HIGH must not be below LOW")
-    sizes = [low]
-    while sizes[-1] * 2 <= high:
-        sizes.append(sizes[-1] * 2)
-    return sizes
 
 
 def _rates(setup: Setup, rate_scale: float, repair: str | None):
@@ -134,7 +120,7 @@ def goodput_cmd(
             price_per_gpu_hour=price_per_gpu_hour,
         )
         spec, source = load_scenario(scenario, flags)
-        sizes = _sizes(gpus, spec.gpus)
+        sizes = gpu_sizes(gpus, spec.gpus)
         names = STRATEGIES if recovery == "all" else (recovery,)
         policies = [
             _policy(n, interval, async_save, spares, spare_target, detect, reschedule, warmup, init)

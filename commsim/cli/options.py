@@ -100,6 +100,29 @@ NcclVersionOpt = Annotated[
 ]
 
 
+def gpu_count(text: str | None) -> int | None:
+    """--gpus as one positive count (None when not given)."""
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--gpus must be a positive count or LOW:HIGH, not {text!r}")
+    return int(text)
+
+
+def gpu_sizes(text: str | None, default: int) -> list[int]:
+    """--gpus '256:16384' as 256, 512, ..., 16384; a single count as itself."""
+    if text is None:
+        return [default]
+    lo, _, hi = text.partition(":")
+    low, high = gpu_count(lo), gpu_count(hi or lo)
+    if high < low:
+        raise ValueError(f"--gpus {text}: HIGH must not be below LOW")
+    sizes = [low]
+    while sizes[-1] * 2 <= high:
+        sizes.append(sizes[-1] * 2)
+    return sizes
+
+
 def setup_from_flags(
     scenario: str | None,
     fsdp: bool = False,

@@ -3,7 +3,7 @@ several fabrics)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -25,10 +25,13 @@ from commsim.cli.options import (
     SeqLenOpt,
     TokensOpt,
     TpOverlapOpt,
+    gpu_count,
     setup_from_flags,
 )
 from commsim.cli.plan_options import (
+    AsyncSaveOpt,
     BudgetOpt,
+    CheckpointIntervalOpt,
     DeadlineOpt,
     FabricOpt,
     GpuOpt,
@@ -48,14 +51,17 @@ from commsim.cli.plan_options import (
     OnlyRecomputeOpt,
     OnlyTpOpt,
     OnlyZeroOpt,
+    RecoveryOpt,
+    SparesOpt,
+    SpareTargetOpt,
     SweepPlotOpt,
     TopOpt,
 )
+from commsim.cli.sizing import size_clusters_cmd
 from commsim.report import terminal
 
 if TYPE_CHECKING:
     from commsim.planner.plan import PlanResult
-    from commsim.planner.sizing import SizingRow
     from commsim.planner.sweep import BandwidthSweep
     from commsim.scenario import Setup
 
@@ -98,6 +104,11 @@ def plan_cmd(
     tp_overlap: TpOverlapOpt = None,
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
+    recovery: RecoveryOpt = None,
+    checkpoint_interval: CheckpointIntervalOpt = None,
+    async_save: AsyncSaveOpt = None,
+    spares: SparesOpt = None,
+    spare_target: SpareTargetOpt = None,
     top: TopOpt = 15,
     plot: SweepPlotOpt = None,
     json_out: terminal.JsonOpt = False,
@@ -112,9 +123,13 @@ def plan_cmd(
         tokens=tokens,
         price_per_gpu_hour=price_per_gpu_hour,
     )
-    if fabric or (gpus and ":" in gpus) or deadline or budget:
-        sizing = dict(fabric=fabric, gpu=gpu, deadline=deadline, budget=budget, objective=objective)
-        return _size_clusters(scenario, model, cluster, gpus, training, plot, json_out, **sizing)
+    failures = dict(
+        recovery=recovery,
+        interval=checkpoint_interval,
+        async_save=async_save,
+        spares=spares,
+        spare_target=spare_target,
+    )
     flags = dict(  # the search dimensions a flag pins
         bucket_mb=bucket_mb,
         algorithm=algorithm,
@@ -135,14 +150,35 @@ def plan_cmd(
         fsdp_shard=fsdp_shard,
     )
     stack = dict(precision=precision, flash_attention=flash_attention, tp_overlap=tp_overlap)
+    if fabric or (gpus and ":" in gpus) or deadline or budget:
+        sizing = dict(fabric=fabric, gpu=gpu, deadline=deadline, budget=budget, objective=objective)
+        pins = {k for k, v in (flags | {"micro_batch": micro_batch}).items() if v is not None}
+        overrides = training | flags | stack | ({"zero": 3} if fsdp else {})
+        pins |= {"zero"} if fsdp else set()
+        with terminal.user_errors():
+            if profile or nccl_version:
+                raise ValueError(
+                    "--profile and --nccl-version price one cluster: cluster sizing builds "
+                    "each fabric from its template (set them in the fabric's file)"
+                )
+        return size_clusters_cmd(
+            scenario, model, cluster, gpus, overrides, pins, failures, plot, json_out, **sizing
+        )
     with terminal.user_errors():
+        given = [f"--{k.replace('_', '-')}" for k, v in failures.items() if v is not None]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: failures and goodput apply to cluster sizing "
+                "(--gpus LOW:HIGH, --fabric, --deadline or --budget); `commsim goodput` "
+                "prices one cluster"
+            )
         setup = setup_from_flags(
             scenario,
             fsdp=fsdp,
             check=False,
             model=model,
             cluster=cluster,
-            gpus=_gpu_count(gpus),
+            gpus=gpu_count(gpus),
             **training,
             profile=profile,
             nccl_version=nccl_version,
@@ -241,137 +277,3 @@ def _print_crossovers(sweep: BandwidthSweep, plot: str | None) -> None:
             f"no compressor that pays here stops paying between {lo:g} and {hi:g} Gb/s per NIC"
         )
     terminal.console.print(f"bandwidth sweep drawn to {plot}")
-
-
-def _sizing_title(spec, gpu: str | None) -> str:
-    model = spec.model if isinstance(spec.model, str) else spec.model.name
-    return (
-        f"cluster sizing: {model}, {spec.tokens:.3g} tokens, global batch "
-        f"{spec.global_batch}" + (f", {gpu}" if gpu else "")
-    )
-
-
-def _gpu_count(text: str | None) -> int | None:
-    if text is None:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"--gpus must be a positive count or LOW:HIGH, not {text!r}")
-    return int(text)
-
-
-def _gpu_sizes(text: str | None, default: int) -> list[int]:
-    """'256:16384' as 256, 512, ..., 16384; a single count as itself."""
-    if text is None:
-        return [default]
-    lo, _, hi = text.partition(":")
-    low, high = _gpu_count(lo), _gpu_count(hi or lo)
-    if high < low:
-        raise ValueError(f"--gpus {text}: HIGH must not be below LOW")
-    sizes = [low]
-    while sizes[-1] * 2 <= high:
-        sizes.append(sizes[-1] * 2)
-    return sizes
-
-
-def _size_clusters(
-    scenario: str | None,
-    model: str | None,
-    cluster: str | None,
-    gpus: str | None,
-    overrides: dict[str, Any],
-    plot: str | None,
-    json_out: bool,
-    *,
-    fabric: str | None,
-    gpu: str | None,
-    deadline: str | None,
-    budget: float | None,
-    objective: str,
-) -> None:
-    """`commsim plan` in sizing mode: best strategy per fabric and size, Pareto front, pick."""
-    from commsim.planner.sizing import OBJECTIVES, pareto_front, size_clusters
-    from commsim.report import plots
-    from commsim.scenario import load_scenario
-    from commsim.specs import SpecError
-    from commsim.units import parse_time
-
-    with terminal.user_errors():
-        if objective not in OBJECTIVES:
-            raise ValueError(f"--objective must be one of {', '.join(OBJECTIVES)}")
-        spec, source = load_scenario(scenario, overrides | {"model": model, "cluster": cluster})
-        if spec.tokens is None:
-            raise SpecError(source, "tokens", "cluster sizing needs the training tokens (--tokens)")
-        fabrics = (
-            [f.strip() for f in fabric.split(",")]
-            if fabric
-            else [spec.cluster if isinstance(spec.cluster, str) else spec.cluster.name]
-        )
-        sizes = _gpu_sizes(gpus, spec.gpus)
-        deadline_s = parse_time(deadline) if deadline else None
-        with terminal.progress(len(fabrics) * len(sizes), "sizing") as bar:
-            rows = size_clusters(
-                spec, source, fabrics, sizes, gpu, on_progress=lambda: bar.advance(0)
-            )
-        front = pareto_front(rows)
-        pick = _pick(rows, deadline_s, budget, objective)
-        if plot:
-            plots.plot_sizing(rows, front, pick, plot, _sizing_title(spec, gpu))
-    why = (
-        "the smallest cluster meeting the deadline"
-        if deadline_s
-        else "the fastest within the budget"
-        if budget
-        else f"the best {objective}"
-    )
-    _print_sizing(rows, front, pick, _sizing_title(spec, gpu), why, objective, plot, json_out)
-
-
-def _pick(
-    rows: list[SizingRow], deadline_s: float | None, budget: float | None, objective: str
-) -> SizingRow | None:
-    """The row a deadline or budget picks, else the best by the objective; None if none."""
-    from commsim.planner.sizing import objective_value, pick_size
-
-    if deadline_s or budget:
-        return pick_size(rows, deadline_s, budget)
-    return min(
-        (r for r in rows if r.best),
-        key=lambda r: objective_value(r, objective),
-        default=None,
-    )
-
-
-def _print_sizing(
-    rows: list[SizingRow],
-    front: list[SizingRow],
-    pick: SizingRow | None,
-    title: str,
-    why: str,
-    objective: str,
-    plot: str | None,
-    json_out: bool,
-) -> None:
-    """The sizing table and the pick with why, or the --json document."""
-    from commsim.report import labels, tables
-
-    if json_out:
-        terminal.print_json(
-            {
-                "sizing": [r.to_dict() for r in rows],
-                "pareto": [r.to_dict() for r in front],
-                "pick": pick.to_dict() if pick else None,
-                "objective": objective,
-            }
-        )
-        return
-    terminal.console.print(tables.sizing_table(rows, front, pick, title))
-    if pick:
-        terminal.console.print(
-            f"pick: {pick.gpus} GPUs of {pick.fabric}, {why}: "
-            f"{labels.describe_strategy(pick.best.to_dict()['strategy'])}",
-            highlight=False,
-        )
-    else:
-        terminal.console.print("no cluster meets the deadline/budget", highlight=False)
-    if plot:
-        terminal.console.print(f"scaling curve and Pareto front drawn to {plot}")

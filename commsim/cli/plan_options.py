@@ -69,3 +69,25 @@ SweepPlotOpt = Annotated[
     str | None,
     typer.Option(help="PNG: the winner's step time against NIC bandwidth per compressor."),
 ]
+RecoveryOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Cluster sizing: recovery from failures for goodput (cold by default; "
+        "cold, hot-spare, in-memory, per-step, ring-rebuild), or none for ideal figures only."
+    ),
+]
+CheckpointIntervalOpt = Annotated[
+    str | None, typer.Option(help="Cluster sizing: checkpoint interval (default: the optimum).")
+]
+AsyncSaveOpt = Annotated[
+    bool | None,
+    typer.Option("--async-save/--sync-save", help="Cluster sizing: asynchronous checkpoints."),
+]
+SparesOpt = Annotated[
+    int | None,
+    typer.Option(help="Cluster sizing: hot spare nodes (default: the cheapest count)."),
+]
+SpareTargetOpt = Annotated[
+    float | None,
+    typer.Option(help="Cluster sizing: probability the job stays at full size (0.999)."),
+]

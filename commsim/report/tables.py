@@ -286,17 +286,19 @@ def convergence_table(rows: Sequence[dict[str, Any]], steps: int, workers: int) 
 
 
 def sizing_table(rows: Sequence[Any], front: Sequence[Any], pick: Any, title: str) -> Table:
-    """Per fabric and cluster size: the best strategy, time to train, GPU-hours, cost."""
+    """Per fabric and cluster size: the best strategy, its goodput under failures, time to
+    train with failures and ideal, GPU-hours, cost (with failures where goodput is known)."""
     table = Table(title=title, title_justify="left")
     for col in (
         "fabric",
         "GPUs",
         "best layout",
         "step",
+        "goodput",
         "time to train",
+        "ideal",
         "GPU-hours",
         "cost",
-        "scaling eff.",
         "MFU",
         "",
     ):
@@ -311,19 +313,26 @@ def sizing_table(rows: Sequence[Any], front: Sequence[Any], pick: Any, title: st
             ]
         )
         if p is None:
-            table.add_row(r.fabric, str(r.gpus), f"[dim]{r.note}[/dim]", *[""] * 7)
+            table.add_row(r.fabric, str(r.gpus), f"[dim]{r.note}[/dim]", *[""] * 8)
             continue
         t = p.training or {}
+        g = r.goodput
+        real = (
+            {"time_to_train_s": g.time_to_train_s, "gpu_hours": g.gpu_hours, "cost": g.cost}
+            if g
+            else t
+        )
         d = p.to_dict()
         table.add_row(
             r.fabric,
             f"{r.gpus:,}",
             f"{layout_label(d)} {d['strategy']['algorithm']}",
             fmt_time(p.step_time_s),
-            f"{t.get('time_to_train_s', 0) / 86400:.1f} d",
-            f"{t.get('gpu_hours', 0):,.0f}",
-            f"{t['cost']:,.0f}" if t.get("cost") is not None else "",
-            pct(p.scaling_efficiency),
+            pct(g.goodput) if g else "",
+            f"{real['time_to_train_s'] / 86400:.2f} d",
+            f"{t['time_to_train_s'] / 86400:.2f} d",
+            f"{real['gpu_hours']:,.0f}",
+            f"{real['cost']:,.0f}" if real.get("cost") is not None else "",
             pct(p.mfu),
             mark,
         )
