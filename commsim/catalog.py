@@ -15,11 +15,15 @@ from commsim.specs import GPUSpec, SpecError
 # Learning Engineering" (github.com/stas00/ml-engineering, compute/accelerator/README.md,
 # "Maximum Achievable Matmul FLOPS comparison table", and its H200 -> B200 upgrade guide for
 # H200/B200 and FP8). attention_efficiency is FlashAttention's forward + backward FLOP/s
-# over peak on causal attention with 128-wide heads: FlashAttention-2 reaches 50-73% of the
-# A100's peak (Dao 2023, arXiv:2307.08691); FlashAttention-3 up to 75% of the H100's BF16
-# peak forward, its backward 1.5-1.75x FlashAttention-2's 35% (Shah et al. 2024,
-# arXiv:2407.08608): 0.6 lies in both ranges and is used for both generations.
-_ATTENTION_EFFICIENCY = 0.6
+# over peak on causal attention with 128-wide heads, as the stacks these GPUs train with run
+# it: FlashAttention-2 reaches 50-73% of the A100's peak (Dao 2023, arXiv:2307.08691);
+# on Hopper the same kernel reaches only 35% ("FlashAttention-2 achieves only 35%
+# utilization on H100", Shah et al. 2024, arXiv:2407.08608), and FlashAttention-2 is what
+# PyTorch's SDPA and most 2024 stacks run there (FlashAttention-3 reaches 75% forward but is
+# a separate install). Blackwell has no published measurement in our sources: Hopper's
+# figure is assumed.
+_FA2_AMPERE = 0.6
+_FA2_HOPPER = 0.35
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
@@ -44,7 +48,7 @@ GPUS: dict[str, GPUSpec] = {
             "NVLink 600 GB/s bidirectional",
             sm_count=108,
             gemm_efficiency=267.9 / 312,
-            attention_efficiency=_ATTENTION_EFFICIENCY,
+            attention_efficiency=_FA2_AMPERE,
             kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
             "A100 SXM 267.9 of 312 TFLOPS (ml-engineering, CUDA 12.1)",
             compute_capability=8.0,
@@ -60,7 +64,7 @@ GPUS: dict[str, GPUSpec] = {
             "NVLink 600 GB/s bidirectional",
             sm_count=108,
             gemm_efficiency=267.9 / 312,
-            attention_efficiency=_ATTENTION_EFFICIENCY,
+            attention_efficiency=_FA2_AMPERE,
             kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
             "A100 SXM 267.9 of 312 TFLOPS (ml-engineering, CUDA 12.1)",
             compute_capability=8.0,
@@ -78,7 +82,7 @@ GPUS: dict[str, GPUSpec] = {
             fp8_flops=1979e12,
             gemm_efficiency=792.1 / 989,
             fp8_gemm_efficiency=1453.4 / 1979,
-            attention_efficiency=_ATTENTION_EFFICIENCY,
+            attention_efficiency=_FA2_HOPPER,
             kernel_source="132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5); "
             "MAMF H100 SXM 792.1 of 989 TFLOPS BF16 (ml-engineering, CUDA 12.1); FP8 as the "
             "same die's H200 SXM: 1,453.4 of 1,979",
@@ -97,7 +101,7 @@ GPUS: dict[str, GPUSpec] = {
             fp8_flops=1979e12,
             gemm_efficiency=794.5 / 989,
             fp8_gemm_efficiency=1453.4 / 1979,
-            attention_efficiency=_ATTENTION_EFFICIENCY,
+            attention_efficiency=_FA2_HOPPER,
             kernel_source="132 SMs (GH100, as H100 SXM5); MAMF H100/H200 SXM 794.5 of 989 "
             "TFLOPS BF16 and H200 SXM 1,453.4 of 1,979 FP8 (ml-engineering)",
             compute_capability=9.0,
@@ -116,7 +120,7 @@ GPUS: dict[str, GPUSpec] = {
             fp8_flops=4500e12,
             gemm_efficiency=1745.0 / 2250,
             fp8_gemm_efficiency=3432.5 / 4500,
-            attention_efficiency=_ATTENTION_EFFICIENCY,
+            attention_efficiency=_FA2_HOPPER,
             kernel_source="148 SMs (NVIDIA Blackwell architecture technical brief, B200); MAMF "
             "B200 SXM 1,745.0 of 2,250 TFLOPS BF16 and 3,432.5 of 4,500 FP8 (ml-engineering)",
             compute_capability=10.0,
