@@ -52,7 +52,7 @@ def test_batch_must_divide():
 
 
 # plain data parallelism at the scenario's micro-batch: what DDP users tune
-DDP_ONLY = {"tp", "pp", "ep", "zero", "recompute", "interleave", "micro_batch"}
+DDP_ONLY = {"tp", "pp", "ep", "cp", "zero", "recompute", "interleave", "micro_batch", "precision"}
 
 
 def _plan(setup, **pins):

@@ -88,11 +88,19 @@ def test_a_model_without_blocks_is_searched_as_plain_data_parallelism():
     assert np.all((L.zero == 0) & (L.recompute == 0) & (L.tp == 1) & (L.cp == 1))
 
 
-def test_stack_choices_come_from_the_base_strategy():
+def test_fp8_and_tp_overlap_are_searched_unless_pinned():
     setup = _setup("llama2-7b")
-    base = setup.scenario.strategy.model_copy(update={"precision": "fp8", "tp_overlap": True})
-    L = enumerate_layouts(setup, {"micro_batch": 1}, base)
-    assert L.fp8.all() and np.array_equal(L.tp_overlap, L.tp > 1)
+    L = enumerate_layouts(setup, {"micro_batch": 1})
+    assert set(L.fp8.tolist()) == {False, True}  # an H100: both precisions
+    assert set(L.tp_overlap[L.tp > 1].tolist()) == {False, True}
+    assert not L.tp_overlap[L.tp == 1].any()
+    pinned = enumerate_layouts(setup, {"micro_batch": 1, "precision": "bf16", "tp_overlap": True})
+    assert not pinned.fp8.any() and np.array_equal(pinned.tp_overlap, pinned.tp > 1)
+    a100 = enumerate_layouts(
+        resolve(*load_scenario(None, dict(model="llama2-7b", cluster="dgx-a100-ib", gpus=16))),
+        {"micro_batch": 1},
+    )
+    assert not a100.fp8.any()  # no FP8 tensor cores
 
 
 def test_predict_and_plan_take_the_new_strategy_flags():

@@ -148,8 +148,10 @@ def plan_cmd(
         cp=cp,
         order=order,
         fsdp_shard=fsdp_shard,
+        precision=precision,
+        tp_overlap=tp_overlap,
     )
-    stack = dict(precision=precision, flash_attention=flash_attention, tp_overlap=tp_overlap)
+    stack = dict(flash_attention=flash_attention)
     if fabric or (gpus and ":" in gpus) or deadline or budget:
         sizing = dict(fabric=fabric, gpu=gpu, deadline=deadline, budget=budget, objective=objective)
         pins = {k for k, v in (flags | {"micro_batch": micro_batch}).items() if v is not None}

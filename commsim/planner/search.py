@@ -5,12 +5,12 @@ parallelism for long sequences, pipeline stages and their split, expert parallel
 models, micro-batch, interleaving, the rank order) times how the step is run: ZeRO stage
 (and hybrid sharding over a node for ZeRO-3) and recomputation, and the data-parallel sync
 (bucket, algorithm, placement, overlap, and for plain data parallelism a DDP comm hook's
-compression). Numerics and kernels (precision, FlashAttention, tensor-parallel overlap) are
-the user's stack, taken from the base strategy, not searched. Plain data parallelism is
-searched in more detail (every bucket cap, algorithm, placement and compressor), the way a
-DDP user tunes it; model-parallel layouts with NCCL's two all-reduces and two bucket caps.
-Memory drops what does not fit before the step model (step.model) prices the rest in one
-pass.
+compression), FP8 or BF16 GEMMs on GPUs with FP8, and tensor-parallel communication
+overlapped with the GEMMs or not. FlashAttention is the user's stack (the base strategy's).
+Plain data parallelism is searched in more detail (every bucket cap, algorithm, placement
+and compressor), the way a DDP user tunes it; model-parallel layouts with NCCL's two
+all-reduces and two bucket caps. Memory drops what does not fit before the step model
+(step.model) prices the rest in one pass.
 """
 
 from __future__ import annotations
@@ -224,16 +224,29 @@ def enumerate_layouts(
     cols["compression"] = np.array([compressions.index(c) for c in cols["compression"]], dtype=int)
     cols = _with_rank_orders(cols, pins)
     cols = _with_hybrid_sharding(cols, pins, setup.cluster.gpus_per_node)
+    fp8 = bool(setup.gpu.fp8_flops) and bool(Shape.of(setup.workload).blocks)
+    cols = _with_kernels(cols, pins, fp8)
     return Layouts.build(
         compressions,
         **cols,
         first_bucket_mb=base.first_bucket_mb,
         ps_shards=base.ps_shards,
         grad_dtype=GRAD_DTYPES.index(base.grad_dtype),
-        fp8=base.precision == "fp8",
         flash=base.flash_attention,
-        tp_overlap=base.tp_overlap & (cols["tp"] > 1),
     )
+
+
+def _with_kernels(cols: dict[str, np.ndarray], pins: dict[str, Any], fp8: bool) -> dict:
+    """FP8 GEMMs beside BF16 on a GPU with FP8 (`fp8`), and tensor-parallel collectives
+    overlapped with the GEMMs beside not where tp > 1; either as pinned."""
+    if "precision" in pins:
+        cols = cols | {"fp8": np.full(len(cols["dp"]), pins["precision"] == "fp8")}
+    else:
+        cols = _branch(cols, "fp8", np.full(len(cols["dp"]), fp8), True, False)
+    n = len(cols["dp"])
+    if "tp_overlap" in pins:
+        return cols | {"tp_overlap": np.full(n, bool(pins["tp_overlap"])) & (cols["tp"] > 1)}
+    return _branch(cols, "tp_overlap", cols["tp"] > 1, True, False)
 
 
 def _branch(cols: dict[str, np.ndarray], name: str, where: np.ndarray, value, default):

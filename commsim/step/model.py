@@ -211,12 +211,16 @@ class StepModel:
 
     def _stage_times(self, L: Layouts) -> StageTimes:
         """The roofline's per-block and end-layer times, or, with one efficiency, FLOPs /
-        (peak x efficiency) for everything (a calibration profile's measured rate)."""
+        (peak x efficiency) for everything (a calibration profile's measured rate); FP8
+        layouts run the blocks' linear layers at the FP8 peak, attention at BF16's."""
         if self.efficiency is None:
             return stage_times(self.workload, self.gpu, L)
         sh = self.shape
         rate = L.tp * L.cp * self.gpu.peak_flops * self.efficiency / L.micro_batch
-        block, core = sh.block_flops / rate, sh.attention_core_flops / rate
+        fp8_speedup = (self.gpu.fp8_flops or self.gpu.peak_flops) / self.gpu.peak_flops
+        linear_rate = rate * np.where(L.fp8, fp8_speedup, 1.0)
+        core = sh.attention_core_flops / rate
+        block = (sh.block_flops - sh.attention_core_flops) / linear_rate + core
         pre, post = sh.pre_flops / rate, sh.post_flops / rate
         b = BACKWARD_FACTOR
         if not sh.blocks:  # no blocks: the whole model as the layers before them
