@@ -236,6 +236,7 @@ class ModelSpec(Spec):
     moe_ffn_hidden: int | None = Field(default=None, ge=1)  # an expert's width (ffn_hidden)
     shared_experts: int = Field(default=0, ge=0)  # always-on experts (DeepSeekMoE)
     dense_layers: int = Field(default=0, ge=0)  # the first blocks keep a dense MLP
+    dropout: bool | None = None  # trains with dropout (None: GPT/BERT-style yes, gated no)
     custom_layers: list[LayerSpec] = []
 
 
