@@ -1,6 +1,8 @@
 """Memory per GPU against hand-computed cases: ZeRO's model states, Korthikanti's activations,
 pipeline in-flight counts, buffers; the batch variant against the scalar one."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -297,7 +299,7 @@ def test_a_hf_config_with_dropout_keeps_its_masks(tmp_path):
     bad = tmp_path / "config.json"
     bad.write_text(
         json.dumps(
-            json.loads(open("tests/data/hf/meta-llama-3-8b/config.json").read())
+            json.loads(Path("tests/data/hf/meta-llama-3-8b/config.json").read_text())
             | {"attention_dropout": 2}
         )
     )
