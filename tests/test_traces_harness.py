@@ -51,11 +51,11 @@ def test_harness_writes_traces_that_match_its_clock(tmp_path):
     cmd += ["--ops", "all-reduce", "--sizes", "64KiB:128KiB", "--warmup", "1", "--repeats", "3"]
     cmd += [
         "--width",
-        "128",
+        "512",
         "--depth",
-        "1",
+        "2",
         "--batch",
-        "8",
+        "32",
         "--bucket-mb",
         "5",
         "--profile-dir",
