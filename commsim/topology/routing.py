@@ -26,11 +26,12 @@ def _ecmp_hash(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (h * np.uint64(0xBF58476D1CE4E5B9) >> np.uint64(32)).astype(np.int64)
 
 
-def _owner_gpu(cluster: Cluster, nic: np.ndarray) -> np.ndarray:
-    """The first GPU attached (over PCIe) to a global NIC index: where PXN hands data over."""
-    gpn, nics = cluster.gpus_per_node, cluster.nics_per_node
-    node, rail = nic // nics, nic % nics
-    return node * gpn + (rail * gpn + nics - 1) // nics
+def _owner_gpu(cluster: Cluster, port: np.ndarray) -> np.ndarray:
+    """The first GPU attached (over PCIe) to a global port's NIC: where PXN hands data over."""
+    gpn, ports = cluster.gpus_per_node, cluster.nics_per_node
+    nics = ports // cluster.ports_per_nic
+    node, nic = port // ports, port % ports // cluster.ports_per_nic
+    return node * gpn + (nic * gpn + nics - 1) // nics
 
 
 def routes(
@@ -74,6 +75,9 @@ def routes(
     home_s, home_d = cluster.nic_of(src), cluster.nic_of(dst)
     nic_s = np.where(pinned, node_s * nics + rail % nics, home_s)
     nic_d = np.where(pinned, node_d * nics + rail % nics, home_d)
+    if cluster.planes > 1:  # planes meet only inside nodes: cross on the far side (PXN)
+        other = cluster.plane_of(nic_s) != cluster.plane_of(nic_d)
+        nic_d = np.where(other, node_d * nics + nic_s % nics, nic_d)
     own_s = np.where(nic_s == home_s, src, _owner_gpu(cluster, nic_s))
     own_d = np.where(nic_d == home_d, dst, _owner_gpu(cluster, nic_d))
     hop_s = inter & (own_s != src)
