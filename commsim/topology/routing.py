@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from commsim.topology import symmetry
 from commsim.topology.build import Cluster
 
 _MAX_HOPS = 12  # gpu-hub-gpu-nic-leaf-spine-core-spine-leaf-nic-gpu-hub-gpu
@@ -138,7 +139,8 @@ def peer_counts(src, dst) -> np.ndarray:
     if not real.any():
         return np.ones(src.shape, dtype=np.int64)
     width = int(max(src.max(), dst.max())) + 1
-    pairs = np.unique(src[real] * width + dst[real])
+    pairs = np.sort(src[real] * width + dst[real])
+    pairs = pairs[np.concatenate([[True], pairs[1:] != pairs[:-1]])]
     fan_out = np.bincount(pairs // width, minlength=width)
     fan_in = np.bincount(pairs % width, minlength=width)
     return np.where(real, np.maximum(fan_out[src], fan_in[dst]), 1)
@@ -150,7 +152,9 @@ def link_loads(cluster: Cluster, paths: np.ndarray) -> np.ndarray:
     return np.bincount(used, minlength=cluster.capacity.size)
 
 
-def maxmin_rates(paths: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+def maxmin_rates(
+    paths: np.ndarray, capacity: np.ndarray, weights: np.ndarray | None = None
+) -> np.ndarray:
     """Max-min fair rate of each flow (paths: flows x hops of edge ids, -1 padded).
 
     Water-filling by local bottlenecks: an edge whose fair share (remaining capacity /
@@ -159,13 +163,15 @@ def maxmin_rates(paths: np.ndarray, capacity: np.ndarray) -> np.ndarray:
     edges, repeat. Each round is one vectorised pass; rounds are the depth of the
     bottleneck structure, not the number of distinct rates (Bertsekas & Gallager 6.5.2
     give the sequential form, which tests/test_topology.py checks this against).
-    A flow with no edges (a self-send) gets an infinite rate."""
+    A flow with no edges (a self-send) gets an infinite rate. weights (paths' shape): how
+    many flows each hop stands for on its edge (topology.symmetry's orbits; default 1)."""
     used = paths >= 0
     rate = np.full(paths.shape[0], np.inf)
     live = np.nonzero(used.any(axis=1))[0]  # the active flows, shrinking every round
     edge, used = np.where(used, paths, 0)[live], used[live]
+    weight = np.ones(used.shape) if weights is None else np.asarray(weights, dtype=float)[live]
     remaining = capacity.astype(float).copy()
-    counts = np.bincount(edge[used], minlength=capacity.size).astype(float)
+    counts = np.bincount(edge[used], weights=weight[used], minlength=capacity.size)
     while live.size:
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(counts > 0, remaining / counts, np.inf)
@@ -176,13 +182,13 @@ def maxmin_rates(paths: np.ndarray, capacity: np.ndarray) -> np.ndarray:
         frozen = (used & bottleneck[edge]).any(axis=1)
         rate[live[frozen]] = least[frozen]
         hops = used & frozen[:, None]
-        freed = np.broadcast_to(least[:, None], hops.shape)[hops]
+        freed = (least[:, None] * weight)[hops]
         remaining = np.maximum(
             remaining - np.bincount(edge[hops], weights=freed, minlength=capacity.size), 0.0
         )
-        counts -= np.bincount(edge[hops], minlength=capacity.size)
+        counts -= np.bincount(edge[hops], weights=weight[hops], minlength=capacity.size)
         keep = ~frozen
-        live, edge, used = live[keep], edge[keep], used[keep]
+        live, edge, used, weight = live[keep], edge[keep], used[keep], weight[keep]
     return rate
 
 
@@ -207,6 +213,7 @@ def flow_times(
 
 
 _CACHE_SIZE = 512
+_CACHE_FLOWS = 4_000_000  # flows kept in all (16 bytes each): 64 MB at 131,072 GPUs
 FLUID_BAND = 0.05  # flows finishing within 5% of the first are released together
 FLUID_ROUNDS = 4
 
@@ -217,24 +224,42 @@ def _solved(cluster, src, dst, rail, shape) -> tuple[np.ndarray, np.ndarray]:
     key = hash(b"".join(np.ascontiguousarray(a).tobytes() for a in parts))
     cache = cluster.solved_steps
     if key not in cache:
-        if len(cache) >= _CACHE_SIZE:
+        while cache and (
+            len(cache) >= _CACHE_SIZE
+            or sum(v[0].size for v in cache.values()) + src.size > _CACHE_FLOWS
+        ):
             del cache[next(iter(cache))]
         cache[key] = _solve(cluster, src, dst, rail, shape)
     return cache[key]
 
 
 def _solve(cluster, src, dst, rail, nbytes) -> tuple[np.ndarray, np.ndarray]:
-    """Route the flows and run the fluid max-min model to completion."""
+    """Route the flows and run the fluid max-min model to completion, once per orbit of
+    the step's symmetries (topology.symmetry) unless the cluster says otherwise."""
+    rail = np.full(src.shape, -1, dtype=np.int64) if rail is None else np.asarray(rail)
     paths, lat = routes(cluster, src, dst, rail)
-    paths = paths[:, : int((paths >= 0).sum(axis=1).max(initial=0))].astype(np.int32)
+    paths = paths[:, : int((paths >= 0).sum(axis=1).max(initial=0))]
     lat = alpha_with_fanin(lat, peer_counts(src, dst), endpoint_overhead(cluster, src, dst))
+    nbytes = np.asarray(nbytes, dtype=float)
+    big = cluster.symmetry and src.size >= symmetry.MIN_FLOWS
+    reduced = symmetry.reduce(cluster, src, dst, rail, nbytes, paths) if big else None
+    if reduced is None:
+        return lat, _fluid(paths, cluster.capacity, None, nbytes)
+    r = reduced
+    return lat, _fluid(r.paths, r.capacity, r.weights, nbytes[r.reps])[r.orbit]
+
+
+def _fluid(paths, capacity, weights, nbytes) -> np.ndarray:
+    """Finishing time of each flow of `nbytes` sharing the edges max-min fairly, the rest
+    speeding up as flows finish (weights: see maxmin_rates)."""
+    paths = paths.astype(np.int32)
     remaining = np.array(nbytes, dtype=float)
-    finish = np.zeros(lat.size)
+    finish = np.zeros(remaining.size)
     alive = (remaining > 0) & (paths[:, 0] >= 0)
     now, rounds = 0.0, 0
     while alive.any():
         idx = np.nonzero(alive)[0]
-        rates = maxmin_rates(paths[idx], cluster.capacity)
+        rates = maxmin_rates(paths[idx], capacity, None if weights is None else weights[idx])
         left = remaining[idx] / rates
         rounds += 1
         # Flows due within FLUID_BAND of the first finish together (each at its own time);
@@ -248,7 +273,7 @@ def _solve(cluster, src, dst, rail, nbytes) -> tuple[np.ndarray, np.ndarray]:
         remaining[idx] -= rates * dt
         alive[idx[done]] = False
         now += dt
-    return lat, finish
+    return finish
 
 
 def step_time(
