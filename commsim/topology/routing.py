@@ -10,6 +10,8 @@ the step (alpha_with_fanin): an endpoint sends and receives its messages one by 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from commsim.topology import symmetry
@@ -233,41 +235,60 @@ def _solved(cluster, src, dst, rail, shape) -> tuple[np.ndarray, np.ndarray]:
     return cache[key]
 
 
+@dataclass(frozen=True)
+class Background:
+    """Flows of other jobs that hold their share of the links for as long as this job's
+    steps run (their collectives on the wire at the same time: topology.jobs)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    rail: np.ndarray
+
+
 def _solve(cluster, src, dst, rail, nbytes) -> tuple[np.ndarray, np.ndarray]:
-    """Route the flows and run the fluid max-min model to completion, once per orbit of
-    the step's symmetries (topology.symmetry) unless the cluster says otherwise."""
+    """Route the flows (and the cluster's background flows, which never finish) and run
+    the fluid max-min model until the step's own flows are done, once per orbit of the
+    step's symmetries (topology.symmetry) unless the cluster says otherwise."""
+    own = src.size
     rail = np.full(src.shape, -1, dtype=np.int64) if rail is None else np.asarray(rail)
+    nbytes = np.asarray(nbytes, dtype=float)
+    bg = cluster.background
+    if bg is not None:
+        src, dst = np.concatenate([src, bg.src]), np.concatenate([dst, bg.dst])
+        rail = np.concatenate([rail, bg.rail])
+        nbytes = np.concatenate([nbytes, np.full(bg.src.size, np.inf)])
     paths, lat = routes(cluster, src, dst, rail)
     paths = paths[:, : int((paths >= 0).sum(axis=1).max(initial=0))]
     lat = alpha_with_fanin(lat, peer_counts(src, dst), endpoint_overhead(cluster, src, dst))
-    nbytes = np.asarray(nbytes, dtype=float)
     big = cluster.symmetry and src.size >= symmetry.MIN_FLOWS
-    reduced = symmetry.reduce(cluster, src, dst, rail, nbytes, paths) if big else None
-    if reduced is None:
-        return lat, _fluid(paths, cluster.capacity, None, nbytes)
-    r = reduced
-    return lat, _fluid(r.paths, r.capacity, r.weights, nbytes[r.reps])[r.orbit]
+    r = symmetry.reduce(cluster, src, dst, rail, nbytes, paths) if big else None
+    if r is None:
+        finish = _fluid(paths, cluster.capacity, None, nbytes)
+    else:
+        finish = _fluid(r.paths, r.capacity, r.weights, nbytes[r.reps])[r.orbit]
+    return lat[:own], finish[:own]
 
 
 def _fluid(paths, capacity, weights, nbytes) -> np.ndarray:
     """Finishing time of each flow of `nbytes` sharing the edges max-min fairly, the rest
-    speeding up as flows finish (weights: see maxmin_rates)."""
+    speeding up as flows finish (weights: see maxmin_rates). A flow of infinite bytes
+    never finishes (inf): it holds its share throughout."""
     paths = paths.astype(np.int32)
     remaining = np.array(nbytes, dtype=float)
-    finish = np.zeros(remaining.size)
+    finish = np.where(np.isfinite(remaining), 0.0, np.inf)
     alive = (remaining > 0) & (paths[:, 0] >= 0)
     now, rounds = 0.0, 0
-    while alive.any():
+    while (alive & np.isfinite(remaining)).any():
         idx = np.nonzero(alive)[0]
         rates = maxmin_rates(paths[idx], capacity, None if weights is None else weights[idx])
-        left = remaining[idx] / rates
+        left = np.where(np.isfinite(remaining[idx]), remaining[idx] / rates, np.inf)
         rounds += 1
         # Flows due within FLUID_BAND of the first finish together (each at its own time);
         # the rest keep their rates that long. After FLUID_ROUNDS rounds all finish at their
         # current rates. Both only ever slow survivors down, and bound the rounds when
         # hash collisions give every flow its own rate.
         band = np.inf if rounds >= FLUID_ROUNDS else left.min() * (1.0 + FLUID_BAND)
-        done = left <= band
+        done = (left <= band) & np.isfinite(left)
         finish[idx[done]] = now + left[done]
         dt = left[done].max()
         remaining[idx] -= rates * dt
