@@ -53,6 +53,7 @@ class JobResult:
     pods: int  # pods its nodes span
     alone: Prediction
     shared: Prediction
+    cluster: Cluster  # the fabric as this job sees it (its allocation), for its groups
 
     @property
     def slowdown(self) -> float:
@@ -164,7 +165,7 @@ def run_jobs(spec: JobsSpec, source: str, on_progress=None) -> list[JobResult]:
         shared = predict(replace(setup, cluster=view))
         n_pods = int(np.unique(pods[nodes[i]]).size)
         name, gpus = setup.scenario.name, setup.n_gpus
-        results.append(JobResult(name, gpus, nodes[i], n_pods, alone, shared))
+        results.append(JobResult(name, gpus, nodes[i], n_pods, alone, shared, setup.cluster))
         if on_progress:
             on_progress()
     return results

@@ -123,3 +123,13 @@ def test_bad_jobs_files_exit_2_naming_the_field(tmp_path, change, message):
     out = CliRunner().invoke(app, ["jobs", str(path)])
     assert out.exit_code == 2, out.output
     assert message in out.output and "Traceback" not in out.output
+
+
+def test_group_levels():
+    from commsim.topology.placement import group_level
+
+    c = make_cluster(nodes=16, gpus_per_node=2, tiers=3, leaves_per_pod=2)  # 4 pods of 4
+    assert group_level(c, np.array([[0, 1], [2, 3]])) == "node"
+    assert group_level(c, np.array([[0, 2]])) == "rack"
+    assert group_level(c, np.array([[0, 6]])) == "pod"
+    assert group_level(c, np.array([[0, 1], [0, 8]])) == "fabric"

@@ -52,7 +52,6 @@ def _table(title: str, results):
     """One row a job: size, pods spanned, layout, step alone and shared, slowdown."""
     from rich.table import Table
 
-    from commsim.report import labels
     from commsim.units import fmt_time
 
     table = Table(title=title, title_justify="left")
@@ -63,9 +62,18 @@ def _table(title: str, results):
             r.name,
             str(r.gpus),
             str(r.pods),
-            labels.describe_strategy(r.alone.strategy.model_dump()),
+            _layout(r),
             fmt_time(r.alone.step_time_s),
             fmt_time(r.shared.step_time_s),
             f"{r.slowdown:.3f}x",
         )
     return table
+
+
+def _layout(r) -> str:
+    """A job's layout in a few words: its parallel degrees, ZeRO stage and algorithm."""
+    s, layout = r.alone.strategy, r.alone.layout or {}
+    degrees = f"tp {s.tp} pp {s.pp} dp {layout.get('dp', '?')}" + (
+        f" cp {s.cp}" if s.cp > 1 else ""
+    )
+    return f"{degrees}, zero {s.zero}, {s.algorithm}"

@@ -95,3 +95,23 @@ def gpus_of_nodes(cluster: Cluster, nodes: np.ndarray) -> np.ndarray:
     """The GPUs of the given nodes, node by node."""
     g = cluster.gpus_per_node
     return (np.asarray(nodes)[:, None] * g + np.arange(g)).ravel()
+
+
+LEVELS = ("node", "rack", "pod", "fabric")  # "fabric": across pods, through the top tier
+
+
+def group_level(cluster: Cluster, groups: np.ndarray) -> str:
+    """The highest level of the fabric any group (a row of GPUs) spans: all in one node,
+    under one leaf (rack), in one pod, or across pods (through the aggregation tier, e.g.
+    Meta's 7:1 one)."""
+    groups = np.atleast_2d(groups)
+    node = cluster.node_of(groups)
+    port = node * cluster.nics_per_node
+    for level, where in zip(
+        LEVELS[:3],
+        (node, cluster.leaf_of_nic[port], cluster.pod_of_leaf[cluster.leaf_of_nic[port]]),
+        strict=True,
+    ):
+        if (where == where[:, :1]).all():
+            return level
+    return LEVELS[3]
