@@ -209,7 +209,7 @@ def _compressor(spelling: str) -> str:
 Compression = Annotated[str, AfterValidator(_compressor)]
 # the data-parallel all-reduce: auto (the fastest), nccl (NCCL's pick) or a registered one
 Algorithm = Literal[("auto", "nccl", *ALGORITHMS["all-reduce"])]  # type: ignore[valid-type]
-Placement = Literal["blocked", "interleaved", "topology-aware"]
+Placement = Literal["blocked", "interleaved", "topology-aware", "dp-outer"]
 GradDtype = Literal["fp32", "fp16", "bf16"]
 
 

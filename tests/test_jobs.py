@@ -133,3 +133,24 @@ def test_group_levels():
     assert group_level(c, np.array([[0, 2]])) == "rack"
     assert group_level(c, np.array([[0, 6]])) == "pod"
     assert group_level(c, np.array([[0, 1], [0, 8]])) == "fabric"
+
+
+def test_dp_outer_puts_the_replicas_across_pods():
+    from commsim.step.groups import Groups
+    from commsim.topology.placement import PLACEMENTS, group_level
+
+    # 4 pods of 4 nodes of 2 GPUs; tp 2, pp 4, dp 4: Megatron's order puts each pipeline
+    # stage (4 nodes) in one pod, so pipelines cross pods; dp-outer puts each pipeline in
+    # one pod and the replicas across pods
+    c = make_cluster(nodes=16, gpus_per_node=2, tiers=3, leaves_per_pod=2)
+    g = Groups(c, 32)
+    levels = {}
+    for kind in ("blocked", "dp-outer"):
+        grid = g._ranks(PLACEMENTS.index(kind), 2, 1, 4, 4)
+        levels[kind] = (
+            group_level(c, grid.transpose(0, 2, 3, 1).reshape(-1, 4)),  # dp
+            group_level(c, grid.transpose(1, 2, 3, 0).reshape(-1, 4)),  # pp
+        )
+    assert levels == {"blocked": ("pod", "fabric"), "dp-outer": ("fabric", "pod")}
+    dp = g.members(PLACEMENTS.index("dp-outer"), "dp", 2, 4, 4)
+    assert sorted(dp.ravel().tolist()) == list(range(32))

@@ -29,7 +29,7 @@ AlgorithmOpt = Annotated[
     ),
 ]
 PlacementOpt = Annotated[
-    str | None, typer.Option(help="Rank placement: blocked, interleaved, topology-aware.")
+    str | None, typer.Option(help="Rank placement: blocked, interleaved, topology-aware, dp-outer.")
 ]
 OverlapOpt = Annotated[
     bool | None, typer.Option("--overlap/--no-overlap", help="Overlap all-reduce with backward.")

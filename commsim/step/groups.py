@@ -22,7 +22,7 @@ from commsim.collectives.algorithms import pipelined
 from commsim.collectives.group import GroupCost
 from commsim.step.layouts import ALGORITHMS, Layouts
 from commsim.topology.build import Cluster
-from commsim.topology.placement import PLACEMENTS, place
+from commsim.topology.placement import PLACEMENTS, place, rank_grid
 from commsim.topology.routing import step_time
 
 # tensor, context, data (with cp), expert, expert-data, hybrid-shard and replica groups
@@ -48,7 +48,8 @@ class Groups:
 
     def _ranks(self, placement: int, tp: int, cp: int, dp: int, pp: int) -> np.ndarray:
         """GPU of each rank as [stage, data-parallel, context-parallel, tensor-parallel]."""
-        return self.orders[PLACEMENTS[placement]].reshape(pp, dp, cp, tp)
+        kind = PLACEMENTS[placement]
+        return rank_grid(self.orders[kind], kind, tp, cp, dp, pp)
 
     def members(self, placement, kind, tp, dp, pp, ep=1, cp=1, shard=1) -> np.ndarray:
         """GPUs of every group of one kind, a row each (see the module docstring)."""

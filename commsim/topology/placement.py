@@ -11,8 +11,11 @@ import numpy as np
 
 from commsim.topology.build import Cluster
 
-PLACEMENTS = ("blocked", "interleaved", "topology-aware")
-PLACEMENT_KINDS = ("blocked", "interleaved")  # the placements hybrid layouts take
+FLAT_PLACEMENTS = ("blocked", "interleaved", "topology-aware")  # orders of one flat group
+# dp-outer: the data-parallel axis outermost (Llama 3's [TP, CP, PP, DP] order, arXiv:2407.21783
+# s3.3.2), so pipeline stages sit side by side in a pod and the replicas span pods
+PLACEMENTS = (*FLAT_PLACEMENTS, "dp-outer")
+PLACEMENT_KINDS = ("blocked", "interleaved", "dp-outer")  # the placements hybrid layouts take
 ALLOCATIONS = ("packed", "random", "fragmented")
 
 
@@ -36,7 +39,7 @@ def place(cluster: Cluster, n_ranks: int, kind: str) -> np.ndarray:
       each rack boundary once; equal to blocked when the nodes are already in rack order.
     """
     gpus = job_gpus(cluster, n_ranks)
-    if kind == "blocked":
+    if kind in ("blocked", "dp-outer"):  # dp-outer reorders the axes (rank_grid), not GPUs
         return gpus
     node = cluster.node_of(gpus)
     rack = cluster.rack_of_node[node]
@@ -53,6 +56,17 @@ def place(cluster: Cluster, n_ranks: int, kind: str) -> np.ndarray:
         pod = cluster.pod_of_leaf[cluster.leaf_of_nic[cluster.nic_of(gpus)]]
         return gpus[np.lexsort((local, node, rack, pod))]
     raise ValueError(f"unknown placement {kind!r} (choose from {', '.join(PLACEMENTS)})")
+
+
+def rank_grid(order: np.ndarray, kind: str, tp: int, cp: int, dp: int, pp: int) -> np.ndarray:
+    """GPU of each rank of a hybrid layout as [stage, data-parallel, context, tensor], from
+    the placement's GPU order. Megatron's rank order puts tp fastest, then cp, dp, pp
+    (outermost: the pipeline stages span the most distant GPUs); dp-outer swaps dp and pp,
+    so the replicas span them (tensor parallelism in the node, pipeline across nearby
+    nodes, data parallelism across racks and pods)."""
+    if kind == "dp-outer":
+        return order.reshape(dp, pp, cp, tp).transpose(1, 0, 2, 3)
+    return order.reshape(pp, dp, cp, tp)
 
 
 def pod_of_node(cluster: Cluster) -> np.ndarray:
