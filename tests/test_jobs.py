@@ -154,3 +154,16 @@ def test_dp_outer_puts_the_replicas_across_pods():
     assert levels == {"blocked": ("pod", "fabric"), "dp-outer": ("fabric", "pod")}
     dp = g.members(PLACEMENTS.index("dp-outer"), "dp", 2, 4, 4)
     assert sorted(dp.ravel().tolist()) == list(range(32))
+
+
+def test_plan_searches_the_axis_order():
+    from commsim.planner.search import enumerate_layouts
+    from commsim.scenario import resolve
+    from commsim.specs import Scenario
+    from commsim.topology.placement import PLACEMENTS
+
+    spec = make_spec(nodes=16, tiers=3, leaves_per_pod=2, oversubscription=(1, 7))
+    scenario = Scenario(model="llama3-8b", cluster=spec, gpus=128, global_batch=256, seq_len=2048)
+    layouts = enumerate_layouts(resolve(scenario, check=False), {"tp": 8, "zero": 1})
+    outer = layouts.placement == PLACEMENTS.index("dp-outer")
+    assert outer.any() and (layouts.pp[outer] > 1).all() and (layouts.dp[outer] > 1).all()

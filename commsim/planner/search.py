@@ -25,7 +25,7 @@ from commsim.step.layouts import ALGORITHMS, GRAD_DTYPES, Layouts
 from commsim.step.memory import RECOMPUTE
 from commsim.step.model import StepBreakdown, StepModel
 from commsim.step.shape import Shape, balanced_ends
-from commsim.topology.placement import PLACEMENTS, place
+from commsim.topology.placement import FLAT_PLACEMENTS, PLACEMENTS, place
 
 MICRO_BATCHES = (1, 2, 4, 8)
 EXPERT_PARALLEL = (1, 2, 4, 8)  # searched where they divide the experts and dp
@@ -127,7 +127,7 @@ def distinct_placements(setup: Setup) -> tuple[list[str], dict[str, str]]:
     repeats (on a freshly packed allocation topology-aware is blocked)."""
     orders: dict[str, np.ndarray] = {}
     same: dict[str, str] = {}
-    for p in PLACEMENTS:
+    for p in FLAT_PLACEMENTS:
         order = place(setup.cluster, setup.n_gpus, p)
         twin = next((q for q, o in orders.items() if np.array_equal(o, order)), None)
         if twin:
@@ -163,7 +163,7 @@ def sync_grids(setup: Setup, base: Strategy, pins: dict[str, Any]) -> tuple[list
                 [RECOMPUTE.index(pins["recompute"])] if "recompute" in pins else range(3),
                 _choices(pins, "bucket_mb", BUCKETS_MB),
                 _choices(pins, "algorithm", NCCL_ALGORITHMS),
-                _choices(pins, "placement", ("blocked",)),
+                _choices(pins, "placement", ("blocked", "dp-outer")),
                 overlap,
             )
         ]
@@ -192,6 +192,8 @@ def enumerate_layouts(
                 continue  # plain DDP: the DDP grid below
             if tp == 1 and sync[0] > 0 and sync[3] != first_algorithm:
                 continue  # no all-reduce left (ZeRO's are reduce-scatters): one algorithm
+            if sync[4] == "dp-outer" and (pp == 1 or dp == 1) and "placement" not in pins:
+                continue  # the same grid as blocked
             rows.append(shape + sync)
         if plain and plain_zero:
             rows += [shape + sync for sync in plain_sync]
