@@ -244,21 +244,10 @@ def build_cluster(spec: ClusterSpec, n_gpus: int | None = None, source: str = ""
     to_switch = fab.link_latency + fab.switch_latency
     ports = at.ports_per_node
     n_gpus_all, n_ports = n_nodes * gpn, n_nodes * ports
-    down = np.bincount(at.leaf, minlength=at.n_leaves)
-    uplinks, leaf_up_bw = fabric_shape.leaf_uplinks(spec, int(down.max()))
-    adaptive = fab.routing == "adaptive"
-    spines_per_pod = 1 if adaptive else max(1, min(uplinks, MAX_PARALLEL_SWITCHES))
-    n_pods = at.pods_per_plane * fab.planes
-    three = fab.tiers == 3 and at.pods_per_plane > 1 and uplinks > 0
-    leaf_spine_bw = leaf_up_bw / spines_per_pod
-    link_bw = fab.uplink_bandwidth or node.nics.bandwidth / fab.nic_ports
-    oversub = fab.oversubscription[1] if len(fab.oversubscription) > 1 else 1.0
-    spine_up_bw = at.leaves_per_pod * leaf_spine_bw / oversub
-    cores = 1 if adaptive else min(max(1, math.ceil(spine_up_bw / link_bw)), MAX_PARALLEL_SWITCHES)
-    multi = at.leaves_per_plane > 1 and uplinks > 0
-    counts = [n_gpus_all, n_nodes, n_nodes * nics, at.n_leaves, n_pods * spines_per_pod * multi]
+    t = _tiers(spec, at)
+    counts = [n_gpus_all, n_nodes, n_nodes * nics, at.n_leaves, t.spine_vertices]
     base = np.concatenate([[0], np.cumsum(counts)])  # first vertex id of each kind
-    gpu_v, hub_v, nic_v, leaf_v, spine_v, core_v = base
+    gpu_v, hub_v, nic_v, leaf_v, _, _ = base
 
     book = _EdgeBook()
     g = np.arange(n_gpus_all)
@@ -271,34 +260,8 @@ def build_cluster(spec: ClusterSpec, n_gpus: int | None = None, source: str = ""
     nic_leaf = book.links(
         nic_v + phys_nic, leaf_v + at.leaf, port_bw, fab.kind, to_switch, fab.link_latency
     )
-    pod_of_leaf = at.pod_of_leaf
-    leaf_spine = np.full((at.n_leaves, spines_per_pod, 2), -1, dtype=np.int64)
-    if multi:
-        spine = pod_of_leaf[:, None] * spines_per_pod + np.arange(spines_per_pod)
-        leaf_spine = book.links(
-            leaf_v + np.arange(at.n_leaves)[:, None],
-            spine_v + spine,
-            leaf_spine_bw * factor,
-            fab.kind,
-            to_switch,
-            to_switch,
-        )
-    spine_core = None
-    if three:
-        s = np.arange(n_pods * spines_per_pod)
-        plane = s // (at.pods_per_plane * spines_per_pod)
-        core = plane[:, None] * cores + np.arange(cores)
-        spine_core = book.links(
-            spine_v + s[:, None],
-            core_v + core,
-            spine_up_bw / cores * factor,
-            fab.kind,
-            to_switch,
-            to_switch,
-        )
-        base = np.append(base, core_v + fab.planes * cores)
-    else:
-        base = np.append(base, core_v)
+    leaf_spine, spine_core = _switch_links(book, spec, at, t, base)
+    base = np.append(base, base[-1] + (fab.planes * t.cores if spine_core is not None else 0))
     ends, capacity, latency, kind = book.arrays()
     _check_connected(ends, int(base[-1]), where)
     return Cluster(
@@ -314,9 +277,9 @@ def build_cluster(spec: ClusterSpec, n_gpus: int | None = None, source: str = ""
         leaf_of_nic=at.leaf,
         port_of_nic=at.position,
         leaf_spine=leaf_spine,
-        pod_of_leaf=pod_of_leaf,
+        pod_of_leaf=at.pod_of_leaf,
         spine_core=spine_core,
-        spines_per_pod=spines_per_pod,
+        spines_per_pod=t.spines_per_pod,
         rack_of_node=np.arange(n_nodes) // fab.nodes_per_leaf,
         ports_per_nic=fab.nic_ports,
         planes=fab.planes,
@@ -326,6 +289,74 @@ def build_cluster(spec: ClusterSpec, n_gpus: int | None = None, source: str = ""
         link_kinds=tuple(book.link_kinds),
         vertex_base=base[:-1],
     )
+
+
+@dataclass(frozen=True)
+class _Tiers:
+    """The logical switch tiers: spines per pod and cores per plane as the graph has them
+    (parallel switches merged past MAX_PARALLEL_SWITCHES, one bundle each under adaptive
+    routing) and the capacity of each edge between them."""
+
+    spines_per_pod: int
+    leaf_spine_bw: float
+    cores: int
+    spine_core_bw: float
+    multi: bool  # several leaves in a plane: spines exist
+    three: bool  # several pods in a plane: cores exist
+    spine_vertices: int
+
+
+def _tiers(spec: ClusterSpec, at: fabric_shape.Attachment) -> _Tiers:
+    """A leaf's uplink capacity is its downlink capacity / oversubscription, spread over as
+    many spines as it has uplink ports; a spine's likewise over the cores."""
+    fab = spec.fabric
+    uplinks, leaf_up_bw = fabric_shape.leaf_uplinks(spec, int(np.bincount(at.leaf).max()))
+    adaptive = fab.routing == "adaptive"
+    spines = 1 if adaptive else max(1, min(uplinks, MAX_PARALLEL_SWITCHES))
+    leaf_spine_bw = leaf_up_bw / spines
+    link_bw = fab.uplink_bandwidth or spec.node.nics.bandwidth / fab.nic_ports
+    oversub = fab.oversubscription[1] if len(fab.oversubscription) > 1 else 1.0
+    spine_up_bw = at.leaves_per_pod * leaf_spine_bw / oversub
+    cores = 1 if adaptive else min(max(1, math.ceil(spine_up_bw / link_bw)), MAX_PARALLEL_SWITCHES)
+    multi = at.leaves_per_plane > 1 and uplinks > 0
+    three = fab.tiers == 3 and at.pods_per_plane > 1 and uplinks > 0
+    n_pods = at.pods_per_plane * fab.planes
+    return _Tiers(
+        spines, leaf_spine_bw, cores, spine_up_bw / cores, multi, three, n_pods * spines * multi
+    )
+
+
+def _switch_links(book: _EdgeBook, spec: ClusterSpec, at, t: _Tiers, base: np.ndarray):
+    """Leaf-spine links (every leaf to each spine of its pod) and spine-core links (every
+    spine to each core of its plane), at the fabric's effective throughput."""
+    fab = spec.fabric
+    factor = fabric_shape.throughput(spec)
+    to_switch = fab.link_latency + fab.switch_latency
+    leaf_v, spine_v, core_v = base[3], base[4], base[5]
+    leaf_spine = np.full((at.n_leaves, t.spines_per_pod, 2), -1, dtype=np.int64)
+    if t.multi:
+        spine = at.pod_of_leaf[:, None] * t.spines_per_pod + np.arange(t.spines_per_pod)
+        leaf_spine = book.links(
+            leaf_v + np.arange(at.n_leaves)[:, None],
+            spine_v + spine,
+            t.leaf_spine_bw * factor,
+            fab.kind,
+            to_switch,
+            to_switch,
+        )
+    if not t.three:
+        return leaf_spine, None
+    s = np.arange(at.pods_per_plane * fab.planes * t.spines_per_pod)
+    plane = s // (at.pods_per_plane * t.spines_per_pod)
+    spine_core = book.links(
+        spine_v + s[:, None],
+        core_v + plane[:, None] * t.cores + np.arange(t.cores),
+        t.spine_core_bw * factor,
+        fab.kind,
+        to_switch,
+        to_switch,
+    )
+    return leaf_spine, spine_core
 
 
 def _check_connected(ends: np.ndarray, n_vertices: int, where: str) -> None:
