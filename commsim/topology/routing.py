@@ -37,6 +37,17 @@ def _owner_gpu(cluster: Cluster, port: np.ndarray) -> np.ndarray:
     return node * gpn + (nic * gpn + nics - 1) // nics
 
 
+def _same_plane(cluster: Cluster, nic_s: np.ndarray, nic_d: np.ndarray) -> np.ndarray:
+    """The far port a flow arrives on: nic_d, or where it is in another plane (planes meet
+    only inside nodes) the far node's port of nic_s's plane, the hop to the GPU then over
+    NVLink (PXN on the far side, as DeepSeek's multi-plane network crosses planes)."""
+    if cluster.planes == 1:
+        return nic_d
+    nics = cluster.nics_per_node
+    other = cluster.plane_of(nic_s) != cluster.plane_of(nic_d)
+    return np.where(other, nic_d - nic_d % nics + nic_s % nics, nic_d)
+
+
 def routes(
     cluster: Cluster, src: np.ndarray, dst: np.ndarray, rail: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -77,10 +88,7 @@ def routes(
     pinned = rail >= 0
     home_s, home_d = cluster.nic_of(src), cluster.nic_of(dst)
     nic_s = np.where(pinned, node_s * nics + rail % nics, home_s)
-    nic_d = np.where(pinned, node_d * nics + rail % nics, home_d)
-    if cluster.planes > 1:  # planes meet only inside nodes: cross on the far side (PXN)
-        other = cluster.plane_of(nic_s) != cluster.plane_of(nic_d)
-        nic_d = np.where(other, node_d * nics + nic_s % nics, nic_d)
+    nic_d = _same_plane(cluster, nic_s, np.where(pinned, node_d * nics + rail % nics, home_d))
     own_s = np.where(nic_s == home_s, src, _owner_gpu(cluster, nic_s))
     own_d = np.where(nic_d == home_d, dst, _owner_gpu(cluster, nic_d))
     hop_s = inter & (own_s != src)
