@@ -166,6 +166,7 @@ def reduce(cluster: Cluster, src, dst, rail, shape, paths) -> Reduction | None:
     order = np.argsort(tag)
     keys = tag[order]
     hop = paths >= 0
+    length = hop.sum(axis=1)
     used = _used(paths, cluster.capacity.size)
     flow_pairs, link_pairs, shifted = [], [], []
     for t, move in _moves(cluster):
@@ -173,7 +174,9 @@ def reduce(cluster: Cluster, src, dst, rail, shape, paths) -> Reduction | None:
             continue  # a multiple of an accepted shift: already in the group
         target = _keys(*move(src, dst, rail), width, ports) * _SPAN + rest
         image = _flow_map(keys, order, shape, target)
-        sigma = None if image is None else _link_map(paths, hop, used, image, cluster.capacity)
+        if image is None or (length[image] != length).any():
+            continue  # not the step's flows, or routes of other lengths: no link map
+        sigma = _link_map(paths, hop, used, image, cluster.capacity)
         if sigma is None:
             continue
         shifted += [t] if t else []
