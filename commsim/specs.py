@@ -110,17 +110,25 @@ class NodeSpec(Spec):
 
 
 class FabricSpec(Spec):
-    """The network between nodes: a 2- or 3-tier Clos with oversubscription per tier."""
+    """The network between nodes: a 2- or 3-tier Clos with over- (> 1) or under-subscription
+    (< 1) per tier, in one or several independent planes (topology.build)."""
 
     kind: Literal["infiniband", "roce", "ethernet"]
     tiers: Literal[2, 3] = 2
     nodes_per_leaf: int = Field(ge=1)  # rail-optimised: nodes per scalable unit (one leaf a rail)
     leaves_per_pod: int = Field(default=8, ge=1)  # 3-tier only: leaves under one pod's spines
-    oversubscription: list[Annotated[float, Field(ge=1.0)]] = [1.0, 1.0]  # leaf, spine
+    # down / up bandwidth of a leaf, then of a spine: 7.0 is 7:1 over, 0.5 is 2:1 under
+    oversubscription: list[Annotated[float, Field(gt=0.0)]] = [1.0, 1.0]
     uplinks_per_leaf: int | None = Field(default=None, ge=0)  # ports; default from oversubscription
+    uplink_bandwidth: Rate | None = None  # a switch-to-switch link (default: a NIC port's)
     link_latency: Latency = "100ns"  # cable + serialisation, per hop
     switch_latency: Latency = "200ns"  # per switch traversal
-    routing: Literal["balanced", "hash"] = "balanced"
+    # balanced: destination-mod-k (InfiniBand); hash: static ECMP by flow hash, collisions and
+    # all; adaptive: adaptive routing / packet spraying, every uplink evenly loaded
+    routing: Literal["balanced", "hash", "adaptive"] = "balanced"
+    throughput: float | None = Field(default=None, gt=0, le=1)  # effective; None: the routing's
+    planes: int = Field(default=1, ge=1)  # independent fabrics; NIC port p is in plane p % planes
+    nic_ports: int = Field(default=1, ge=1)  # ports per NIC, each to its own ToR (dual-ToR: 2)
     # in-network reduction NCCL can use (CollNet: InfiniBand SHARP through the
     # nccl-rdma-sharp-plugins, NCCL_COLLNET_ENABLE=1); enables CollNetDirect/Chain and
     # multi-node NVLS in NCCL's tuner

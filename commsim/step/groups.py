@@ -22,7 +22,7 @@ from commsim.collectives.algorithms import ALGORITHMS as OP_ALGORITHMS
 from commsim.collectives.group import GroupCost
 from commsim.step.layouts import ALGORITHMS, RANK_ORDERS, Layouts
 from commsim.topology.build import Cluster
-from commsim.topology.placement import PLACEMENTS, place
+from commsim.topology.placement import PLACEMENTS, place, rank_grid
 from commsim.topology.routing import step_time
 
 # tensor, context, data (with cp), expert, expert-data, hybrid-shard and replica groups
@@ -49,9 +49,7 @@ class Groups:
     def _ranks(self, placement: int, tp: int, cp: int, dp: int, pp: int, order=0) -> np.ndarray:
         """GPU of each rank as [stage, data-parallel, context-parallel, tensor-parallel]."""
         gpus = self.orders[PLACEMENTS[placement]]
-        if RANK_ORDERS[order] == "tp-cp-ep-pp-dp":
-            return gpus.reshape(dp, pp, cp, tp).transpose(1, 0, 2, 3)
-        return gpus.reshape(pp, dp, cp, tp)
+        return rank_grid(gpus, RANK_ORDERS[order], tp, cp, dp, pp)
 
     def members(self, placement, kind, tp, dp, pp, ep=1, cp=1, shard=1, order=0) -> np.ndarray:
         """GPUs of every group of one kind, a row each (see the module docstring)."""
