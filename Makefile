@@ -25,6 +25,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_closed_form.py
 	$(BIN)/python benchmarks/bench_graph.py
 	$(BIN)/python benchmarks/bench_planner.py
+	$(BIN)/python benchmarks/bench_scale.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -51,8 +51,31 @@ def main() -> None:
     for name, r in rows:
         print(f"  {name:30s} {r:14,.0f} /s  {'ok' if r >= GOAL else 'BELOW GOAL'}")
     print(f"slowest vectorised: {min(r for _, r in rows):,.0f} /s (goal {GOAL:,} /s)")
+    nccl_rows()
     scalar = partial(collective_time, "all-reduce", "ring", 64, 2.0**20, ALPHA, BW)
     print(f"one scalar call (numpy overhead): {rate(scalar, 1, repeats=2000):,.0f} /s")
+
+
+def nccl_rows() -> None:
+    """NCCL's model: its choice and time vectorised over sizes for one communicator (64 and
+    4,096 DGX H100 GPUs), and how many communicators' tables it builds a second."""
+    from commsim import catalog
+    from commsim.collectives.nccl.model import CommModel
+    from commsim.collectives.nccl.tables import tables
+    from commsim.collectives.nccl.topo import Machine
+    from commsim.specs import ClusterSpec, load_spec
+
+    spec = load_spec(ClusterSpec, catalog.topology_path("dgx-h100-ib"))
+    machine, t = Machine.from_spec(spec), tables(spec.nccl.version)
+    sizes = np.ravel(2.0 ** np.linspace(3, 32, N.size * SIZE.size))
+    for ranks, nodes in ((64, 8), (4096, 512)):
+        model = CommModel(machine, t, ranks, nodes)
+        for op in ("all-reduce", "all-gather"):
+            r = rate(partial(model.estimate, op, sizes), sizes.size)
+            print(f"  NCCL {op} choice, {ranks} ranks  {r:14,.0f} /s")
+    shapes = [(8 * k, k) for k in range(1, 129)]
+    build = rate(lambda: [CommModel(machine, t, n, k) for n, k in shapes], len(shapes), 3)
+    print(f"  NCCL tables built: {build:,.0f} communicators /s")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,11 @@ prediction beside the reported figure, like for like:
   counts: tokens    the source reports training tokens per second per GPU; compared with
                     commsim's tokens_per_s / gpus (no FLOP convention involved)
 
-compute_efficiency, the achieved fraction of peak for the matmuls, is the one free
-parameter: one value for every row, read from the YAML (0.6), not fitted per row.
-`--efficiency` overrides it for a sensitivity run; `--scan` prints the single value that
+Compute comes from commsim's roofline (commsim.step.compute: GEMMs at the GPU's measured
+best matmul rate with tile and wave quantization, FlashAttention at its measured rate,
+element-wise work at HBM bandwidth), the default for every catalog GPU: no free parameter.
+The YAML's compute_efficiency (null: the roofline) or `--efficiency E` replaces it with
+FLOPs at one fraction of peak, for a sensitivity run; `--scan` prints the single value that
 would minimise the median error, to show how much of the error a uniform offset explains.
 
 Rows that use a strategy field the installed commsim does not have yet (cp, precision,
@@ -48,7 +50,7 @@ from typing import Any
 
 import yaml
 
-from commsim.report.labels import split_label
+from commsim.report.labels import layout_label
 from commsim.scenario import Setup, resolve
 from commsim.specs import Scenario, SpecError, Strategy, parse_spec
 from commsim.step.predict import predict
@@ -184,14 +186,11 @@ def setup_of(
 
 
 def layout(s: Strategy, dp: int, micro_batch: int, micro_batches: int) -> str:
-    text = f"tp{s.tp} pp{s.pp}{split_label(s.model_dump())} dp{dp}"
-    if s.ep > 1:
-        text += f" ep{s.ep}"
-    if s.interleave > 1:
-        text += f" v{s.interleave}"
-    if s.zero:
-        text += f" z{s.zero}"
-    return text + f" mb{micro_batch}x{micro_batches} {s.recompute}"
+    """The layout as commsim's tables label it, with the micro-batch count and recompute."""
+    doc = {"strategy": s.model_dump(), "layout": {"dp": dp, "micro_batch": micro_batch}}
+    return f"{layout_label(doc)}x{micro_batches} {s.recompute}".replace(" sel ", " ").replace(
+        " ful ", " "
+    )
 
 
 def compare(
@@ -393,7 +392,8 @@ def _kind(r: Row) -> str:
 
 def text_table(rows: list[Row], efficiency: float) -> str:
     out = [
-        f"compute_efficiency = {efficiency:g} for every row; error = (predicted - reported)"
+        ("compute: the roofline" if efficiency is None else f"compute_efficiency = {efficiency:g}")
+        + " for every row; error = (predicted - reported)"
         " / reported, in the unit the source reports (per GPU)",
         f"{'run':<32} {'GPUs':>5}  {'layout':<40} {'kind':<10} {'reported':>9} "
         f"{'predicted':>9} {'HW TF/s':>7} {'MFU':>6} {'error':>7}  step  split of the "

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from commsim.specs import GPUSpec, SpecError, load_spec
 
+# compute_capability is CUDA's sm version (NVIDIA CUDA GPU list: V100 7.0, A100 8.0, H100 and
+# H200 9.0, B200 10.0); NCCL's tuner picks its table rows by it (src/graph/tuning.cc).
 # Peak figures are dense (no structured sparsity) BF16/FP16 tensor-core FLOP/s, HBM size
 # and bandwidth, and NVLink bandwidth per direction (vendors quote the bidirectional sum).
 # Kernel figures: gemm_efficiency is the Maximum Achievable Matmul FLOPS (MAMF, the best
@@ -13,11 +15,15 @@ from commsim.specs import GPUSpec, SpecError, load_spec
 # Learning Engineering" (github.com/stas00/ml-engineering, compute/accelerator/README.md,
 # "Maximum Achievable Matmul FLOPS comparison table", and its H200 -> B200 upgrade guide for
 # H200/B200 and FP8). attention_efficiency is FlashAttention's forward + backward FLOP/s
-# over peak on causal attention with 128-wide heads: FlashAttention-2 reaches 50-73% of the
-# A100's peak (Dao 2023, arXiv:2307.08691); FlashAttention-3 up to 75% of the H100's BF16
-# peak forward, its backward 1.5-1.75x FlashAttention-2's 35% (Shah et al. 2024,
-# arXiv:2407.08608): 0.6 lies in both ranges and is used for both generations.
-_ATTENTION_EFFICIENCY = 0.6
+# over peak on causal attention with 128-wide heads, as the stacks these GPUs train with run
+# it: FlashAttention-2 reaches 50-73% of the A100's peak (Dao 2023, arXiv:2307.08691);
+# on Hopper the same kernel reaches only 35% ("FlashAttention-2 achieves only 35%
+# utilization on H100", Shah et al. 2024, arXiv:2407.08608), and FlashAttention-2 is what
+# PyTorch's SDPA and most 2024 stacks run there (FlashAttention-3 reaches 75% forward but is
+# a separate install). Blackwell has no published measurement in our sources: Hopper's
+# figure is assumed.
+_FA2_AMPERE = 0.6
+_FA2_HOPPER = 0.35
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
@@ -29,6 +35,8 @@ GPUS: dict[str, GPUSpec] = {
             nvlink_bandwidth="150GB/s",
             source="NVIDIA Tesla V100 datasheet (SXM2): 125 TFLOPS tensor, 32 GB, "
             "900 GB/s, NVLink 300 GB/s bidirectional",
+            compute_capability=7.0,
+            nvlink_links=6,  # NVLink 2: 6 links x 25 GB/s per direction (V100 datasheet)
         ),
         GPUSpec(
             name="a100-40gb",
@@ -40,9 +48,11 @@ GPUS: dict[str, GPUSpec] = {
             "NVLink 600 GB/s bidirectional",
             sm_count=108,
             gemm_efficiency=267.9 / 312,
-            attention_efficiency=_ATTENTION_EFFICIENCY,
+            attention_efficiency=_FA2_AMPERE,
             kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
             "A100 SXM 267.9 of 312 TFLOPS (ml-engineering, CUDA 12.1)",
+            compute_capability=8.0,
+            nvlink_links=12,  # NVLink 3: 12 links x 25 GB/s per direction (A100 datasheet)
         ),
         GPUSpec(
             name="a100-80gb",
@@ -54,9 +64,11 @@ GPUS: dict[str, GPUSpec] = {
             "NVLink 600 GB/s bidirectional",
             sm_count=108,
             gemm_efficiency=267.9 / 312,
-            attention_efficiency=_ATTENTION_EFFICIENCY,
+            attention_efficiency=_FA2_AMPERE,
             kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
             "A100 SXM 267.9 of 312 TFLOPS (ml-engineering, CUDA 12.1)",
+            compute_capability=8.0,
+            nvlink_links=12,  # NVLink 3: 12 links (A100 datasheet)
         ),
         GPUSpec(
             name="h100",
@@ -70,10 +82,12 @@ GPUS: dict[str, GPUSpec] = {
             fp8_flops=1979e12,
             gemm_efficiency=792.1 / 989,
             fp8_gemm_efficiency=1453.4 / 1979,
-            attention_efficiency=_ATTENTION_EFFICIENCY,
+            attention_efficiency=_FA2_HOPPER,
             kernel_source="132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5); "
             "MAMF H100 SXM 792.1 of 989 TFLOPS BF16 (ml-engineering, CUDA 12.1); FP8 as the "
             "same die's H200 SXM: 1,453.4 of 1,979",
+            compute_capability=9.0,
+            nvlink_links=18,  # NVLink 4: 18 links x 25 GB/s per direction (H100 datasheet)
         ),
         GPUSpec(
             name="h200",
@@ -87,9 +101,11 @@ GPUS: dict[str, GPUSpec] = {
             fp8_flops=1979e12,
             gemm_efficiency=794.5 / 989,
             fp8_gemm_efficiency=1453.4 / 1979,
-            attention_efficiency=_ATTENTION_EFFICIENCY,
+            attention_efficiency=_FA2_HOPPER,
             kernel_source="132 SMs (GH100, as H100 SXM5); MAMF H100/H200 SXM 794.5 of 989 "
             "TFLOPS BF16 and H200 SXM 1,453.4 of 1,979 FP8 (ml-engineering)",
+            compute_capability=9.0,
+            nvlink_links=18,  # NVLink 4: 18 links (H200 datasheet)
         ),
         GPUSpec(
             name="b200",
@@ -104,9 +120,11 @@ GPUS: dict[str, GPUSpec] = {
             fp8_flops=4500e12,
             gemm_efficiency=1745.0 / 2250,
             fp8_gemm_efficiency=3432.5 / 4500,
-            attention_efficiency=_ATTENTION_EFFICIENCY,
+            attention_efficiency=_FA2_HOPPER,
             kernel_source="148 SMs (NVIDIA Blackwell architecture technical brief, B200); MAMF "
             "B200 SXM 1,745.0 of 2,250 TFLOPS BF16 and 3,432.5 of 4,500 FP8 (ml-engineering)",
+            compute_capability=10.0,
+            nvlink_links=18,  # NVLink 5: 18 links x 50 GB/s per direction (DGX B200 datasheet)
         ),
         GPUSpec(
             name="cpu-host",

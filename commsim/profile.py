@@ -1,9 +1,11 @@
 """A calibration profile: what a fit learnt about one cluster's links and compute.
 
 A Profile holds each link tier's alpha (seconds per message) and bandwidth (bytes/s) with
-95% intervals, the measured compute rate, and the algorithm the backend runs for each op.
-apply_profile writes the tiers into a ClusterSpec, so the graph evaluator predicts with
-them. It is core data: calibration writes it, prediction reads it.
+95% intervals (a gloo fit), or NCCL's model parameters (an NCCL fit: a factor on its
+per-step latencies of each link class, the per-channel bandwidth of its rings, the NCCL
+version measured), the measured compute rate, and the algorithm the backend runs for each
+op. apply_profile writes them into a ClusterSpec, with the profile's backend, so the
+predictions use them. It is core data: calibration writes it, prediction reads it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from commsim.specs import ClusterSpec, Spec, SpecError, load_spec
+from commsim.specs import ClusterSpec, LinkClass, Spec, SpecError, load_spec
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "all-to-all", "send-recv")
 TIERS = ("intra-node", "inter-node", "cross-rack")
@@ -51,6 +53,23 @@ class ComputeFit(Spec):
     points: int = Field(ge=1)
 
 
+class NcclFit(Spec):
+    """NCCL's model fitted to NCCL measurements: the version that ran (its tables price),
+    per link class a factor on NCCL's per-step latencies, the per-channel bandwidth of its
+    rings on one node (intra) and across nodes (inter), each with a 95% interval. `fitted`
+    names what the data determined; `not_fitted` what kept NCCL's own value."""
+
+    version: str
+    latency_scale: dict[LinkClass, float] = {}
+    latency_scale_ci: dict[LinkClass, Interval] = {}
+    channel_bandwidth_intra_Bps: float | None = Field(default=None, gt=0)
+    channel_bandwidth_intra_ci_Bps: Interval | None = None
+    channel_bandwidth_inter_Bps: float | None = Field(default=None, gt=0)
+    channel_bandwidth_inter_ci_Bps: Interval | None = None
+    fitted: list[str] = []
+    not_fitted: list[str] = []
+
+
 class Provenance(Spec):
     """Where a profile came from."""
 
@@ -69,6 +88,7 @@ class Profile(Spec):
     backend: str
     tiers: dict[Tier, TierFit]
     algorithms: dict[Op, str]
+    nccl: NcclFit | None = None
     compute: ComputeFit | None = None
     provenance: Provenance
     notes: list[str] = []
@@ -232,7 +252,8 @@ def apply_tiers(spec: ClusterSpec, tiers: Mapping[str, tuple[float, float]]) -> 
 
 
 def apply_profile(spec: ClusterSpec, profile: Profile, source: str = "profile") -> ClusterSpec:
-    """The cluster with the profile's fitted tiers written into its links.
+    """The cluster with the profile's fitted tiers written into its links, its NCCL fit
+    into `nccl`, and its backend (nccl or gloo) as the cluster's.
 
     A profile fitted on another cluster, or naming a tier this cluster does not have, is a
     SpecError: its numbers describe other links."""
@@ -251,8 +272,22 @@ def apply_profile(spec: ClusterSpec, profile: Profile, source: str = "profile") 
                 f"cluster {spec.name!r} has no {tier} links (it has: {', '.join(have) or 'none'})",
             )
     try:
-        return apply_tiers(
+        spec = apply_tiers(
             spec, {t: (f.alpha_s, f.bandwidth_Bps) for t, f in profile.tiers.items()}
         )
     except ValueError as e:
         raise SpecError(source, "tiers", str(e)) from None
+    update: dict[str, Any] = {}
+    if profile.backend in ("nccl", "gloo"):
+        update["backend"] = profile.backend
+    if profile.nccl is not None:
+        fit = profile.nccl
+        update["nccl"] = spec.nccl.model_copy(
+            update={
+                "version": fit.version,
+                "latency_scale": dict(fit.latency_scale),
+                "channel_bandwidth_intra": fit.channel_bandwidth_intra_Bps,
+                "channel_bandwidth_inter": fit.channel_bandwidth_inter_Bps,
+            }
+        )
+    return spec.model_copy(update=update)

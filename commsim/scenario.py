@@ -19,6 +19,7 @@ from commsim.specs import (
     parse_spec,
     read_yaml,
 )
+from commsim.step.shape import split_problem
 from commsim.topology.build import Cluster, build_cluster
 from commsim.topology.placement import PLACEMENT_KINDS
 from commsim.workload.model import Workload
@@ -193,17 +194,17 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
         )
     if strategy.pp > blocks:
         raise SpecError(src, "strategy.pp", f"{strategy.pp} pipeline stages for {blocks} layers")
-    uneven = strategy.first_stage_layers is not None or strategy.last_stage_layers is not None
-    if uneven:
-        _check_uneven_split(strategy, blocks, src)
-    elif blocks % (strategy.pp * strategy.interleave):
-        raise SpecError(
-            src,
-            "strategy.pp",
-            f"{blocks} layers do not split evenly into "
-            f"pp x interleave = {strategy.pp} x {strategy.interleave} chunks "
-            "(first_stage_layers / last_stage_layers set an uneven split)",
-        )
+    first, last = strategy.first_stage_layers, strategy.last_stage_layers
+    uneven = first is not None or last is not None
+    problem = split_problem(
+        blocks,
+        strategy.pp,
+        strategy.interleave,
+        -1 if first is None else first,
+        -1 if last is None else last,
+    )
+    if problem:
+        raise SpecError(src, "strategy.first_stage_layers" if uneven else "strategy.pp", problem)
     if strategy.interleave > 1 and strategy.pp == 1:
         raise SpecError(src, "strategy.interleave", "interleaving needs pp > 1")
     if strategy.interleave > 1 and setup.micro_batches(strategy) < strategy.pp:
@@ -238,23 +239,6 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
         )
 
 
-def _check_uneven_split(strategy: Strategy, blocks: int, src: str) -> None:
-    """An uneven split as Megatron-core takes it: pp > 1, no interleaving, and the layers
-    the first / last stage do not take split evenly over the other stages."""
-    field = "strategy.first_stage_layers"
-    if strategy.pp == 1 or strategy.interleave > 1:
-        raise SpecError(src, field, "an uneven split needs pp > 1 and interleave 1")
-    ends = [x for x in (strategy.first_stage_layers, strategy.last_stage_layers) if x]
-    rest, others = blocks - sum(ends), strategy.pp - len(ends)
-    if rest < others or (others == 0 and rest) or (others and rest % others):
-        raise SpecError(
-            src,
-            field,
-            f"{blocks} layers minus {' + '.join(map(str, ends))} on the end stages leave "
-            f"{rest} for the other {others} stages: they must split evenly, at least one each",
-        )
-
-
 def _check_kernels(setup: Setup, strategy: Strategy) -> None:
     """FP8 needs a GPU with FP8 tensor cores; overlapping tensor-parallel collectives needs
     a tensor-parallel group; hybrid sharding needs ZeRO-3 and shard groups that divide dp."""
@@ -272,6 +256,13 @@ def _check_kernels(setup: Setup, strategy: Strategy) -> None:
                 "strategy.fsdp_shard",
                 f"{strategy.fsdp_shard} does not divide the data-parallel degree "
                 f"{setup.dp(strategy)}",
+            )
+        if strategy.fsdp_shard % strategy.ep:
+            raise SpecError(
+                src,
+                "strategy.fsdp_shard",
+                f"{strategy.fsdp_shard} is not a multiple of ep = {strategy.ep}: each shard group "
+                "must hold whole expert-parallel groups",
             )
 
 

@@ -111,6 +111,11 @@ class GPUSpec(Spec):
     fp8_gemm_efficiency: float | None = Field(default=None, gt=0, le=1)  # best FP8 GEMM / peak
     attention_efficiency: float | None = Field(default=None, gt=0, le=1)  # FlashAttention / peak
     kernel_source: str = ""  # where the measured kernel figures come from
+    # what NCCL's tuner reads (src/graph/tuning.cc, topo.h): the CUDA compute capability
+    # picks its table rows (Volta 7.x, Ampere 8.x, Hopper 9.x, Blackwell 10.x); NVLink links
+    # per GPU times NCCL's per-link rate for that capability is its NVLink bandwidth
+    compute_capability: float | None = None
+    nvlink_links: int = Field(default=0, ge=0)
 
 
 class NICSpec(Spec):
@@ -132,20 +137,61 @@ class NodeSpec(Spec):
     pcie_bandwidth: Rate = "32GB/s"  # GPU <-> NIC; PCIe 4.0 x16 is 31.5 GB/s per direction
     nics: NICSpec
     rail_optimized: bool = False
+    # the host CPU: NCCL's per-step network overhead is 1 us on Intel, 2 us on AMD hosts, and
+    # its LL bandwidth cap across nodes has a row per vendor (tuning.cc getNetOverhead, llMaxBws)
+    cpu: Literal["intel", "amd", "arm", "power"] = "intel"
+    # NVLink SHARP (in-switch reduction, NCCL's NVLS and NVLSTree): NVSwitch 3 with Hopper or
+    # later GPUs. None: yes on nvswitch nodes of compute capability 9.0 and up
+    nvls: bool | None = None
 
 
 class FabricSpec(Spec):
-    """The network between nodes: a 2- or 3-tier Clos with oversubscription per tier."""
+    """The network between nodes: a 2- or 3-tier Clos with over- (> 1) or under-subscription
+    (< 1) per tier, in one or several independent planes (topology.build)."""
 
     kind: Literal["infiniband", "roce", "ethernet"]
     tiers: Literal[2, 3] = 2
     nodes_per_leaf: int = Field(ge=1)  # rail-optimised: nodes per scalable unit (one leaf a rail)
     leaves_per_pod: int = Field(default=8, ge=1)  # 3-tier only: leaves under one pod's spines
-    oversubscription: list[Annotated[float, Field(ge=1.0)]] = [1.0, 1.0]  # leaf, spine
+    # down / up bandwidth of a leaf, then of a spine: 7.0 is 7:1 over, 0.5 is 2:1 under
+    oversubscription: list[Annotated[float, Field(gt=0.0)]] = [1.0, 1.0]
     uplinks_per_leaf: int | None = Field(default=None, ge=0)  # ports; default from oversubscription
+    uplink_bandwidth: Rate | None = None  # a switch-to-switch link (default: a NIC port's)
     link_latency: Latency = "100ns"  # cable + serialisation, per hop
     switch_latency: Latency = "200ns"  # per switch traversal
-    routing: Literal["balanced", "hash"] = "balanced"
+    # balanced: destination-mod-k (InfiniBand); hash: static ECMP by flow hash, collisions and
+    # all; adaptive: adaptive routing / packet spraying, every uplink evenly loaded
+    routing: Literal["balanced", "hash", "adaptive"] = "balanced"
+    throughput: float | None = Field(default=None, gt=0, le=1)  # effective; None: the routing's
+    planes: int = Field(default=1, ge=1)  # independent fabrics; NIC port p is in plane p % planes
+    nic_ports: int = Field(default=1, ge=1)  # ports per NIC, each to its own ToR (dual-ToR: 2)
+    # in-network reduction NCCL can use (CollNet: InfiniBand SHARP through the
+    # nccl-rdma-sharp-plugins, NCCL_COLLNET_ENABLE=1); enables CollNetDirect/Chain and
+    # multi-node NVLS in NCCL's tuner
+    sharp: bool = False
+
+
+def _nccl_version(v: str) -> str:
+    from commsim.collectives.nccl.tables import tables
+
+    tables(v)  # a ValueError naming the versions encoded for one it cannot read
+    return v
+
+
+NcclVersion = Annotated[str, BeforeValidator(str), AfterValidator(_nccl_version)]
+LinkClass = Literal["nvlink", "pci", "net"]
+
+
+class NcclSpec(Spec):
+    """How NCCL runs on this cluster: the version whose tuning model prices its collectives,
+    and what a calibration fit (commsim calibrate fit on nccl-tests logs) learnt: a factor on
+    NCCL's per-step latencies of each link class, and the per-channel bandwidth of its rings
+    on one node (intra) and across nodes (inter), replacing what its topology search finds."""
+
+    version: NcclVersion = "2.30"
+    latency_scale: dict[LinkClass, Annotated[float, Field(gt=0)]] = {}
+    channel_bandwidth_intra: Rate | None = None
+    channel_bandwidth_inter: Rate | None = None
 
 
 FailureClass = Literal["gpu", "hbm", "nic", "host", "switch", "cable", "software"]
@@ -184,10 +230,20 @@ class ClusterSpec(Spec):
     node: NodeSpec
     fabric: FabricSpec
     reliability: ReliabilitySpec | None = None  # failure rates, repair, storage (optional)
+    # what runs the collectives: NCCL (its tuner's algorithm, protocol and cost model, the
+    # graph capping its bandwidth) or gloo (commsim's schedules on the graph). None: nccl on
+    # GPUs, gloo on the CPU testbed (gpu: cpu-host). A calibration profile's backend wins.
+    backend: Literal["nccl", "gloo"] | None = None
+    nccl: NcclSpec = NcclSpec()
 
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.node.gpus_per_node
+
+    @property
+    def comm_backend(self) -> str:
+        """The backend that runs the collectives (see `backend`)."""
+        return self.backend or ("gloo" if self.node.gpu == "cpu-host" else "nccl")
 
 
 class LayerSpec(Spec):
@@ -229,6 +285,7 @@ class ModelSpec(Spec):
     moe_ffn_hidden: int | None = Field(default=None, ge=1)  # an expert's width (ffn_hidden)
     shared_experts: int = Field(default=0, ge=0)  # always-on experts (DeepSeekMoE)
     dense_layers: int = Field(default=0, ge=0)  # the first blocks keep a dense MLP
+    dropout: bool | None = None  # trains with dropout (None: GPT/BERT-style yes, gated no)
     custom_layers: list[LayerSpec] = []
 
 
@@ -244,6 +301,10 @@ Compression = Annotated[str, AfterValidator(_compressor)]
 Algorithm = Literal[("auto", "nccl", *ALGORITHMS["all-reduce"])]  # type: ignore[valid-type]
 Placement = Literal["blocked", "interleaved", "topology-aware"]
 GradDtype = Literal["fp32", "fp16", "bf16"]
+# rank order, fastest-varying first: Megatron-core's default, or pipeline inside data
+# parallelism (Megatron-LM's --use-tp-pp-dp-mapping; Llama 3's [TP, CP, PP, DP], arXiv:2407.21783
+# Sec. 3.3.2, so that data parallelism, not the pipeline, crosses the pods)
+RankOrder = Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"]
 
 
 class Strategy(Spec):
@@ -277,6 +338,7 @@ class Strategy(Spec):
     flash_attention: bool = True  # fused attention: no s x s scores kept, causal half computed
     tp_overlap: bool = False  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
     fsdp_shard: int | None = Field(default=None, ge=1)  # hybrid sharding: ZeRO-3 groups (HSDP)
+    order: RankOrder = "tp-cp-ep-dp-pp"  # how ranks map to GPUs, fastest-varying first
 
     @property
     def split_layers(self) -> tuple[int, int]:

@@ -143,9 +143,10 @@ def fmt_time(t: float) -> str:
     return "< 1 ns" if t > 0 else "> -1 ns"
 
 
-def fmt_duration(t: float) -> str:
-    """A long span in the unit a person plans in: 41.3 days, 9.6 h, 12 min, or fmt_time's."""
-    for unit, scale in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+def fmt_duration(t: float, days: str = "days") -> str:
+    """A long span in the unit a person plans in: 41.3 days, 9.6 h, 12 min, or fmt_time's;
+    `days` spells the day ("d" where a table is narrow)."""
+    for unit, scale in ((days, 86400.0), ("h", 3600.0), ("min", 60.0)):
         if abs(t) >= scale:
             v = t / scale
             return f"{v:,.0f} {unit}" if abs(v) >= 100 else f"{v:.3g} {unit}"

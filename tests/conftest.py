@@ -21,12 +21,16 @@ def make_spec(
     leaves_per_pod: int = 8,
     rail_optimized: bool = False,
     routing: str = "balanced",
+    backend: str = "gloo",
     **fabric_extra,
 ) -> ClusterSpec:
-    """A cluster spec with round numbers, for hand-computed expectations."""
+    """A cluster spec with round numbers, for hand-computed expectations: by default its
+    collectives run commsim's schedules on the graph (backend gloo), which the hand
+    computations follow; backend="nccl" prices them with NCCL's model."""
     return ClusterSpec.model_validate(
         {
             "name": "test",
+            "backend": backend,
             "nodes": nodes,
             "node": {
                 "gpu": "a100-80gb",

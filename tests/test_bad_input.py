@@ -111,7 +111,11 @@ def test_petabyte_sizes_in_both_spellings():
         (("plan", "--top", "-1"), "--top -1: show at least 1 row"),
         (("plan", "--fsdp", "--zero", "1"), "--fsdp: is ZeRO-3, but --zero 1 is given"),
         (("predict", "--fsdp", "--zero", "1"), "--fsdp: is ZeRO-3, but --zero 1 is given"),
-        (("plan", "--gpus", "64:128", "--tp", "2", "--tokens", "1e9"), "--tp: cluster sizing"),
+        (
+            ("plan", "--gpus", "64:128", "--deepspeed", "ds.json", "--tokens", "1e9"),
+            "--deepspeed: not in cluster sizing",
+        ),
+        (("plan", "--checkpoint-interval", "1h"), "--checkpoint-interval: failures and goodput"),
         (("collective", "all-reduce", "--algorithm", "magic"), "--algorithm magic: all-reduce has"),
         (("predict", "--error-feedback"), "--error-feedback: keeps what a lossy compressor"),
         (("predict", "--zero", "3", "--bucket-mb", "50"), "--bucket-mb 50.0: ZeRO-3/FSDP"),
@@ -191,16 +195,17 @@ def test_a_plot_goes_where_it_is_said_to(tmp_path):
 
 
 def test_a_gpu_the_catalog_lacks_comes_from_yaml(tmp_path):
-    gpu = tmp_path / "mi300x.yaml"
+    gpu = tmp_path / "gb200.yaml"
     gpu.write_text(
-        "name: mi300x\npeak_flops: 1.3074e15\nhbm_bytes: 192GB\nhbm_bandwidth: 5.3TB/s\n"
-        "nvlink_bandwidth: 64GB/s\nsource: AMD Instinct MI300X datasheet\n"
+        "name: gb200\npeak_flops: 2.5e15\nhbm_bytes: 186GB\nhbm_bandwidth: 8TB/s\n"
+        "nvlink_bandwidth: 900GB/s\ncompute_capability: 10.0\nnvlink_links: 18\n"
+        "source: NVIDIA GB200 NVL72 datasheet, per GPU\n"
     )
     path = _cluster(tmp_path, gpu=str(gpu))
     result = run("predict", "--cluster", path, "--gpus", "32", "--global-batch", "512", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["memory"]["usable_bytes"] == pytest.approx(0.9 * 192e9)
+    assert doc["memory"]["usable_bytes"] == pytest.approx(0.9 * 186e9)
     refused(
         "predict",
         "--cluster",

@@ -55,7 +55,7 @@ def test_hierarchical_on_a_single_nic_node():
     # Its real gain is latency: 2(M-1) inter-node steps instead of 2(N-1).
     spec = load_spec(ClusterSpec, catalog.topology_path("ethernet-10g"))
     c = build_cluster(spec, 64)
-    cost = GroupCost(c, place(c, 64, "blocked"))
+    cost = GroupCost(c, place(c, 64, "blocked"), backend="gloo")  # the graph's schedules
     ratio = _bandwidth_term(cost, "hierarchical") / _bandwidth_term(cost, "ring")
     assert ratio == pytest.approx((7 / 4) / (63 / 32), rel=0.01)
     small = cost.time("all-reduce", "hierarchical", 8.0) / cost.time("all-reduce", "ring", 8.0)
@@ -69,7 +69,7 @@ def test_parameter_server_is_not_the_fastest_small_all_reduce_at_64_gpus():
     # Before endpoint serialisation it cost one alpha per step (4.6 us) and won auto.
     spec = load_spec(ClusterSpec, catalog.topology_path("dgx-h100-ib"))
     c = build_cluster(spec, 64)
-    cost = GroupCost(c, place(c, 64, "blocked"))
+    cost = GroupCost(c, place(c, 64, "blocked"), backend="gloo")  # the graph's schedules
     t = {a: float(cost.time("all-reduce", a, 8.0)[0]) for a in cost.algorithms("all-reduce")}
     assert t["ps"] == pytest.approx(2 * (2.3e-6 + 62e-6), rel=1e-4)
     assert max(t["rhd"], t["tree"], t["hierarchical"]) < t["ps"]
@@ -157,14 +157,14 @@ def test_node_structure_is_read_off_the_placement():
     assert partial.gpus_per_node == 4 and "hierarchical" not in partial.algorithms("all-reduce")
 
 
-def test_nccl_runs_its_tuners_pick_priced_on_the_graph():
-    # 8 DGX H100 nodes: NCCL's tuner (select.nccl_like_choice, fed the graph's ring busbw)
-    # picks tree for small sizes and ring for the largest; each size costs what the graph
-    # gives the picked algorithm
+def test_gloo_backends_nccl_choice_is_the_ring_or_tree_pick_priced_on_the_graph():
+    # under gloo, --algorithm nccl keeps the Simple-protocol ring-or-tree pick
+    # (nccl.nccl_like_choice, fed the graph's ring busbw) on 8 DGX H100 nodes: tree for small
+    # sizes and ring for the largest; each size costs what the graph gives the pick
     from commsim.collectives.nccl import nccl_like_choice
 
     spec = load_spec(ClusterSpec, catalog.topology_path("dgx-h100-ib"))
-    c = build_cluster(spec, 64)
+    c = build_cluster(spec.model_copy(update={"backend": "gloo"}), 64)
     cost = GroupCost(c, place(c, 64, "blocked"))
     sizes = 2.0 ** np.arange(3, 33, 3)
     times, names = cost.time_and_choice("all-reduce", "nccl", sizes)

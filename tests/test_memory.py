@@ -1,11 +1,13 @@
 """Memory per GPU against hand-computed cases: ZeRO's model states, Korthikanti's activations,
 pipeline in-flight counts, buffers; the batch variant against the scalar one."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from commsim.catalog import gpu
-from commsim.specs import LayerSpec, ModelSpec
+from commsim.specs import LayerSpec, ModelSpec, SpecError
 from commsim.step.memory import (
     ACTIVATION_BYTES_PER_FLOP,
     MIB,
@@ -266,3 +268,40 @@ def test_expert_parameters_divide_over_ep():
     )
     with pytest.raises(ValueError, match="ep"):
         memory_per_gpu(w, ParallelLayout(dp=4, ep=8))
+
+
+def test_activation_widths_follow_the_architecture():
+    from commsim.step.memory import ActivationWidths
+    from commsim.workload.presets import build_workload
+
+    def widths(name):
+        w = ActivationWidths.of(build_workload(name).arch)
+        return (w.replicated, w.split, w.scores)
+
+    # GPT (4h MLP, MHA, dropout): Korthikanti's 10 + 24/t and 5as/h
+    assert widths("gpt3-175b") == pytest.approx((10.0, 24.0, 5.0))
+    # Llama 3 8B: no dropout; Q 4096, K and V 1024 (GQA), output 4096; SwiGLU 14336 kept
+    # as gate, up and product: (2 (4096 + 1024 + 1024 + 4096) + 6 x 14336) / 4096 = 26
+    assert widths("llama3-8b") == pytest.approx((8.0, 26.0, 2.0))
+    # Mixtral: each of top-2 x 1.25 routed copies keeps the expert's inside and its input
+    moe = (2 * (4096 + 1024 + 1024 + 4096) + 2.5 * 6 * 14336 + 1.5 * 2 * 4096) / 4096
+    assert widths("mixtral-8x7b") == pytest.approx((8.0, moe, 2.0))
+
+
+def test_a_hf_config_with_dropout_keeps_its_masks(tmp_path):
+    import json
+
+    from commsim.workload.hf import read_config
+
+    gpt2 = read_config("tests/data/hf/gpt2-xl/config.json")
+    llama = read_config("tests/data/hf/meta-llama-3-8b/config.json")
+    assert gpt2.dropout is True and llama.dropout is False
+    bad = tmp_path / "config.json"
+    bad.write_text(
+        json.dumps(
+            json.loads(Path("tests/data/hf/meta-llama-3-8b/config.json").read_text())
+            | {"attention_dropout": 2}
+        )
+    )
+    with pytest.raises(SpecError, match="attention_dropout: expected a probability"):
+        read_config(bad)

@@ -87,11 +87,10 @@ def test_piped_output_honours_columns():
     assert _width(narrow) <= 120 < _width(wide) <= 200  # the story line fills the page
 
 
-def test_plan_rows_never_wrap_and_merge_when_nothing_differs():
+def test_plan_rows_never_wrap():
     text = run("plan", "--top", "8").output
     body = [line for line in text.splitlines() if line.startswith("│")]
     assert len(body) == 8  # one line a row
-    assert "25|200" in text  # ZeRO-3 does not use DDP buckets: one row, not two
     assert "every row: " in text and "algorithm ring" in text
 
 
@@ -111,6 +110,34 @@ def test_merge_rows_by_hand():
         "their groups; 50 ranked, 1 of them merged into rows with the very same figures; "
         "the best 2 shown"
     )
+
+
+def test_rows_apart_in_a_layout_field_are_never_merged():
+    """Rows merge only when they differ in the settings the table lists as alternatives
+    (algorithm, bucket, overlap, placement, compression): a rank order, context parallelism,
+    hybrid sharding, precision, TP overlap or FlashAttention keeps them apart even when the
+    figures agree."""
+    layout = {"dp": 4, "micro_batch": 1, "micro_batches": 2}
+    figures = {"step_time_s": 1.0, "exposed_comm_s": 0.1, "comm_s": 0.2, "mfu": 0.4}
+
+    def doc(**fields):
+        strategy = Strategy(tp=2, pp=2, zero=3, **fields).model_dump()
+        return {"strategy": strategy, "layout": layout, "memory": {"total_bytes": 1e9}} | figures
+
+    base = doc()
+    for other in (
+        doc(order="tp-cp-ep-pp-dp"),
+        doc(fsdp_shard=2),
+        doc(precision="fp8"),
+        doc(tp_overlap=True),
+        doc(flash_attention=False),
+        doc(cp=2),
+    ):
+        assert [r["merged"] for r in ranking.merge_rows([base, other])] == [1, 1], other
+    assert [r["merged"] for r in ranking.merge_rows([base, doc(bucket_mb=200)])] == [2]
+    rows = ranking.merge_rows([base, doc(tp_overlap=True)])
+    table, same = ranking.plan_table("t", rows, 2)
+    assert "tp overlap" in [c.header for c in table.columns]  # the rows say how they differ
 
 
 def test_titles_say_what_ran():

@@ -18,7 +18,7 @@ from commsim.specs import ModelSpec
 from commsim.step.layouts import GRAD_DTYPES, Layouts
 from commsim.step.model import StepModel
 from commsim.step.predict import predict
-from commsim.step.shape import Shape, balanced_ends, stage_layers
+from commsim.step.shape import Shape, balanced_ends, split_problem, stage_layers
 from commsim.workload.presets import build_workload
 
 # A small GPT: 8 layers, h = 512, 8 heads, sequence 256, vocabulary 1000.
@@ -151,10 +151,10 @@ def test_interleaved_placement_hurts_tensor_parallelism():
             "needs at least 4 per step, this layout has 2",
         ),
         (("--pp", "4", "--first-stage-layers", "10"), "leave 38 for the other 3 stages"),
-        (("--first-stage-layers", "10"), "an uneven split needs pp > 1 and interleave 1"),
+        (("--first-stage-layers", "10"), "an uneven split needs pp > 1"),
         (
-            ("--pp", "4", "--interleave", "2", "--first-stage-layers", "12"),
-            "an uneven split needs pp > 1 and interleave 1",
+            ("--pp", "4", "--interleave", "4", "--first-stage-layers", "18"),
+            "the other stages' 10 layers each do not split into interleave = 4 equal chunks",
         ),
     ],
 )
@@ -331,16 +331,47 @@ def test_search_offers_the_balanced_split_where_layers_do_not_divide():
     assert json.loads(result.output)["strategy"]["first_stage_layers"] == first
 
 
-def test_auto_takes_the_fastest_algorithm_of_every_collective():
-    # auto picks, for every collective and size, the fastest algorithm its group can run:
-    # never slower than any one algorithm for all of them; nccl picks as NCCL's tuner does
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_auto_takes_the_fastest_algorithm_of_every_collective(backend):
+    # under gloo auto picks, for every collective and size, the fastest algorithm its group
+    # can run: never slower than any one algorithm for all of them; nccl picks as NCCL's
+    # tuner does. Under NCCL auto is NCCL's own choice among all its algorithms and
+    # protocols: the same as nccl, and (the fabric uncongested) never slower than its Ring
+    # or its Tree alone
+    from commsim import whatif
+
     kw = {"model": "gpt3-175b", "cluster": "dgx-a100-ib", "gpus": 256, "global_batch": 512}
     kw |= {"seq_len": 2048, "tp": 8, "pp": 8, "recompute": "full"}
     steps = {}
     for alg in ("ring", "tree", "rhd", "auto", "nccl"):
         sc, src = load_scenario(None, kw | {"algorithm": alg})
-        p = predict(resolve(sc, src))
+        p = predict(resolve(whatif.change(sc, {"cluster.backend": backend}), src))
         assert p.strategy.algorithm == alg
         steps[alg] = p.step_time_s
-    assert steps["auto"] <= min(steps["ring"], steps["tree"], steps["rhd"]) * (1 + 1e-12)
-    assert steps["auto"] <= steps["nccl"] <= max(steps["ring"], steps["tree"]) * (1 + 1e-12)
+    if backend == "gloo":
+        assert steps["auto"] <= min(steps["ring"], steps["tree"], steps["rhd"]) * (1 + 1e-12)
+        assert steps["auto"] <= steps["nccl"] <= max(steps["ring"], steps["tree"]) * (1 + 1e-12)
+    else:
+        assert steps["auto"] == steps["nccl"] <= min(steps["ring"], steps["tree"]) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize(
+    "blocks,pp,v,first,last,problem",
+    [
+        (126, 16, 8, 7, 7, None),  # Llama 3 405B: 14 stages x 8 + 7 + 7, one chunk empty
+        (48, 4, 2, -1, -1, None),
+        (48, 4, 4, 18, -1, "other stages' 10 layers each do not split into interleave = 4"),
+        (48, 5, 1, -1, -1, "do not split evenly into pp x interleave = 5 x 1"),
+        (48, 1, 1, 10, -1, "an uneven split needs pp > 1"),
+        (48, 2, 1, 10, 10, "leave 28 for the other 0 stages"),
+    ],
+)
+def test_split_problem(blocks, pp, v, first, last, problem):
+    got = split_problem(blocks, pp, v, first, last)
+    assert got is None if problem is None else problem in got
+
+
+def test_llama3_uneven_split_stage_layers():
+    # Llama 3's 7-layer end stages leave 8 layers on each of the 14 middle stages
+    first, mid, last = stage_layers(126, np.array([16]), np.array([7]), np.array([7]))
+    assert (first[0], mid[0], last[0]) == (7, 8, 7)

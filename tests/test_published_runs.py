@@ -160,9 +160,12 @@ def test_a_hardware_row_still_compares_tflops():
 
 
 def test_a_refused_layout_is_skipped_with_its_reason():
-    """Llama 3's uneven split with interleaving: refused by today's layout check."""
-    with pytest.raises(pr.Skipped, match="uneven split"):
-        pr.compare(_run("llama3-405b-8k-8192"), DATA)
+    """Llama 3's split with 8 chunks a stage where the middle stages' 8 layers are 3 chunks
+    of uneven size: refused by the layout check, so skipped with its reason."""
+    run = _run("llama3-405b-8k-8192")
+    bad = {**run, "strategy": {**run["strategy"], "interleave": 3}}
+    with pytest.raises(pr.Skipped, match="do not split into interleave = 3 equal chunks"):
+        pr.compare(bad, DATA)
 
 
 def test_flop_ratios_show_which_sources_count_commsims_flops():

@@ -39,7 +39,8 @@ def test_report_examples_run_and_write_their_files(tmp_path):
 
 
 def test_the_gpu_yaml_example_loads(tmp_path):
-    path = tmp_path / "mi300x.yaml"
+    path = tmp_path / "gb200.yaml"
     path.write_text(_block("A GPU the catalog lacks", "yaml"))
     gpu = load_spec(GPUSpec, path)
-    assert gpu.hbm_bytes == 192e9 and gpu.hbm_bandwidth == 5.3e12
+    assert gpu.hbm_bytes == 186e9 and gpu.hbm_bandwidth == 8e12
+    assert (gpu.compute_capability, gpu.nvlink_links) == (10.0, 18)  # what NCCL reads

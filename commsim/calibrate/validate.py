@@ -1,11 +1,13 @@
 """Predicted against measured: every collective, and the data-parallel step per bucket size.
 
-Predictions come from the cluster with the profile's tiers written in (apply_profile) and
-the graph evaluator, each group on the GPUs its ranks really ran on (points.placement), each
-op by the algorithm the profile names for the backend. The data-parallel step is the
-harness model exported as a commsim Workload, its per-layer forward and backward times
-scaled to the measured compute alone, laid on the timeline (timeline.schedule_streams)
-with DDP's buckets (timeline.assign_buckets) and the predicted all-reduce of each.
+Predictions come from the cluster with the profile written in (apply_profile: its tiers,
+its NCCL fit, its backend) and the collective engine (GroupCost: NCCL's model capped by the
+graph under nccl, the graph's schedules under gloo), each group on the GPUs its ranks
+really ran on (points.placement), each op by the algorithm the profile names for the backend.
+The data-parallel step is the harness model exported as a commsim Workload, its per-layer
+forward and backward times scaled to the measured compute alone, laid on the timeline
+(timeline.schedule_streams) with DDP's buckets (timeline.assign_buckets) and the predicted
+all-reduce of each.
 
 Errors: error = predicted / measured - 1; abs_pct = 100 |error|. Exposed communication can
 be near zero, so its error is taken relative to the measured step time instead.

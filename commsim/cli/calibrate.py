@@ -74,6 +74,12 @@ def run_cmd(
     comm_hooks: Annotated[
         str, typer.Option(help="DDP comm hooks to measure: none, fp16, bf16, powersgd:R.")
     ] = "none",
+    profile_dir: Annotated[
+        str | None,
+        typer.Option(
+            help="Also profile DDP steps; each rank writes its torch.profiler trace here."
+        ),
+    ] = None,
 ) -> None:
     """Benchmark collectives and a DDP step with torch.distributed; append results to OUT.
 
@@ -104,6 +110,7 @@ def run_cmd(
             depth=depth,
             batch=batch,
             comm_hooks=tuple(h.strip().lower() for h in comm_hooks.split(",") if h.strip()),
+            profile_dir=profile_dir,
         )
         if local is not None:
             check_output(out, "--out")
@@ -173,6 +180,29 @@ def _tier_rows(profile: Profile) -> list[list[str]]:
     return rows
 
 
+def _nccl_table(cluster: str, profile: Profile):
+    """An NCCL fit: each parameter, its value and 95% interval, or NCCL's own kept."""
+    from rich.table import Table
+
+    fit = profile.nccl
+    table = Table(title=f"{cluster}: NCCL {fit.version}'s model fitted", title_justify="left")
+    for col in ("parameter", "value", "95% interval"):
+        table.add_column(col, justify="left" if col == "parameter" else "right")
+    for cls, value in fit.latency_scale.items():
+        lo, hi = fit.latency_scale_ci.get(cls, (value, value))
+        table.add_row(f"latency_scale.{cls} (x NCCL's)", f"{value:.3f}", f"{lo:.3f} .. {hi:.3f}")
+    for side in ("intra", "inter"):
+        value = getattr(fit, f"channel_bandwidth_{side}_Bps")
+        if value is not None:
+            lo, hi = getattr(fit, f"channel_bandwidth_{side}_ci_Bps") or (value, value)
+            table.add_row(
+                f"channel_bandwidth_{side}", fmt_rate(value), f"{fmt_rate(lo)} .. {fmt_rate(hi)}"
+            )
+    for name in fit.not_fitted:
+        table.add_row(name, "NCCL's own", "-")
+    return table
+
+
 @calibrate_app.command("fit")
 def fit_cmd(
     results: Annotated[list[str], typer.Argument(help="Results files (JSONL).")],
@@ -180,7 +210,9 @@ def fit_cmd(
     output: Annotated[str, typer.Option("-o", "--output", help="Profile YAML to write.")],
     json_out: terminal.JsonOpt = False,
 ) -> None:
-    """Fit alpha and bandwidth per link tier (and the compute rate) to measurements."""
+    """Fit the backend's model to measurements: under NCCL its per-step latencies per link
+    class and its channels' bandwidth; under gloo alpha and bandwidth per link tier; and
+    the compute rate."""
     from rich.table import Table
 
     from commsim.calibrate.fit import fit_profile
@@ -196,12 +228,17 @@ def fit_cmd(
     if json_out:
         terminal.print_json(profile.model_dump() | {"profile_file": output})
         return
-    table = Table(title=f"{spec.name}, {profile.backend}: fitted link tiers", title_justify="left")
-    for col in ("tier", "alpha", "95% interval", "bandwidth", "95% interval", "points"):
-        table.add_column(col, justify="left" if col == "tier" else "right")
-    for row in _tier_rows(profile):
-        table.add_row(*row)
-    terminal.console.print(table)
+    if profile.nccl is not None:
+        terminal.console.print(_nccl_table(spec.name, profile))
+    else:
+        table = Table(
+            title=f"{spec.name}, {profile.backend}: fitted link tiers", title_justify="left"
+        )
+        for col in ("tier", "alpha", "95% interval", "bandwidth", "95% interval", "points"):
+            table.add_column(col, justify="left" if col == "tier" else "right")
+        for row in _tier_rows(profile):
+            table.add_row(*row)
+        terminal.console.print(table)
     if profile.compute:
         c = profile.compute
         terminal.console.print(

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from commsim.cli.options import CsvOpt, HtmlOpt, ProfileOpt
+from commsim.cli.options import CsvOpt, HtmlOpt, NcclVersionOpt, ProfileOpt
 from commsim.collectives.algorithms import ALGORITHMS
 from commsim.report import terminal
 
@@ -26,8 +26,8 @@ def collective_cmd(
     algorithm: Annotated[
         str,
         typer.Option(
-            help="'all' (those auto chooses among), 'auto' (fastest), 'nccl' (NCCL's pick), "
-            "'a|b' (the faster) or one of the op's: "
+            help="'all' (those auto chooses among), 'auto' (fastest; NCCL's choice under "
+            "NCCL), 'nccl' (NCCL's pick), 'a|b' (the faster) or one of the op's: "
             + "; ".join(f"{op}: {', '.join(algs)}" for op, algs in ALGORITHMS.items())
         ),
     ] = "all",
@@ -35,12 +35,18 @@ def collective_cmd(
         str, typer.Option(help="blocked, interleaved or topology-aware.")
     ] = "blocked",
     ps_shards: Annotated[int, typer.Option(help="Parameter-server shards.")] = 1,
+    backend: Annotated[
+        str | None,
+        typer.Option(help="nccl or gloo (default: the cluster's; nccl on GPUs)."),
+    ] = None,
+    nccl_version: NcclVersionOpt = None,
     profile: ProfileOpt = None,
     html: HtmlOpt = None,
     csv: CsvOpt = None,
     json_out: terminal.JsonOpt = False,
 ) -> None:
-    """Time one collective over a size sweep, nccl-tests style (time, algbw, busbw)."""
+    """Time one collective over a size sweep, nccl-tests style (time, algbw, busbw); under
+    NCCL, per size the algorithm, protocol and channels its tuner chooses and the runner-up."""
     import numpy as np
 
     from commsim import catalog
@@ -65,6 +71,7 @@ def collective_cmd(
         spec = load_spec(ClusterSpec, catalog.topology_path(cluster, "--cluster", ""))
         if profile:
             spec = apply_profile(spec, load_profile(profile), profile)
+        spec = _with_backend(spec, backend, nccl_version, cluster)
         built = build_cluster(spec, gpus, cluster)
         cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
         grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
@@ -73,10 +80,18 @@ def collective_cmd(
             rows = _rows(cost, op, gpus, algs, grid)
         except ValueError as e:  # the algorithm cannot run this op, or not on this group
             raise ValueError(f"--algorithm {algorithm}: {e}") from None
-        doc = {"op": op, "cluster": spec.name, "gpus": gpus, "placement": placement, "rows": rows}
+        doc = {
+            "op": op,
+            "cluster": spec.name,
+            "gpus": gpus,
+            "placement": placement,
+            "backend": cost.backend,
+            "nccl_version": spec.nccl.version if cost.backend == "nccl" else None,
+            "rows": rows,
+        }
         terminal.require_finite(doc, "--sizes")
         shown = [r | {"algorithm": r["requested"]} for r in rows]
-        title = f"{op}: {gpus} GPUs of {spec.name}, {placement} placement"
+        title = f"{op}: {gpus} GPUs of {spec.name}, {placement} placement, {cost.backend}"
         table = tables.collective_table(title, shown, algs)
         if csv:
             write_csv(csv, rows)
@@ -89,7 +104,11 @@ def collective_cmd(
     for path, what in ((csv, "rows"), (html, "report")):
         if path:
             terminal.console.print(f"{what} written to {path}", highlight=False)
-    if algorithm in ("auto", "nccl"):
+    if rows and "protocol" in rows[0]:
+        terminal.console.print(
+            tables.nccl_choice_table(f"what NCCL {spec.nccl.version} runs, and why", rows)
+        )
+    elif algorithm in ("auto", "nccl"):
         picks = sorted({r["algorithm"] for r in rows})
         terminal.console.print(f"{algorithm} picked: {', '.join(picks)}")
 
@@ -140,17 +159,31 @@ def _rows(
     with terminal.progress(len(algs), f"{op} on {gpus} GPUs") as bar:
         for alg in algs:
             times, chosen = cost.time_and_choice(op, alg, grid)
-            for size, t, name in zip(grid, times, chosen, strict=True):
+            detail = cost.nccl_detail(op, alg, grid) if len(algs) == 1 else None
+            for i, (size, t, name) in enumerate(zip(grid, times, chosen, strict=True)):
                 algbw = size / t if t > 0 else float("inf")
-                rows.append(
-                    {
-                        "bytes": float(size),
-                        "time_s": float(t),
-                        "algbw_Bps": algbw,
-                        "busbw_Bps": algbw * bus_factor(op, gpus),
-                        "algorithm": name,
-                        "requested": alg,
-                    }
-                )
+                row = {
+                    "bytes": float(size),
+                    "time_s": float(t),
+                    "algbw_Bps": algbw,
+                    "busbw_Bps": algbw * bus_factor(op, gpus),
+                    "algorithm": name,
+                    "requested": alg,
+                }
+                rows.append(row | ({k: v[i] for k, v in detail.items()} if detail else {}))
             bar.advance(0)
     return rows
+
+
+def _with_backend(spec, backend: str | None, version: str | None, source: str):
+    """The spec with --backend and --nccl-version applied (validated as spec fields)."""
+    from commsim.specs import ClusterSpec, parse_spec
+
+    if backend is None and version is None:
+        return spec
+    data = spec.model_dump()
+    if backend is not None:
+        data["backend"] = backend
+    if version is not None:
+        data["nccl"]["version"] = version
+    return parse_spec(ClusterSpec, data, source, units=False)  # a dumped spec is in SI

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from commsim.cli.sizing import gpu_sizes
+from commsim.cli.options import gpu_sizes
 from commsim.files import check_output
 from commsim.reliability.recovery import STRATEGIES, Policy
 from commsim.report import terminal

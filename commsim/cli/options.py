@@ -74,12 +74,6 @@ EpOpt = Annotated[
         help="Expert-parallel degree (MoE; out of data parallel).",
     ),
 ]
-CpOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--cp", "--context-parallel-size", help="Context-parallel degree (ring attention)."
-    ),
-]
 ZeroOpt = Annotated[int | None, typer.Option("--zero", help="ZeRO stage 0, 1, 2 or 3.")]
 FsdpOpt = Annotated[bool, typer.Option("--fsdp", help="FSDP full shard (the same as --zero 3).")]
 RecomputeOpt = Annotated[
@@ -130,6 +124,32 @@ DeepSpeedOpt = Annotated[
         help="A DeepSpeed ds_config.json: ZeRO stage, buckets, overlap, dtype, batch sizes.",
     ),
 ]
+CpOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--cp",
+        "--context-parallel-size",
+        help="Context-parallel degree (ring attention; seq % 2cp).",
+    ),
+]
+OrderOpt = Annotated[
+    str | None,
+    typer.Option(help="Rank order, fastest first: tp-cp-ep-dp-pp (Megatron) or tp-cp-ep-pp-dp."),
+]
+FsdpShardOpt = Annotated[
+    int | None, typer.Option(help="Hybrid sharding: ZeRO-3 over groups of this many dp ranks.")
+]
+PrecisionOpt = Annotated[
+    str | None, typer.Option(help="The blocks' GEMMs: bf16 or fp8 (Transformer Engine).")
+]
+FlashOpt = Annotated[
+    bool | None,
+    typer.Option("--flash-attention/--no-flash-attention", help="Fused (Flash) attention."),
+]
+TpOverlapOpt = Annotated[
+    bool | None,
+    typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap tensor-parallel comm with GEMMs."),
+]
 TokensOpt = Annotated[float | None, typer.Option(help="Training tokens, for time to train.")]
 ProfileOpt = Annotated[
     str | None, typer.Option(help="Calibration profile (commsim calibrate fit) for the cluster.")
@@ -146,10 +166,38 @@ CsvOpt = Annotated[
     str | None, typer.Option("--csv", help="Also write the table's rows to this CSV file.")
 ]
 
+NcclVersionOpt = Annotated[
+    str | None,
+    typer.Option(help="NCCL whose tuning model prices the collectives (default: the cluster's)."),
+]
+
 
 def flag(key: str) -> str:
     """The flag that sets a scenario or strategy field."""
     return "--" + key.replace("_", "-")
+
+
+def gpu_count(text: str | None) -> int | None:
+    """--gpus as one positive count (None when not given)."""
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--gpus must be a positive count or LOW:HIGH, not {text!r}")
+    return int(text)
+
+
+def gpu_sizes(text: str | None, default: int) -> list[int]:
+    """--gpus '256:16384' as 256, 512, ..., 16384; a single count as itself."""
+    if text is None:
+        return [default]
+    lo, _, hi = text.partition(":")
+    low, high = gpu_count(lo), gpu_count(hi or lo)
+    if high < low:
+        raise ValueError(f"--gpus {text}: HIGH must not be below LOW")
+    sizes = [low]
+    while sizes[-1] * 2 <= high:
+        sizes.append(sizes[-1] * 2)
+    return sizes
 
 
 def setup_from_flags(
@@ -157,6 +205,7 @@ def setup_from_flags(
     fsdp: bool = False,
     check: bool = True,
     layers_per_virtual_stage: int | None = None,
+    nccl_version: str | None = None,
     **overrides: Any,
 ) -> Setup:
     """The scenario file (or the built-in one) with the flags' values, resolved; --fsdp is
@@ -173,6 +222,10 @@ def setup_from_flags(
             "--num-layers-per-virtual-pipeline-stage", "", "give it or --interleave, not both"
         )
     spec, source = load_scenario(scenario, overrides)
+    if nccl_version is not None:  # a cluster field: the what-if API's dotted path
+        from commsim.whatif import change
+
+        spec = change(spec, {"cluster.nccl.version": nccl_version})
     if layers_per_virtual_stage is None:
         return resolve(spec, source, check)
     setup = resolve(spec, source, check=False)

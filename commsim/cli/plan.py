@@ -3,9 +3,7 @@ several fabrics)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from commsim.cli import plan_show
 from commsim.cli.options import (
@@ -14,6 +12,7 @@ from commsim.cli.options import (
     DeepSpeedOpt,
     ErrorFeedbackOpt,
     FirstLayersOpt,
+    FlashOpt,
     FsdpOpt,
     GlobalBatchOpt,
     HtmlOpt,
@@ -21,108 +20,55 @@ from commsim.cli.options import (
     LayersPerVirtualOpt,
     MicroBatchOpt,
     ModelOpt,
+    NcclVersionOpt,
+    PrecisionOpt,
     PriceOpt,
     ProfileOpt,
     ScenarioArg,
     SeqLenOpt,
     TokensOpt,
+    TpOverlapOpt,
     blame_flags,
+    flag,
+    gpu_count,
     setup_from_flags,
 )
-from commsim.cli.sizing import gpu_count, size_clusters_cmd
+from commsim.cli.plan_options import (
+    AsyncSaveOpt,
+    BudgetOpt,
+    CheckpointIntervalOpt,
+    DeadlineOpt,
+    FabricOpt,
+    GpuOpt,
+    GpusOrRangeOpt,
+    ObjectiveOpt,
+    OnlyAlgorithmOpt,
+    OnlyBucketOpt,
+    OnlyCompressionOpt,
+    OnlyCpOpt,
+    OnlyEpOpt,
+    OnlyFsdpShardOpt,
+    OnlyInterleaveOpt,
+    OnlyOrderOpt,
+    OnlyOverlapOpt,
+    OnlyPlacementOpt,
+    OnlyPpOpt,
+    OnlyRecomputeOpt,
+    OnlyTpOpt,
+    OnlyZeroOpt,
+    RecoveryOpt,
+    SparesOpt,
+    SpareTargetOpt,
+    SweepPlotOpt,
+    TopOpt,
+)
+from commsim.cli.sizing import size_clusters_cmd
 from commsim.report import terminal
 
 if TYPE_CHECKING:
     from commsim.planner.plan import PlanResult
     from commsim.planner.sweep import BandwidthSweep
     from commsim.scenario import Setup
-
-# plan's own flags: what cluster sizing compares, and the search dimensions a flag pins
-GpusOrRangeOpt = Annotated[
-    str | None,
-    typer.Option(help="GPU count, or LOW:HIGH to size the cluster (doubling from LOW)."),
-]
-FabricOpt = Annotated[
-    str | None,
-    typer.Option(help="Cluster sizing: comma-separated topologies to compare (templates)."),
-]
-GpuOpt = Annotated[
-    str | None,
-    typer.Option(help="Cluster sizing: GPU model to put in them (a name, or a GPU YAML file)."),
-]
-DeadlineOpt = Annotated[
-    str | None,
-    typer.Option(help="Cluster sizing: the smallest cluster that trains in this (30d)."),
-]
-BudgetOpt = Annotated[
-    float | None, typer.Option(help="Cluster sizing: the most money (or GPU-hours) to spend.")
-]
-ObjectiveOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="Cluster sizing: what picks the row (default time-to-train): "
-        "time-to-train, cost, throughput-per-dollar, step-time."
-    ),
-]
-OnlyBucketOpt = Annotated[
-    float | None, typer.Option(help="Search only this bucket cap (MiB) instead of 1..200.")
-]
-OnlyAlgorithmOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="Search only this all-reduce algorithm: auto, nccl, ring, tree, rhd, ps, hierarchical."
-    ),
-]
-OnlyPlacementOpt = Annotated[
-    str | None,
-    typer.Option(help="Search only this placement: blocked, interleaved, topology-aware."),
-]
-OnlyOverlapOpt = Annotated[
-    bool | None, typer.Option("--overlap/--no-overlap", help="Search only overlap on/off.")
-]
-OnlyCompressionOpt = Annotated[
-    str | None, typer.Option(help="Search only this gradient compression instead of several.")
-]
-OnlyTpOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--tp", "--tensor-model-parallel-size", help="Search only this tensor-parallel degree."
-    ),
-]
-OnlyPpOpt = Annotated[
-    int | None,
-    typer.Option("--pp", "--pipeline-model-parallel-size", help="Search only this pipeline depth."),
-]
-OnlyEpOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--ep",
-        "--expert-model-parallel-size",
-        help="Search only this expert-parallel degree (MoE).",
-    ),
-]
-OnlyZeroOpt = Annotated[int | None, typer.Option("--zero", help="Search only this ZeRO stage.")]
-OnlyRecomputeOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--recompute",
-        "--recompute-granularity",
-        help="Search only this recomputation: none, selective, full.",
-    ),
-]
-OnlyInterleaveOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--interleave",
-        "--num-virtual-stages-per-pipeline-rank",
-        help="Search only this interleaving (virtual stages).",
-    ),
-]
-TopOpt = Annotated[int, typer.Option(help="Rows to show (at least 1).")]
-SweepPlotOpt = Annotated[
-    str | None,
-    typer.Option(help="PNG: the winner's step time against NIC bandwidth per compressor."),
-]
 
 
 def plan_cmd(
@@ -145,6 +91,7 @@ def plan_cmd(
     compression: OnlyCompressionOpt = None,
     error_feedback: ErrorFeedbackOpt = None,
     profile: ProfileOpt = None,
+    nccl_version: NcclVersionOpt = None,
     tp: OnlyTpOpt = None,
     pp: OnlyPpOpt = None,
     ep: OnlyEpOpt = None,
@@ -155,9 +102,20 @@ def plan_cmd(
     layers_per_virtual_stage: LayersPerVirtualOpt = None,
     first_stage_layers: FirstLayersOpt = None,
     last_stage_layers: LastLayersOpt = None,
+    cp: OnlyCpOpt = None,
+    order: OnlyOrderOpt = None,
+    fsdp_shard: OnlyFsdpShardOpt = None,
+    precision: PrecisionOpt = None,
+    flash_attention: FlashOpt = None,
+    tp_overlap: TpOverlapOpt = None,
     deepspeed: DeepSpeedOpt = None,
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
+    recovery: RecoveryOpt = None,
+    checkpoint_interval: CheckpointIntervalOpt = None,
+    async_save: AsyncSaveOpt = None,
+    spares: SparesOpt = None,
+    spare_target: SpareTargetOpt = None,
     top: TopOpt = 15,
     plot: SweepPlotOpt = None,
     html: HtmlOpt = None,
@@ -176,6 +134,13 @@ def plan_cmd(
         tokens=tokens,
         price_per_gpu_hour=price_per_gpu_hour,
     )
+    failures = dict(
+        recovery=recovery,
+        checkpoint_interval=checkpoint_interval,
+        async_save=async_save,
+        spares=spares,
+        spare_target=spare_target,
+    )
     flags = dict(  # the search dimensions a flag pins
         bucket_mb=bucket_mb,
         algorithm=algorithm,
@@ -191,26 +156,29 @@ def plan_cmd(
         interleave=interleave,
         first_stage_layers=first_stage_layers,
         last_stage_layers=last_stage_layers,
+        cp=cp,
+        order=order,
+        fsdp_shard=fsdp_shard,
+        precision=precision,
+        tp_overlap=tp_overlap,
     )
-    more = dict(profile=profile, deepspeed=deepspeed)
+    stack = dict(flash_attention=flash_attention)  # every searched layout runs it, none searched
+    one_cluster = dict(
+        profile=profile,
+        nccl_version=nccl_version,
+        deepspeed=deepspeed,
+        num_layers_per_virtual_pipeline_stage=layers_per_virtual_stage,
+    )
     sizing = fabric is not None or ":" in (gpus or "") or deadline is not None or budget is not None
     with terminal.user_errors():
-        _check_mode(
-            sizing,
-            top,
-            gpu,
-            objective,
-            flags
-            | more
-            | {
-                "fsdp": fsdp or None,
-                "num_layers_per_virtual_pipeline_stage": layers_per_virtual_stage,
-            },
-        )
+        _check_mode(sizing, top, dict(gpu=gpu, objective=objective), failures, one_cluster)
         for path, flag, image in ((plot, "--plot", True), (html, "--html", False)):
             check_output(path, flag, image)
         check_output(csv, "--csv")
+    pins = {k for k, v in (flags | {"micro_batch": micro_batch}).items() if v is not None}
+    pins |= {"zero"} if fsdp else set()  # flags validated as scenario fields: pin them
     if sizing:
+        overrides = training | flags | stack | ({"zero": 3} if fsdp else {})
         options = dict(fabric=fabric, gpu=gpu, deadline=deadline, budget=budget)
         files = dict(plot=plot, html=html, csv=csv)
         return size_clusters_cmd(
@@ -218,30 +186,32 @@ def plan_cmd(
             model,
             cluster,
             gpus,
-            training,
+            overrides,
+            pins,
+            failures,
             json_out,
             **options,
             **files,
             objective=objective or "time-to-train",
         )
-    given = dict(model=model, cluster=cluster, gpus=gpus) | training | more | flags
+    more = dict(profile=profile, deepspeed=deepspeed)
+    given = dict(model=model, cluster=cluster, gpus=gpus) | training | more | flags | stack
     with terminal.user_errors(), blame_flags(scenario, given):
         setup = setup_from_flags(
             scenario,
             fsdp=fsdp,
             check=False,
             layers_per_virtual_stage=layers_per_virtual_stage,
+            nccl_version=nccl_version,
             **given | {"gpus": gpu_count(gpus)},
         )
-        pins = flags | {"micro_batch": micro_batch}  # flags validated as scenario fields: pin them
-        pinned = {k for k, v in pins.items() if v is not None} | ({"zero"} if fsdp else set())
-        pinned |= {"interleave"} if layers_per_virtual_stage else set()
+        pinned = pins | ({"interleave"} if layers_per_virtual_stage else set())
         result, sweep = _search(setup, pinned, plot)
         doc = plan_show.plan_doc(setup, result, sweep)
         if not doc["candidates"]:
             plan_show.explain_empty(setup, pinned)
         terminal.require_finite(doc, "--tokens and --price-per-gpu-hour")
-        inputs = given | {"scenario": scenario}
+        inputs = given | {"nccl_version": nccl_version, "scenario": scenario}
         plan_show.write_files(setup, result, doc, top, inputs, (csv, html), sweep)
     if json_out:
         terminal.print_json(doc)
@@ -251,24 +221,39 @@ def plan_cmd(
         terminal.console.print(f"written: {', '.join(p for p in (html, csv) if p)}")
 
 
-def _check_mode(sizing: bool, top: int, gpu, objective, search_flags: dict[str, Any]) -> None:
-    """Refuse a flag the chosen mode would ignore: --gpu and --objective only size a
-    cluster; the search's own flags only pin the search."""
+def _check_mode(
+    sizing: bool,
+    top: int,
+    sizing_only: dict[str, Any],
+    failures: dict[str, Any],
+    one_cluster: dict[str, Any],
+) -> None:
+    """Refuse a flag the chosen mode would ignore: --gpu, --objective and the failure flags
+    only size clusters; a profile, an NCCL version, a DeepSpeed config and Megatron's layers
+    per virtual stage describe one cluster's layout, which sizing does not build."""
     if top < 1:
         raise ValueError(f"--top {top}: show at least 1 row")
     if not sizing:
-        for name, value in (("--gpu", gpu), ("--objective", objective)):
+        for name, value in sizing_only.items():
             if value is not None:
                 raise ValueError(
-                    f"{name}: applies to cluster sizing only (give --gpus LOW:HIGH, --fabric, "
+                    f"--{name}: applies to cluster sizing only (give --gpus LOW:HIGH, --fabric, "
                     "--deadline or --budget)"
                 )
+        given = [flag(k) for k, v in failures.items() if v is not None]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: failures and goodput apply to cluster sizing "
+                "(--gpus LOW:HIGH, --fabric, --deadline or --budget); `commsim goodput` "
+                "prices one cluster"
+            )
         return
-    given = [f"--{k.replace('_', '-')}" for k, v in search_flags.items() if v is not None]
+    given = [flag(k) for k, v in one_cluster.items() if v is not None]
     if given:
         raise ValueError(
-            f"{given[0]}: cluster sizing searches every layout for each size; pin a layout "
-            "with `commsim plan` at one GPU count instead"
+            f"{', '.join(given)}: not in cluster sizing, which builds each fabric from its "
+            "template and searches its layouts (give the cluster's figures in the fabric's "
+            "file; pin --zero, --interleave, ... by flag)"
         )
 
 

@@ -166,7 +166,8 @@ def write_sizing(
     if not html:
         return
     report = Report(f"commsim plan: {title}")
-    report.table(tables.sizing_table(rows, front, pick, title))
+    for table in tables.sizing_tables(rows, front, pick, title):
+        report.table(table)
     png = figure_png(lambda p: plot_sizing(rows, front, pick, p, title, deadline_s))
     report.figure(png, "time to train and scaling efficiency against GPUs; the Pareto front")
     report.heading("Inputs")

@@ -16,7 +16,9 @@ from commsim.cli.options import (
     EpOpt,
     ErrorFeedbackOpt,
     FirstLayersOpt,
+    FlashOpt,
     FsdpOpt,
+    FsdpShardOpt,
     GlobalBatchOpt,
     GpusOpt,
     HtmlOpt,
@@ -25,9 +27,12 @@ from commsim.cli.options import (
     LayersPerVirtualOpt,
     MicroBatchOpt,
     ModelOpt,
+    NcclVersionOpt,
+    OrderOpt,
     OverlapOpt,
     PlacementOpt,
     PpOpt,
+    PrecisionOpt,
     PriceOpt,
     ProfileOpt,
     RecomputeOpt,
@@ -35,6 +40,7 @@ from commsim.cli.options import (
     SeqLenOpt,
     TokensOpt,
     TpOpt,
+    TpOverlapOpt,
     ZeroOpt,
     blame_flags,
     refuse_ignored,
@@ -74,10 +80,16 @@ def predict_cmd(
     layers_per_virtual_stage: LayersPerVirtualOpt = None,
     first_stage_layers: FirstLayersOpt = None,
     last_stage_layers: LastLayersOpt = None,
+    order: OrderOpt = None,
+    fsdp_shard: FsdpShardOpt = None,
+    precision: PrecisionOpt = None,
+    flash_attention: FlashOpt = None,
+    tp_overlap: TpOverlapOpt = None,
     deepspeed: DeepSpeedOpt = None,
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
     profile: ProfileOpt = None,
+    nccl_version: NcclVersionOpt = None,
     plot: Annotated[
         str | None, typer.Option(help="Write the step's Gantt chart to this image (PNG, SVG).")
     ] = None,
@@ -112,6 +124,11 @@ def predict_cmd(
         interleave=interleave,
         first_stage_layers=first_stage_layers,
         last_stage_layers=last_stage_layers,
+        order=order,
+        fsdp_shard=fsdp_shard,
+        precision=precision,
+        flash_attention=flash_attention,
+        tp_overlap=tp_overlap,
         deepspeed=deepspeed,
         tokens=tokens,
         price_per_gpu_hour=price_per_gpu_hour,
@@ -121,7 +138,11 @@ def predict_cmd(
         check_output(plot, "--plot", image=True)
         check_output(html, "--html")
         setup = setup_from_flags(
-            scenario, fsdp=fsdp, layers_per_virtual_stage=layers_per_virtual_stage, **flags
+            scenario,
+            fsdp=fsdp,
+            layers_per_virtual_stage=layers_per_virtual_stage,
+            nccl_version=nccl_version,
+            **flags,
         )
         refuse_ignored(setup.scenario.strategy, flags)
         pred = predict(setup)
@@ -134,7 +155,8 @@ def predict_cmd(
         if plot:
             draw(setup, doc, pred, plot)
         if html:
-            _html(setup, doc, pred, flags | {"fsdp": fsdp, "scenario": scenario}, html)
+            inputs = flags | {"fsdp": fsdp, "nccl_version": nccl_version, "scenario": scenario}
+            _html(setup, doc, pred, inputs, html)
     if json_out:
         terminal.print_json(doc)
         return

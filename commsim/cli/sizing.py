@@ -1,6 +1,6 @@
 """`commsim plan` in sizing mode: a range of GPU counts or several fabrics, the best layout
-of each (planner.sizing), the Pareto front of time against cost, and the pick a deadline,
-a budget or an objective makes."""
+of each (planner.sizing) and its goodput under failures, the Pareto front of time to train
+against cost, and the pick a deadline, a budget or an objective makes."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from commsim.cli import plan_show
-from commsim.cli.options import blame_flags
+from commsim.cli.options import blame_flags, gpu_sizes
 from commsim.report import terminal
 
 if TYPE_CHECKING:
     from commsim.planner.sizing import SizingRow
+    from commsim.reliability.recovery import Policy
 
 
 def _sizing_title(spec, gpu: str | None) -> str:
@@ -24,33 +25,26 @@ def _sizing_title(spec, gpu: str | None) -> str:
     )
 
 
-def gpu_count(text: str | None) -> int | None:
-    """--gpus as a count (None when not given)."""
-    if text is None:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"--gpus must be a positive count or LOW:HIGH, not {text!r}")
-    return int(text)
-
-
-def gpu_sizes(text: str | None, default: int) -> list[int]:
-    """'256:16384' as 256, 512, ..., 16384; a single count as itself."""
-    if text is None:
-        return [default]
-    lo, _, hi = text.partition(":")
-    low, high = gpu_count(lo), gpu_count(hi or lo)
-    if high < low:
-        raise ValueError(f"--gpus {text}: HIGH must not be below LOW")
-    sizes = [low]
-    while sizes[-1] * 2 <= high:
-        sizes.append(sizes[-1] * 2)
-    return sizes
-
-
 # The largest size a sweep may ask for: every size builds its cluster graph in a worker, and
 # a 262,144-GPU graph took 1.8 GB and 16 s to build on this 2-core machine (dgx-h100-ib
 # grown), so 2^20 GPUs is about 7 GB a worker: beyond it a worker would be killed.
 MAX_SIZING_GPUS = 2**20
+
+
+def _policy(recovery, checkpoint_interval, async_save, spares, spare_target) -> Policy | None:
+    """The sizing's recovery Policy from its flags (None: --recovery none, ideal only)."""
+    from commsim.reliability.recovery import Policy
+    from commsim.units import parse_time
+
+    if recovery == "none":
+        return None
+    return Policy(
+        strategy=recovery or "cold",
+        interval_s=parse_time(checkpoint_interval) if checkpoint_interval else None,
+        async_save=bool(async_save),
+        spares=spares,
+        spare_target=0.999 if spare_target is None else spare_target,
+    )
 
 
 def size_clusters_cmd(
@@ -59,6 +53,8 @@ def size_clusters_cmd(
     cluster: str | None,
     gpus: str | None,
     overrides: dict[str, Any],
+    pins: set[str],
+    failures: dict[str, Any],
     json_out: bool,
     *,
     fabric: str | None,
@@ -70,7 +66,8 @@ def size_clusters_cmd(
     html: str | None,
     csv: str | None,
 ) -> None:
-    """`commsim plan` in sizing mode: best strategy per fabric and size, Pareto front, pick."""
+    """`commsim plan` in sizing mode: best strategy per fabric and size, its goodput, the
+    Pareto front, the pick."""
     from commsim.planner.sizing import OBJECTIVES, pareto_front
     from commsim.report.sweeps import plot_sizing
     from commsim.scenario import load_scenario
@@ -81,6 +78,7 @@ def size_clusters_cmd(
         if objective not in OBJECTIVES:
             raise ValueError(f"--objective must be one of {', '.join(OBJECTIVES)}")
         deadline_s, budget = _limits(deadline, budget)
+        policy = _policy(**failures)
         spec, source = load_scenario(scenario, given)
         if spec.tokens is None:
             raise SpecError(source, "tokens", "cluster sizing needs the training tokens (--tokens)")
@@ -91,7 +89,7 @@ def size_clusters_cmd(
         )
         sizes = gpu_sizes(gpus, spec.gpus)
         _check_sizes(sizes, spec, source)
-        rows = _sized(spec, source, fabrics, sizes, gpu)
+        rows = _sized(spec, source, fabrics, sizes, gpu, policy, pins)
         front = pareto_front(rows)
         pick = _pick(rows, deadline_s, budget, objective)
         title = _sizing_title(spec, gpu)
@@ -139,7 +137,15 @@ def _check_sizes(sizes: list[int], spec: Any, source: str) -> None:
         raise ValueError(f"--gpus: {sizes[-1]:,} GPUs: {why}")
 
 
-def _sized(spec: Any, source: str, fabrics: list[str], sizes: list[int], gpu: str | None):
+def _sized(
+    spec: Any,
+    source: str,
+    fabrics: list[str],
+    sizes: list[int],
+    gpu: str | None,
+    policy: Policy | None,
+    pins: set[str],
+) -> list[SizingRow]:
     """The sizing rows (planner.sizing); a worker that dies is one line, exit 1."""
     from concurrent.futures.process import BrokenProcessPool
 
@@ -148,7 +154,7 @@ def _sized(spec: Any, source: str, fabrics: list[str], sizes: list[int], gpu: st
     with terminal.progress(len(fabrics) * len(sizes), "sizing") as bar:
         try:
             return size_clusters(
-                spec, source, fabrics, sizes, gpu, on_progress=lambda: bar.advance(0)
+                spec, source, fabrics, sizes, gpu, lambda: bar.advance(0), policy, pins
             )
         except BrokenProcessPool:
             terminal.error_line(
@@ -196,7 +202,8 @@ def _print_sizing(
             }
         )
         return
-    terminal.console.print(tables.sizing_table(rows, front, pick, title))
+    for table in tables.sizing_tables(rows, front, pick, title):
+        terminal.console.print(table)
     if pick:
         terminal.console.print(
             f"pick: {pick.gpus:,} GPUs of {pick.fabric}, {why}: "

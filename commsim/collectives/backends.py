@@ -1,6 +1,6 @@
 """What each communication backend runs for each collective, by the registry's algorithm
-names (collectives.algorithms); 'a|b' runs the faster of a and b, of those that can run on
-the group (GroupCost)."""
+names (collectives.algorithms) or 'nccl' (NCCL's own choice); 'a|b' runs the faster of a
+and b, of those that can run on the group (GroupCost)."""
 
 from __future__ import annotations
 
@@ -20,13 +20,14 @@ ALGORITHMS: dict[str, dict[str, str]] = {
         "all-to-all": "direct",  # gloo/alltoall.cc: every send and receive posted at once
         "send-recv": "direct",  # each rank sends to the next and receives from the previous
     },
-    # NCCL: all-reduce by ring or tree, whichever is faster for the size (its tuner's
-    # choice); the rest as in NCCL's ring kernels (src/device/*.h)
+    # NCCL: its tuner's choice of algorithm and protocol for the collectives it prices
+    # (GroupCost under the nccl backend; collectives.nccl); all-to-all and send-recv are
+    # point-to-point sends, each rank's posted at once
     "nccl": {
-        "all-reduce": "ring|tree",
-        "all-gather": "ring",
-        "reduce-scatter": "ring",
-        "broadcast": "ring",
+        "all-reduce": "nccl",
+        "all-gather": "nccl",
+        "reduce-scatter": "nccl",
+        "broadcast": "nccl",
         "all-to-all": "direct",
         "send-recv": "direct",
     },
@@ -41,4 +42,5 @@ def choices(backend: str, op: str) -> tuple[str, ...]:
 for _backend, _table in ALGORITHMS.items():  # every name is a registered algorithm of its op
     for _op in _table:
         for _name in choices(_backend, _op):
-            lookup(_op, _name)
+            if _name != "nccl":
+                lookup(_op, _name)

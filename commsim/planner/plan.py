@@ -46,7 +46,10 @@ def plan(
     layouts = enumerate_layouts(setup, pins, base)
     found = search(model, layouts, on_progress)
     result = PlanResult(
-        ranked=[_prediction(setup, model, found, int(k), base) for k in found.ranked[:keep]],
+        ranked=[
+            _prediction(setup, model, found, int(k), base, gantt=n == 0)
+            for n, k in enumerate(found.ranked[:keep])
+        ],
         searched=found.searched,
         skipped=found.searched - len(found.ranked),
         fitting=len(found.fitting),
@@ -56,9 +59,11 @@ def plan(
 
 
 def _prediction(
-    setup: Setup, model: StepModel, found: SearchResult, k: int, base: Strategy
+    setup: Setup, model: StepModel, found: SearchResult, k: int, base: Strategy, gantt: bool
 ) -> Prediction:
-    """The prediction of the k-th fitting layout, laid out in detail."""
+    """The prediction of the k-th fitting layout, laid out in detail; a hybrid layout's
+    pipeline schedule (events op by op, seconds for thousands of micro-batches) only with
+    `gantt` (the winner's)."""
     i = int(found.fitting[k])
     one = found.layouts.take(np.array([i]))
     strategy = one.strategy(0, base)
@@ -71,7 +76,7 @@ def _prediction(
         return prediction(
             variant, strategy, b, single, memory, tuple(report.buckets), tuple(report.events)
         )
-    events = tuple(pipeline_events(one.row(0), b))
+    events = tuple(pipeline_events(one.row(0), b)) if gantt else ()
     return prediction(variant, strategy, b, single, memory, events=events)
 
 

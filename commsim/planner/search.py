@@ -1,13 +1,16 @@
 """Enumerate every layout a model and batch allow and price them all at once.
 
-Model-parallel shapes (tensor-parallel degree inside a node unless pinned higher, pipeline
-stages and their split, expert parallelism for MoE models, micro-batch, interleaving) times
-how the step is run: ZeRO stage and recomputation, and the data-parallel sync (bucket,
-algorithm, placement, overlap, and for plain data parallelism a DDP comm hook's
-compression). Plain data parallelism is searched in more detail (every bucket cap,
-algorithm, placement and compressor), the way a DDP user tunes it; model-parallel layouts
-with NCCL's two all-reduces and two bucket caps. Memory drops what does not fit before the
-step model (step.model) prices the rest in one pass.
+Model-parallel shapes (tensor-parallel degree inside a node unless pinned higher, context
+parallelism for long sequences, pipeline stages and their split, expert parallelism for MoE
+models, micro-batch, interleaving, the rank order) times how the step is run: ZeRO stage
+(and hybrid sharding over a node for ZeRO-3) and recomputation, and the data-parallel sync
+(bucket, algorithm, placement, overlap, and for plain data parallelism a DDP comm hook's
+compression), FP8 or BF16 GEMMs on GPUs with FP8, and tensor-parallel communication
+overlapped with the GEMMs or not. FlashAttention is the user's stack (the base strategy's).
+Plain data parallelism is searched in more detail (every bucket cap, algorithm, placement
+and compressor), the way a DDP user tunes it; model-parallel layouts with NCCL's two
+all-reduces and two bucket caps. Memory drops what does not fit before the step model
+(step.model) prices the rest in one pass.
 """
 
 from __future__ import annotations
@@ -21,16 +24,20 @@ import numpy as np
 from commsim.collectives.algorithms import SEARCHED
 from commsim.scenario import Setup
 from commsim.specs import Strategy
-from commsim.step.layouts import ALGORITHMS, GRAD_DTYPES, Layouts
+from commsim.step.layouts import ALGORITHMS, GRAD_DTYPES, RANK_ORDERS, Layouts
 from commsim.step.memory import RECOMPUTE
 from commsim.step.model import StepBreakdown, StepModel
-from commsim.step.shape import Shape, balanced_ends
+from commsim.step.shape import Shape, balanced_ends, split_problem
 from commsim.topology.placement import PLACEMENTS, place
 
 MICRO_BATCHES = (1, 2, 4, 8)
 EXPERT_PARALLEL = (1, 2, 4, 8)  # searched where they divide the experts and dp
 ZERO_STAGES = (0, 1, 2, 3)
 INTERLEAVES = (1, 2, 4)
+CONTEXT_PARALLEL = (1, 2, 4, 8, 16, 32)
+# a context-parallel rank's chunks (2 cp of them, load-balanced causal) keep at least this many
+# tokens, so that their attention blocks stay large enough for FlashAttention's tiles
+MIN_CP_CHUNK = 512
 BUCKETS_MB = (25.0, 200.0)  # model-parallel layouts
 DDP_BUCKETS_MB = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0)  # DDP bucket_cap_mb choices
 NCCL_ALGORITHMS = ("ring", "tree")  # what NCCL picks between for all-reduce
@@ -68,24 +75,33 @@ def _choices(pins: dict[str, Any], name: str, default) -> list:
     return [pins[name]] if name in pins else list(default)
 
 
+def context_parallel_choices(seq_len: int) -> list[int]:
+    """Context-parallel degrees worth trying for a sequence: its 2 cp chunks divide it and
+    keep MIN_CP_CHUNK tokens or more."""
+    return [
+        c for c in CONTEXT_PARALLEL if seq_len % (2 * c) == 0 and seq_len // (2 * c) >= MIN_CP_CHUNK
+    ] or [1]
+
+
 def model_parallel_shapes(setup: Setup, pins: dict[str, Any]) -> list[tuple]:
-    """(dp, tp, pp, ep, micro_batch, micro_batches, interleave, first, last) of every way the
-    model and batch split over the GPUs; a model without blocks runs data-parallel only."""
+    """(dp, tp, pp, ep, micro_batch, micro_batches, interleave, first, last, cp) of every way
+    the model and batch split over the GPUs; a model without blocks runs data-parallel only."""
     s, w, n = setup.scenario, setup.workload, setup.n_gpus
     blocks = Shape.of(w).blocks
     gpn = setup.cluster.gpus_per_node
     default_mb = sorted({*MICRO_BATCHES, s.micro_batch}) if blocks else [s.micro_batch]
     mbs = _choices(pins, "micro_batch", default_mb)
     tps = _choices(pins, "tp", [t for t in (1, 2, 4, 8, 16) if t <= gpn] if blocks else [1])
+    cps = _choices(pins, "cp", context_parallel_choices(w.seq_len or 1) if blocks else [1])
     out = []
-    for tp in tps:
-        if n % tp or (blocks and w.heads % tp):
+    for tp, cp in itertools.product(tps, cps):
+        if n % (tp * cp) or (blocks and w.heads % tp):
             continue
-        for pp in _choices(pins, "pp", _divisors(n // tp) if blocks else [1]):
-            if (n // tp) % pp or (blocks and pp > blocks):
+        for pp in _choices(pins, "pp", _divisors(n // (tp * cp)) if blocks else [1]):
+            if (n // (tp * cp)) % pp or (blocks and pp > blocks):
                 continue
             splits = pipeline_splits(setup, blocks, pp, pins)
-            dp = n // (tp * pp)
+            dp = n // (tp * pp * cp)
             eps = _choices(pins, "ep", EXPERT_PARALLEL if w.moe else (1,))
             eps = [e for e in eps if e == 1 or (w.moe and w.experts % e == 0 and dp % e == 0)]
             for ep, b in itertools.product(eps, mbs):
@@ -94,14 +110,12 @@ def model_parallel_shapes(setup: Setup, pins: dict[str, Any]) -> list[tuple]:
                 m = s.global_batch // (dp * b)
                 vs = _choices(pins, "interleave", INTERLEAVES if blocks else (1,))
                 for v, (first, last) in itertools.product(vs, splits):
-                    # interleaving: pp > 1, and micro-batches in groups of pp (check_layout);
-                    # an even split must divide, an uneven one runs without interleaving
-                    even = first < 0 and last < 0
-                    if (v > 1 and (pp == 1 or m < pp or not even)) or (
-                        even and blocks and blocks % (pp * v)
+                    # interleaving: pp > 1, and micro-batches in groups of pp (check_layout)
+                    if (v > 1 and (pp == 1 or m < pp)) or (
+                        blocks and split_problem(blocks, pp, v, first, last)
                     ):
                         continue
-                    out.append((dp, tp, pp, ep, b, m, v, first, last))
+                    out.append((dp, tp, pp, ep, b, m, v, first, last, cp))
     return out
 
 
@@ -181,35 +195,89 @@ def enumerate_layouts(
     if "zero" in pins and pins["zero"] or "recompute" in pins and pins["recompute"] != "none":
         pins.setdefault("compression", "none")  # only plain data parallelism compresses
     plain_sync, model_sync = sync_grids(setup, base, pins)
+    if not Shape.of(setup.workload).blocks:
+        model_sync = []  # no transformer: plain data parallelism only (check_layout)
     plain_zero = pins.get("zero", 0) == 0 and pins.get("recompute", "none") == "none"
     first_algorithm = model_sync[0][3] if model_sync else None
+    first_bucket = model_sync[0][2] if model_sync else None
     rows = []
     for shape in model_parallel_shapes(setup, pins):
-        dp, tp, pp, ep, b, m, v, first, last = shape
-        plain = tp == pp == ep == v == 1
+        dp, tp, pp, ep, b, m, v, first, last, cp = shape
+        plain = tp == pp == ep == v == cp == 1
         for sync in model_sync:
             if plain and sync[0] == 0 and sync[1] == 0:
                 continue  # plain DDP: the DDP grid below
             if tp == 1 and sync[0] > 0 and sync[3] != first_algorithm:
                 continue  # no all-reduce left (ZeRO's are reduce-scatters): one algorithm
+            if sync[0] == 3 and sync[2] != first_bucket:
+                continue  # ZeRO-3 syncs per block (FSDP units), not in buckets: one cap
             rows.append(shape + sync)
         if plain and plain_zero:
             rows += [shape + sync for sync in plain_sync]
-    compressions = tuple(dict.fromkeys(["none", *(r[15] for r in rows)]))
+    compressions = tuple(dict.fromkeys(["none", *(r[16] for r in rows)]))
     names = ("dp", "tp", "pp", "ep", "micro_batch", "micro_batches", "interleave")
-    names += ("first_layers", "last_layers", "zero", "recompute", "bucket_mb", "algorithm")
-    names += ("placement", "overlap", "compression", "error_feedback")
-    cols = {n: [r[k] for r in rows] for k, n in enumerate(names)}
-    cols["algorithm"] = [ALGORITHMS.index(a) for a in cols["algorithm"]]
-    cols["placement"] = [PLACEMENTS.index(p) for p in cols["placement"]]
-    cols["compression"] = [compressions.index(c) for c in cols["compression"]]
+    names += ("first_layers", "last_layers", "cp", "zero", "recompute", "bucket_mb")
+    names += ("algorithm", "placement", "overlap", "compression", "error_feedback")
+    cols = {n: np.array([r[k] for r in rows]) for k, n in enumerate(names)}
+    cols["algorithm"] = np.array([ALGORITHMS.index(a) for a in cols["algorithm"]], dtype=int)
+    cols["placement"] = np.array([PLACEMENTS.index(p) for p in cols["placement"]], dtype=int)
+    cols["compression"] = np.array([compressions.index(c) for c in cols["compression"]], dtype=int)
+    cols = _with_rank_orders(cols, pins)
+    cols = _with_hybrid_sharding(cols, pins, setup.cluster.gpus_per_node)
+    fp8 = bool(setup.gpu.fp8_flops) and bool(Shape.of(setup.workload).blocks)
+    cols = _with_kernels(cols, pins, fp8)
     return Layouts.build(
         compressions,
         **cols,
         first_bucket_mb=base.first_bucket_mb,
         ps_shards=base.ps_shards,
         grad_dtype=GRAD_DTYPES.index(base.grad_dtype),
+        flash=base.flash_attention,
     )
+
+
+def _with_kernels(cols: dict[str, np.ndarray], pins: dict[str, Any], fp8: bool) -> dict:
+    """FP8 GEMMs beside BF16 on a GPU with FP8 (`fp8`), and tensor-parallel collectives
+    overlapped with the GEMMs beside not where tp > 1; either as pinned."""
+    if "precision" in pins:
+        cols = cols | {"fp8": np.full(len(cols["dp"]), pins["precision"] == "fp8")}
+    else:
+        cols = _branch(cols, "fp8", np.full(len(cols["dp"]), fp8), True, False)
+    n = len(cols["dp"])
+    if "tp_overlap" in pins:
+        return cols | {"tp_overlap": np.full(n, bool(pins["tp_overlap"])) & (cols["tp"] > 1)}
+    return _branch(cols, "tp_overlap", cols["tp"] > 1, True, False)
+
+
+def _branch(cols: dict[str, np.ndarray], name: str, where: np.ndarray, value, default):
+    """The columns with `name` set to `default`, plus a copy of the rows `where` selects with
+    `name` set to `value` (a second choice for those rows)."""
+    n = len(next(iter(cols.values())))
+    out = {k: np.concatenate([v, v[where]]) for k, v in cols.items()}
+    out[name] = np.concatenate([np.full(n, default), np.full(int(where.sum()), value)])
+    return out
+
+
+def _with_rank_orders(cols: dict[str, np.ndarray], pins: dict[str, Any]) -> dict:
+    """Both rank orders where they differ (pp > 1 and dp > 1), or the pinned one."""
+    if "order" in pins:
+        return cols | {"order": np.full(len(cols["dp"]), RANK_ORDERS.index(pins["order"]))}
+    differs = (cols["pp"] > 1) & (cols["dp"] > 1)
+    return _branch(cols, "order", differs, RANK_ORDERS.index("tp-cp-ep-pp-dp"), 0)
+
+
+def _with_hybrid_sharding(cols: dict[str, np.ndarray], pins: dict[str, Any], gpn: int) -> dict:
+    """ZeRO-3 sharded over all of dp, and hybrid-sharded over a node's data-parallel ranks
+    where that is a proper divisor of dp (PyTorch's HYBRID_SHARD default: shard in the
+    node, replicate across); or the pinned shard size."""
+    if "fsdp_shard" in pins:
+        return cols | {"fsdp_shard": np.full(len(cols["dp"]), pins["fsdp_shard"])}
+    node = np.maximum(gpn // (cols["tp"] * cols["cp"]), 1)
+    hybrid = (cols["zero"] == 3) & (node > 1) & (node < cols["dp"]) & (cols["dp"] % node == 0)
+    hybrid &= node % cols["ep"] == 0
+    out = _branch(cols, "fsdp_shard", hybrid, 0, 0)
+    out["fsdp_shard"][len(cols["dp"]) :] = node[hybrid]
+    return out
 
 
 def search(model: StepModel, layouts: Layouts, on_progress=None) -> SearchResult:

@@ -1,5 +1,7 @@
-"""Cluster sizing: the best layout per fabric and GPU count, the Pareto front of time to
-train against cost, and the pick for a deadline or a budget."""
+"""Cluster sizing: the best layout per fabric and GPU count, its goodput under failures
+(commsim.reliability: interruptions, checkpoints, restarts, spares), the Pareto front of time
+to train against cost, and the pick for a deadline or a budget. Times and costs are the
+ones with failures counted when a recovery policy is given, the ideal ones beside them."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from commsim.planner.plan import plan
+from commsim.reliability.goodput import GoodputReport, best_spares, expected_goodput
+from commsim.reliability.recovery import Policy
 from commsim.scenario import resolve
 from commsim.specs import Scenario
 from commsim.step.prediction import Prediction
@@ -25,6 +29,7 @@ class SizingRow:
     best: Prediction | None  # None: nothing fits or divides the batch
     note: str = ""
     fabric_file: str = ""  # the name or path it was given as
+    goodput: GoodputReport | None = None  # under the sizing's recovery policy (None: ideal)
 
     def to_dict(self) -> dict[str, object]:
         p = self.best
@@ -38,6 +43,8 @@ class SizingRow:
                 "mfu": p.mfu,
                 "tflops_per_gpu": p.tflops_per_gpu,
             } | (p.training or {})
+        if self.goodput:
+            out |= self.goodput.sizing_fields()
         return out
 
 
@@ -51,12 +58,16 @@ def size_clusters(
     sizes: Sequence[int],
     gpu: str | None = None,
     on_progress: Callable[[], None] | None = None,
+    policy: Policy | None = None,
+    pinned: frozenset[str] | set[str] = frozenset(),
 ) -> list[SizingRow]:
     """For every fabric and GPU count, the fastest layout that fits (hybrid search for
-    transformers, plain DDP otherwise). A fabric file is a template: it grows to as many
-    nodes as a size needs, and `gpu` swaps its GPU model. The points are independent, so
-    they run on every core, the largest first."""
-    tasks = [(scenario, source, fabric, n, gpu) for fabric in fabrics for n in sizes]
+    transformers, plain DDP otherwise) and, under a recovery `policy`, its goodput. A fabric
+    file is a template: it grows to as many nodes as a size needs, and `gpu` swaps its GPU
+    model; `pinned` strategy fields keep the scenario's values. The points are independent,
+    so they run on every core, the largest first."""
+    pins = frozenset(pinned)
+    tasks = [(scenario, source, f, n, gpu, policy, pins) for f in fabrics for n in sizes]
     for fabric in fabrics:  # bad names fail here, in this process, before any work starts
         _fabric_spec(fabric, gpu, source)
     rows: dict[tuple[str, int], SizingRow] = {}
@@ -81,25 +92,48 @@ def _fabric_spec(fabric: str, gpu: str | None, source: str):
     return spec
 
 
-def _size_one(scenario: Scenario, source: str, fabric: str, n: int, gpu: str | None) -> SizingRow:
+def _size_one(
+    scenario: Scenario,
+    source: str,
+    fabric: str,
+    n: int,
+    gpu: str | None,
+    policy: Policy | None,
+    pinned: frozenset[str],
+) -> SizingRow:
     """One point of the sizing sweep (runs in a worker process)."""
     spec = _fabric_spec(fabric, gpu, source)
     grown = spec.model_copy(update={"nodes": max(spec.nodes, -(-n // spec.node.gpus_per_node))})
     setup = resolve(scenario.model_copy(update={"cluster": grown, "gpus": n}), source, check=False)
     # a cluster's size is what is asked: gradient compression is left to `plan` proper
     base = scenario.strategy.model_copy(update={"compression": "none", "error_feedback": False})
-    found = plan(setup, base, {"compression"}, keep=1)
+    found = plan(setup, base, {"compression", *pinned}, keep=1)
     best = found.ranked[0] if found.ranked else None
-    return SizingRow(spec.name, n, best, "" if best else "; ".join(found.notes), fabric)
+    note = "" if best else "; ".join(found.notes)
+    return SizingRow(spec.name, n, best, note, fabric, _goodput(best, setup, policy))
+
+
+def _goodput(best: Prediction | None, setup, policy: Policy | None) -> GoodputReport | None:
+    """The best layout's goodput under `policy`: its checkpoint interval the model's optimum
+    unless given; with hot spares and no count given, the count that costs the fewest
+    GPU-hours per useful GPU-hour (reliability.goodput.best_spares)."""
+    if best is None or policy is None:
+        return None
+    if policy.strategy == "hot-spare" and policy.spares is None:
+        return best_spares(best, setup, policy)
+    return expected_goodput(best, setup, policy)
 
 
 def objective_value(row: SizingRow, objective: str) -> float:
     """Smaller is better: seconds to train, money (or GPU-hours without a price), or
-    seconds per step."""
+    seconds per step; with failures counted where the row has its goodput."""
     p = row.best
     if p is None:
         return np.inf
     t = p.training or {}
+    if row.goodput and row.goodput.time_to_train_s is not None:
+        g = row.goodput
+        t = {"time_to_train_s": g.time_to_train_s, "gpu_hours": g.gpu_hours, "cost": g.cost}
     if objective == "step-time":
         return p.step_time_s
     if objective == "time-to-train":

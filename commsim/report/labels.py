@@ -31,19 +31,29 @@ def describe_strategy(strategy: dict[str, Any]) -> str:
     """One line: layout (when hybrid), algorithm, bucket, overlap, placement, compression."""
     s = strategy
     overlap = "overlap" if s["overlap"] else "no overlap"
-    ep = s.get("ep", 1)
+    ep, cp = s.get("ep", 1), s.get("cp", 1)
     layout = (
-        f"tp {s['tp']}, pp {s['pp']}{split_label(s)}, {f'ep {ep}, ' if ep > 1 else ''}"
-        f"zero {s['zero']}, "
-        f"recompute {s['recompute']}, interleave {s['interleave']}, "
-        if (s["tp"], s["pp"], ep, s["zero"], s["recompute"], s["interleave"])
-        != (1, 1, 1, 0, "none", 1)
+        f"tp {s['tp']}, {f'cp {cp}, ' if cp > 1 else ''}pp {s['pp']}{split_label(s)}, "
+        f"{f'ep {ep}, ' if ep > 1 else ''}zero {s['zero']}{_hybrid(s)}, "
+        f"recompute {s['recompute']}, interleave {s['interleave']}, {_order(s)}"
+        if (s["tp"], s["pp"], ep, cp, s["zero"], s["recompute"], s["interleave"])
+        != (1, 1, 1, 1, 0, "none", 1)
         else ""
     )
     return (
         f"{layout}{s['algorithm']}, {s['bucket_mb']:g} MiB, {overlap}, {s['placement']}, "
         f"compression {compression_label(s)}"
     )
+
+
+def _hybrid(s: dict[str, Any]) -> str:
+    return f" sharded over {s['fsdp_shard']}" if s.get("fsdp_shard") else ""
+
+
+def _order(s: dict[str, Any]) -> str:
+    """The rank order when it is not Megatron-core's default."""
+    order = s.get("order", "tp-cp-ep-dp-pp")
+    return "" if order == "tp-cp-ep-dp-pp" else f"order {order}, "
 
 
 def split_label(s: dict[str, Any]) -> str:
@@ -55,22 +65,31 @@ def split_label(s: dict[str, Any]) -> str:
 
 
 def layout_label(c: dict[str, Any]) -> str:
-    """A layout in a few characters: dp64 tp8 pp16 v2 z1 sel mb1."""
+    """A layout in a few characters: dp64 tp8 cp2 pp16 v2 z1 sel mb1 (z3/8: ZeRO-3 sharded
+    over 8 ranks, replicated across; pp>dp: the pipeline inside each data-parallel replica;
+    fp8: FP8 GEMMs)."""
     s, lay = c["strategy"], c["layout"]
     parts = [f"dp{lay['dp']}"]
     parts += [f"tp{s['tp']}"] if s["tp"] > 1 else []
+    parts += [f"cp{s['cp']}"] if s.get("cp", 1) > 1 else []
     parts += [f"pp{s['pp']}{split_label(s)}"] if s["pp"] > 1 else []
     parts += [f"ep{s['ep']}"] if s.get("ep", 1) > 1 else []
     parts += [f"v{s['interleave']}"] if s["interleave"] > 1 else []
-    parts += [f"z{s['zero']}"] if s["zero"] else []
+    zero = f"z{s['zero']}" + (f"/{s['fsdp_shard']}" if s.get("fsdp_shard") else "")
+    parts += [zero] if s["zero"] else []
     parts += [s["recompute"][:3]] if s["recompute"] != "none" else []
+    parts += ["pp>dp"] if s.get("order", "tp-cp-ep-dp-pp") != "tp-cp-ep-dp-pp" else []
+    parts += ["fp8"] if s.get("precision") == "fp8" else []
     return " ".join([*parts, f"mb{lay['micro_batch']}"])
 
 
 # The dimensions a plan explains: label, the strategy keys that change together, the value.
 _DIMENSIONS = (
     ("tensor parallelism", ("tp",), lambda s: f"tp {s['tp']}"),
+    ("context parallelism", ("cp",), lambda s: f"cp {s.get('cp', 1)}"),
     ("pipeline depth", ("pp",), lambda s: f"pp {s['pp']}"),
+    ("rank order", ("order",), lambda s: s.get("order", "tp-cp-ep-dp-pp")),
+    ("hybrid sharding", ("fsdp_shard",), lambda s: f"shard over {s.get('fsdp_shard') or 'all'}"),
     ("ZeRO stage", ("zero",), lambda s: f"ZeRO {s['zero']}"),
     ("recomputation", ("recompute",), lambda s: s["recompute"]),
     ("interleaving", ("interleave",), lambda s: f"v {s['interleave']}"),

@@ -21,14 +21,20 @@ SETTINGS = (
     ("placement", lambda s: s["placement"]),
     ("compression", compression_label),
 )
+# the strategy fields those settings write: the only ones two merged rows may differ in
+MERGEABLE = {"algorithm", "bucket_mb", "overlap", "placement", "compression", "error_feedback"}
 # the figures that make two rows the same row (a strategy setting that changes none of them
 # does not matter here)
 FIGURES = ("step_time_s", "exposed_comm_s", "bubble_s", "comm_s", "mfu")
 
 
 def _key(c: dict[str, Any]) -> tuple:
+    """Rows with equal keys merge: the same layout (every strategy field but the settings
+    above: degrees, rank order, sharding, precision, TP overlap, FlashAttention, ...), the
+    same memory and the same figures."""
+    layout = tuple(sorted((k, repr(v)) for k, v in c["strategy"].items() if k not in MERGEABLE))
     figures = tuple(round(float(c.get(k) or 0.0), 15) for k in FIGURES)
-    return (layout_label(c), round(c["memory"]["total_bytes"]), *figures)
+    return (layout_label(c), layout, round(c["memory"]["total_bytes"]), *figures)
 
 
 def merge_rows(candidates: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -60,6 +66,7 @@ def plan_table(title: str, rows: Sequence[dict[str, Any]], top: int) -> tuple[Ta
         ("#", False, lambda i, r: str(i)),
         ("layout", True, lambda i, r: layout_label(r)),
         *((name, True, lambda i, r, n=name: r["shown"][n]) for name, _ in SETTINGS),
+        ("tp overlap", True, lambda i, r: _tp_overlap(r["strategy"])),
         ("step", False, lambda i, r: fmt_time(r["step_time_s"])),
         ("exposed", False, lambda i, r: fmt_time(r["exposed_comm_s"])),
         ("bubble", False, lambda i, r: fmt_time(r.get("bubble_s", 0.0))),
@@ -76,7 +83,7 @@ def plan_table(title: str, rows: Sequence[dict[str, Any]], top: int) -> tuple[Ta
     same = [
         f"{columns[k][0]} {cells[0][k]}"
         for k in range(len(columns))
-        if k not in keep and columns[k][0] != "vs best"
+        if k not in keep and columns[k][0] != "vs best" and cells[0][k]
     ]
     table = Table(title=title, title_justify="left")
     for k in keep:
@@ -85,6 +92,13 @@ def plan_table(title: str, rows: Sequence[dict[str, Any]], top: int) -> tuple[Ta
     for row in cells:
         table.add_row(*(row[k] for k in keep))
     return table, ("every row: " + ", ".join(same)) if same else ""
+
+
+def _tp_overlap(strategy: dict[str, Any]) -> str:
+    """Tensor-parallel comm under the GEMMs, on or off; blank without tensor parallelism."""
+    if strategy.get("tp", 1) == 1:
+        return ""
+    return "on" if strategy.get("tp_overlap") else "off"
 
 
 def plan_story(searched: int, fitting: int, ranked: int, merged: int, shown: int) -> str:

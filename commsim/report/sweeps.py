@@ -101,9 +101,19 @@ def plot_bandwidth_sweep(sweep: Any, path: str, title: str) -> None:
     plt.close(fig)
 
 
+def _days(row: Any) -> float:
+    """A sizing row's time to train in days, with failures where its goodput is known (the
+    figure its pick and Pareto front are made on)."""
+    from commsim.planner.sizing import objective_value
+
+    return objective_value(row, "time-to-train") / 86400
+
+
 def _cost(row: Any) -> float:
-    t = row.best.training
-    return t.get("cost") or t["gpu_hours"]
+    """Its cost, or GPU-hours without a price, with failures where its goodput is known."""
+    from commsim.planner.sizing import objective_value
+
+    return objective_value(row, "cost")
 
 
 def plot_sizing(
@@ -122,7 +132,7 @@ def plot_sizing(
     for k, fabric in enumerate(dict.fromkeys(r.fabric for r in rows)):
         ok = [r for r in rows if r.fabric == fabric and r.best and r.best.training]
         gpus = [r.gpus for r in ok]
-        days = [r.best.training["time_to_train_s"] / 86400 for r in ok]
+        days = [_days(r) for r in ok]
         marker = MARKERS[k % len(MARKERS)]
         line = left.plot(gpus, days, marker=marker, label=f"{fabric}: time to train")[0]
         eff.plot(
@@ -141,12 +151,12 @@ def plot_sizing(
                 f"{r.gpus:,}", (c, d), fontsize=7, xytext=(3, 3), textcoords="offset points"
             )
     if front:
-        fd = [r.best.training["time_to_train_s"] / 86400 for r in front]
+        fd = [_days(r) for r in front]
         right.plot([_cost(r) for r in front], fd, color="black", lw=1, label="Pareto front")
     if pick is not None and pick.best and pick.best.training:
         right.scatter(
             [_cost(pick)],
-            [pick.best.training["time_to_train_s"] / 86400],
+            [_days(pick)],
             s=150,
             facecolors="none",
             edgecolors="red",
@@ -164,8 +174,9 @@ def plot_sizing(
     left.set_yscale("log")
     for axis in (left.xaxis, left.yaxis):
         _plain(axis)
+    failures = " with failures" if any(r.goodput for r in rows) else ""
     left.set_xlabel("GPUs")
-    left.set_ylabel("time to train (days)")
+    left.set_ylabel(f"time to train{failures} (days)")
     eff.set_ylabel("scaling efficiency (%)")
     eff.set_ylim(0, 105)
     left.legend(loc="upper center", fontsize=7)
@@ -176,7 +187,7 @@ def plot_sizing(
         _plain(axis)
     priced = any(r.best and r.best.training and r.best.training.get("cost") for r in rows)
     right.set_xlabel("cost" if priced else "GPU-hours")
-    right.set_ylabel("time to train (days)")
+    right.set_ylabel(f"time to train{failures} (days)")
     right.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()

@@ -45,6 +45,34 @@ def collective_table(
     return table
 
 
+def nccl_choice_table(title: str, rows: Sequence[dict[str, Any]]) -> Table:
+    """Per size what NCCL's tuner runs: algorithm, protocol, channels, its own estimate,
+    the runner-up and its estimate (why it won), and the bandwidth that priced it: NCCL's
+    algorithm bandwidth or the graph's share for the group, whichever is lower."""
+    table = Table(title=title, title_justify="left")
+    for col in ("size", "algorithm", "protocol", "channels", "NCCL's estimate (us)"):
+        table.add_column(col, justify="right" if col != "algorithm" else "left")
+    table.add_column("runner-up")
+    table.add_column("its estimate (us)", justify="right")
+    table.add_column("algbw NCCL / graph (GB/s)", justify="right")
+    for r in rows:
+        second = r["runner_up_nccl_time_s"]
+        nccl_bw, graph_bw = r["nccl_algbw_Bps"] / 1e9, r["graph_algbw_Bps"] / 1e9
+        bold = "[bold]{}[/bold]"
+        table.add_row(
+            fmt_bytes(r["bytes"]),
+            r["nccl_algorithm"],
+            r["protocol"],
+            str(r["channels"]),
+            f"{r['nccl_time_s'] * 1e6:.1f}",
+            r["runner_up"] or "-",
+            "-" if second is None else f"{second * 1e6:.1f}",
+            f"{nccl_bw:.0f} / " + (bold.format(f"{graph_bw:.0f}") if graph_bw < nccl_bw
+                                   else f"{graph_bw:.0f}"),
+        )  # fmt: skip
+    return table
+
+
 def topology_table(summary: dict[str, Any]) -> Table:
     """A cluster's summary: sizes, tiers, bandwidths."""
     table = Table(title=summary["name"], title_justify="left", show_header=False)
@@ -109,17 +137,29 @@ def convergence_table(rows: Sequence[dict[str, Any]], steps: int, workers: int) 
     return table
 
 
-def sizing_table(rows: Sequence[Any], front: Sequence[Any], pick: Any, title: str) -> Table:
-    """Per fabric and cluster size: the best layout, its step, time to train, cost (GPU-hours
-    when no price is given: cost is GPU-hours x price), scaling efficiency and MFU; the
-    Pareto front and the pick marked. One line a row within 120 columns."""
+def sizing_tables(rows: Sequence[Any], front: Sequence[Any], pick: Any, title: str) -> list[Table]:
+    """One table per fabric, a row per cluster size: the best layout, its goodput under
+    failures, time to train with failures and ideal (the ideal alone under --recovery none;
+    the step time is the ideal time over the fixed step count, in --json), cost with
+    failures (GPU-hours when no price is given: cost is GPU-hours x price), MFU; the Pareto
+    front and the pick (over every fabric) marked. One line a row within 120 columns."""
+    fabrics = list(dict.fromkeys(r.fabric for r in rows))
+    return [
+        _sizing_table([r for r in rows if r.fabric == f], front, pick, f"{title}, on {f}")
+        for f in fabrics
+    ]
+
+
+def _sizing_table(rows: Sequence[Any], front: Sequence[Any], pick: Any, title: str) -> Table:
+    """One fabric's sizes (see sizing_tables)."""
     priced = any(r.best and (r.best.training or {}).get("cost") is not None for r in rows)
     money = ("cost", "cost") if priced else ("gpu_hours", "GPU-hours")
+    failures = any(r.goodput for r in rows)
+    times = ("goodput", "to train", "ideal") if failures else ("to train",)
     table = Table(title=title, title_justify="left")
-    columns = ("fabric", "GPUs", "best layout", "step", "to train", money[1], "scaling", "MFU")
-    for col in (*columns, ""):
-        left = col in ("fabric", "best layout", "")
-        table.add_column(col, justify="left" if left else "right", no_wrap=col != "")
+    for col in ("GPUs", "best layout", *times, money[1], "MFU", ""):
+        left = col in ("best layout", "")
+        table.add_column(col, justify="left" if left else "right", no_wrap=not left)
     on_front = {(r.fabric, r.gpus) for r in front}
     for r in rows:
         p = r.best
@@ -128,21 +168,31 @@ def sizing_table(rows: Sequence[Any], front: Sequence[Any], pick: Any, title: st
             *(["pick"] if pick is r else []),
         ]
         if p is None:
-            table.add_row(r.fabric, f"{r.gpus:,}", f"[dim]{r.note}[/dim]", *[""] * 6)
+            table.add_row(f"{r.gpus:,}", f"[dim]{r.note}[/dim]", *[""] * (len(times) + 3))
             continue
         t = p.training or {}
+        g = r.goodput
+        real = (
+            {"time_to_train_s": g.time_to_train_s, "gpu_hours": g.gpu_hours, "cost": g.cost}
+            if g
+            else t
+        )
         table.add_row(
-            r.fabric,
             f"{r.gpus:,}",
             layout_label(p.to_dict()),
-            fmt_time(p.step_time_s),
-            fmt_duration(t["time_to_train_s"]) if "time_to_train_s" in t else "",
-            f"{t[money[0]]:,.0f}" if t.get(money[0]) is not None else "",
-            pct(p.scaling_efficiency),
+            *((pct(g.goodput) if g else "",) if failures else ()),
+            _duration(real.get("time_to_train_s")),
+            *((_duration(t.get("time_to_train_s")),) if failures else ()),
+            f"{real[money[0]]:,.0f}" if real.get(money[0]) is not None else "",
             pct(p.mfu),
             ", ".join(marks),
         )
     return table
+
+
+def _duration(seconds: float | None) -> str:
+    """A time to train as fmt_duration writes it, days as d; blank when unknown."""
+    return "" if seconds is None else fmt_duration(seconds, days="d")
 
 
 PERCENT_METRICS = (

@@ -16,7 +16,7 @@ from commsim.compression import parse_compressor
 from commsim.specs import GPUSpec
 from commsim.step.buckets import MIB, STAGE_KINDS, BucketPlan, stage_buckets
 from commsim.step.groups import Groups, _group_rows
-from commsim.step.layouts import Layouts
+from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.shape import Shape, slowest, stage_layers
 from commsim.step.sync import BucketCosts, Tail, allreduce_costs, compressed_costs, tail
 from commsim.topology.placement import PLACEMENTS
@@ -123,7 +123,16 @@ class DataParallel:
         """Network and codec seconds of buckets of `nbytes` (expert: on the expert-data-
         parallel group) under one layout (a Layouts.row)."""
         dp, ep = r["dp"], r["ep"]
-        shape = (r["tp"], dp, r["pp"], ep, r["ps_shards"], r["cp"])
+        shape = (
+            r["tp"],
+            dp,
+            r["pp"],
+            ep,
+            r["ps_shards"],
+            r["cp"],
+            1,
+            RANK_ORDERS.index(r["order"]),
+        )
         placement = PLACEMENTS.index(r["placement"])
 
         def price(op, algorithm, sizes, expert):
@@ -175,6 +184,8 @@ _SYNC_KEY = (
     "ps_shards",
     "compression",
     "error_feedback",
+    "cp",
+    "order",
 )
 
 

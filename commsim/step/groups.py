@@ -2,8 +2,9 @@
 
 Ranks follow Megatron-core's order (tp-cp-ep-dp-pp): tensor-parallel rank fastest, then
 context-parallel, then data-parallel, then pipeline stage, so a tensor-parallel group is
-consecutive GPUs (inside a node when tp is at most the node's GPUs). Gradients are reduced
-over the data-parallel ranks and the context-parallel ones (they hold the same weights).
+consecutive GPUs (inside a node when tp is at most the node's GPUs); or, by the layout's
+order, tp-cp-ep-pp-dp, the pipeline's stages inside each data-parallel replica. Gradients
+are reduced over the data-parallel ranks and the context-parallel ones (they hold the same weights).
 Expert parallelism (MoE) carves its groups out of the data-parallel group: ep consecutive
 data-parallel ranks hold different experts; the dp / ep ranks holding the same experts
 (and their cp ranks) reduce their gradients (Megatron-LM / DeepSpeed-MoE, Rajbhandari et
@@ -18,11 +19,10 @@ from __future__ import annotations
 import numpy as np
 
 from commsim.collectives.algorithms import ALGORITHMS as OP_ALGORITHMS
-from commsim.collectives.algorithms import pipelined
 from commsim.collectives.group import GroupCost
-from commsim.step.layouts import ALGORITHMS, Layouts
+from commsim.step.layouts import ALGORITHMS, RANK_ORDERS, Layouts
 from commsim.topology.build import Cluster
-from commsim.topology.placement import PLACEMENTS, place
+from commsim.topology.placement import PLACEMENTS, place, rank_grid
 from commsim.topology.routing import step_time
 
 # tensor, context, data (with cp), expert, expert-data, hybrid-shard and replica groups
@@ -46,13 +46,14 @@ class Groups:
         self._costs: dict[tuple, GroupCost | None] = {}
         self._sends: dict[tuple, tuple[float, float]] = {}
 
-    def _ranks(self, placement: int, tp: int, cp: int, dp: int, pp: int) -> np.ndarray:
+    def _ranks(self, placement: int, tp: int, cp: int, dp: int, pp: int, order=0) -> np.ndarray:
         """GPU of each rank as [stage, data-parallel, context-parallel, tensor-parallel]."""
-        return self.orders[PLACEMENTS[placement]].reshape(pp, dp, cp, tp)
+        gpus = self.orders[PLACEMENTS[placement]]
+        return rank_grid(gpus, RANK_ORDERS[order], tp, cp, dp, pp)
 
-    def members(self, placement, kind, tp, dp, pp, ep=1, cp=1, shard=1) -> np.ndarray:
+    def members(self, placement, kind, tp, dp, pp, ep=1, cp=1, shard=1, order=0) -> np.ndarray:
         """GPUs of every group of one kind, a row each (see the module docstring)."""
-        ranks = self._ranks(placement, tp, cp, dp, pp)
+        ranks = self._ranks(placement, tp, cp, dp, pp, order)
         if kind == "tp":
             return ranks.reshape(-1, tp)
         if kind == "cp":
@@ -69,29 +70,22 @@ class Groups:
             return split.transpose(0, 1, 4, 2, 3).reshape(-1, shard * cp)
         return split.transpose(0, 2, 3, 4, 1).reshape(-1, dp // shard)
 
-    def cost(self, placement, kind, tp, dp, pp, ep=1, ps_shards=1, cp=1, shard=1):
+    def cost(self, placement, kind, tp, dp, pp, ep=1, ps_shards=1, cp=1, shard=1, order=0):
         """The GroupCost of every group of `kind` at once (None: groups of one rank)."""
-        key = (placement, kind, tp, dp, pp, ep, ps_shards, cp, shard)
+        key = (placement, kind, tp, dp, pp, ep, ps_shards, cp, shard, order)
         if key not in self._costs:
-            groups = self.members(placement, kind, tp, dp, pp, ep, cp, shard)
-            if groups.shape[1] == 1:
-                self._costs[key] = None
-            else:
-                nodes = self.cluster.node_of(groups)
-                if (nodes == nodes[:, :1]).all():
-                    groups = groups[:1]  # each group inside its own node: they share no link
-                shards = min(ps_shards, groups.shape[1])
-                self._costs[key] = GroupCost(self.cluster, groups, ps_shards=shards)
+            groups = self.members(placement, kind, tp, dp, pp, ep, cp, shard, order)
+            self._costs[key] = concurrent_cost(self.cluster, groups, ps_shards)
         return self._costs[key]
 
-    def send(self, placement, tp, dp, pp, cp=1) -> tuple[float, float]:
+    def send(self, placement, tp, dp, pp, cp=1, order=0) -> tuple[float, float]:
         """(intercept, slope per byte) of every stage handing activations to the next at
         once, each rank to its peer in the next stage (1F1B's steady state)."""
         if pp == 1:  # one stage: nothing to send
             return 0.0, 0.0
-        key = (placement, tp, dp, pp, cp)
+        key = (placement, tp, dp, pp, cp, order)
         if key not in self._sends:
-            ranks = self._ranks(placement, tp, cp, dp, pp)
+            ranks = self._ranks(placement, tp, cp, dp, pp, order)
             src, dst = ranks[:-1].ravel(), ranks[1:].ravel()
             t0 = step_time(self.cluster, src, dst, np.zeros(src.size))
             t1 = step_time(self.cluster, src, dst, np.full(src.size, 2.0**24))
@@ -121,20 +115,20 @@ class Groups:
         ep = L.ep if kind in ("ep", "edp") else one
         shards = L.ps_shards if kind == "dp" else one
         shard = np.maximum(L.fsdp_shard, 1) if kind in ("shard", "replica") else one
-        cols = [alg, L.placement, L.tp, L.dp, L.pp, ep, shards, L.cp, shard]
+        cols = [alg, L.placement, L.tp, L.dp, L.pp, ep, shards, L.cp, shard, L.order]
         inverse, firsts = _group_rows(cols)
         nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), L.dp.shape)
         line = np.zeros((len(firsts), 2))
         general = []
         for k, i in enumerate(firsts.tolist()):
-            a, pl, t, d, p, e, s, c, g = (int(col[i]) for col in cols)
-            name, key = op_algorithm(op, ALGORITHMS[a]), (pl, kind, t, d, p, e, s, c, g)
+            a, pl, t, d, p, e, s, c, g, o = (int(col[i]) for col in cols)
+            name, key = op_algorithm(op, ALGORITHMS[a]), (pl, kind, t, d, p, e, s, c, g, o)
             cost = self.cost(*key)
             if cost is None:
                 continue
             if name not in ("auto", "nccl") and name not in cost.algorithms(op):
                 line[k] = np.inf
-            elif name in ("auto", "nccl") or pipelined(op, name):
+            elif not cost.is_affine(op, name):
                 general.append((k, name, key))
             else:
                 line[k] = cost.affine(op, name)
@@ -146,6 +140,17 @@ class Groups:
                 rows = order[bounds[k] : bounds[k + 1]]
                 out[rows] = self.cost(*key).time(op, name, nbytes[rows])
         return out
+
+
+def concurrent_cost(cluster: Cluster, groups: np.ndarray, ps_shards: int = 1) -> GroupCost | None:
+    """The GroupCost of groups (a row of GPUs each) running one collective at the same time;
+    None for groups of one rank. Also what a trace replay prices a process group with."""
+    if groups.shape[1] == 1:
+        return None
+    nodes = cluster.node_of(groups)
+    if (nodes == nodes[:, :1]).all():
+        groups = groups[:1]  # each group inside its own node: they share no link
+    return GroupCost(cluster, groups, ps_shards=min(ps_shards, groups.shape[1]))
 
 
 def _group_rows(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -13,12 +13,13 @@ from typing import Any, get_args
 
 import numpy as np
 
-from commsim.specs import Algorithm, GradDtype, Strategy
+from commsim.specs import Algorithm, GradDtype, RankOrder, Strategy
 from commsim.step.memory import RECOMPUTE
 from commsim.topology.placement import PLACEMENTS
 
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)  # auto, nccl, then the algorithms
 GRAD_DTYPES: tuple[str, ...] = get_args(GradDtype)
+RANK_ORDERS: tuple[str, ...] = get_args(RankOrder)
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 _GRAD_BYTES = np.array([DTYPE_BYTES[d] for d in GRAD_DTYPES])
 _DEFAULTS: dict[str, Any] = {
@@ -47,6 +48,7 @@ _DEFAULTS: dict[str, Any] = {
     "flash": True,
     "tp_overlap": False,
     "fsdp_shard": 0,
+    "order": 0,
 }
 
 
@@ -80,6 +82,7 @@ class Layouts:
     flash: np.ndarray  # FlashAttention (fused attention: no s x s scores kept)
     tp_overlap: np.ndarray  # tensor-parallel collectives overlapped with the GEMMs
     fsdp_shard: np.ndarray  # ZeRO-3 shards over groups of this many dp ranks (0: all of dp)
+    order: np.ndarray  # code into RANK_ORDERS
     compressions: tuple[str, ...] = field(default=("none",))
 
     def __len__(self) -> int:
@@ -135,6 +138,7 @@ class Layouts:
             flash=col(lambda s: s.flash_attention),
             tp_overlap=col(lambda s: s.tp_overlap),
             fsdp_shard=col(lambda s: s.fsdp_shard or 0),
+            order=col(lambda s: RANK_ORDERS.index(s.order)),
         )
 
     def take(self, index: np.ndarray) -> Layouts:
@@ -149,6 +153,7 @@ class Layouts:
         out["placement"] = PLACEMENTS[out["placement"]]
         out["compression"] = self.compressions[out["compression"]]
         out["grad_dtype"] = GRAD_DTYPES[out["grad_dtype"]]
+        out["order"] = RANK_ORDERS[out["order"]]
         return out
 
     def strategy(self, i: int, base: Strategy) -> Strategy:
@@ -201,6 +206,7 @@ _STRATEGY_FIELDS = (
     "grad_dtype",
     "cp",
     "tp_overlap",
+    "order",
 )
 
 

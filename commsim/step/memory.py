@@ -109,27 +109,72 @@ def usable_bytes(gpu: GPUSpec, reserve_fraction: float = RESERVE_FRACTION) -> fl
     return gpu.hbm_bytes * (1.0 - reserve_fraction)
 
 
+@dataclass(frozen=True)
+class ActivationWidths:
+    """What a transformer layer keeps per token for its backward, in bytes per unit of h
+    (Korthikanti et al. 2022, Table 2, generalised to the layer's real widths): `replicated`
+    on every tensor-parallel rank unless sequence parallelism splits it, `split` over tp, and
+    `scores` per attention-score element (a s / h of them) when eager attention keeps them.
+    The defaults are Korthikanti's GPT block (4h MLP, dropout): 10, 24 and 5."""
+
+    replicated: float = 10.0
+    split: float = 24.0
+    scores: float = 5.0
+
+    @classmethod
+    def of(cls, c) -> ActivationWidths:
+        """A TransformerShape's widths. Replicated: the two norms' inputs (2 + 2), the
+        attention's and the MLP's inputs (2 + 2), 1-byte dropout masks after each (1 + 1),
+        MLA's latents. Split: Q, K, V and the attention output (2 bytes a value each), the
+        MLP inside (plain: its up-projection and activation outputs, 2 f + 2 f; gated: gate,
+        up and their product, 3 x 2 f); an MoE layer keeps that for each of its top_k x
+        capacity routed copies of a token, with the copy's input (2 h), and its shared
+        experts'. Scores: softmax output 2, and with dropout its mask 1 and output 2."""
+        h, d = c.hidden, 1.0 if c.has_dropout else 0.0
+        hd = c.head_width
+        if c.mla:
+            qk = c.heads * (hd + c.rope_head_dim)
+            q, k, v = qk, qk, c.heads * (c.v_head_dim or hd)
+            latent = 2.0 * ((c.q_lora_rank or 0) + c.kv_lora_rank + c.rope_head_dim)
+        else:
+            q, k, v, latent = c.heads * hd, c.kv_heads * hd, c.kv_heads * hd, 0.0
+        attention = 2.0 * (q + k + v + q if not c.mla else q + k + v + v)
+
+        def inside(width: float) -> float:
+            return (6.0 if c.gated_mlp else 4.0) * width
+
+        mlp = inside(c.ffn_hidden)
+        if c.experts > 1:
+            routed = c.top_k * c.capacity_factor
+            expert = c.moe_ffn_hidden or c.ffn_hidden
+            moe = routed * inside(expert) + (routed - 1.0) * 2.0 * h
+            moe += inside(c.shared_experts * expert) if c.shared_experts else 0.0
+            share = (c.layers - c.dense_layers) / c.layers
+            mlp = (1.0 - share) * mlp + share * moe
+        return cls(
+            replicated=8.0 + 2.0 * d + latent / h,
+            split=(attention + mlp) / h,
+            scores=2.0 + 3.0 * d,
+        )
+
+
 def activation_bytes_per_layer(
-    s, b, h, a, t, sequence_parallel, recompute, routed=1.0, flash=False
+    s, b, h, a, t, sequence_parallel, recompute, flash=False, widths=ActivationWidths()
 ):
-    """Activation bytes one transformer layer keeps for one micro-batch (Korthikanti Table 2);
-    `recompute` is a code of RECOMPUTE, arrays broadcast; `routed` = top_k x capacity factor
-    copies of each token an MoE MLP processes (1 for a dense layer); s is the tokens this GPU
-    holds of a sequence (s / cp under context parallelism). FlashAttention (Dao et al. 2022)
-    keeps no s x s scores, softmax or dropout of them: the 5as/h term goes, as under
-    selective recomputation (its softmax statistics, a s b fp32 values, are negligible)."""
-    # tensor parallel: sbh(10 + 24/t + 5as/(ht)), t = 1: sbh(34 + 5as/h); sequence parallel also
-    # splits the 10 (norms, dropout masks, replicated inputs): sbh/t(34 + 5as/h); selective
-    # recompute drops the 5as/h attention-score term; full recompute keeps the 2sbh layer input,
-    # /t under sequence parallelism (Megatron stores it sharded). 2-byte activations, 1-byte dropout
-    # masks. A GPT block (4h MLP, dropout) is
-    # assumed; a LLaMA block (SwiGLU, no dropout) is charged the same, an approximation.
+    """Activation bytes one transformer layer keeps for one micro-batch (Korthikanti Table 2
+    with the layer's ActivationWidths); `recompute` is a code of RECOMPUTE, arrays broadcast;
+    s is the tokens this GPU holds of a sequence (s / cp under context parallelism).
+    FlashAttention (Dao et al. 2022) keeps no s x s scores, softmax or dropout of them: the
+    scores term goes, as under selective recomputation (its softmax statistics, a s b fp32
+    values, are negligible)."""
+    # tensor parallel: sbh(replicated + split/t + scores as/(ht)); sequence parallelism also
+    # splits the replicated part; selective recompute drops the scores; full recompute keeps
+    # the 2sbh layer input, /t under sequence parallelism (Megatron stores it sharded)
     sbh = np.asarray(s, float) * b * h
-    scores = np.where((np.asarray(recompute) == 0) & ~np.asarray(flash), 5.0 * a * s / h, 0.0)
-    replicated = np.where(sequence_parallel, 10.0 / t, 10.0)
-    # MoE: the MLP's 18sbh/t (its 2sbh input and 16sbh inside, Korthikanti Sec. 4.1) is kept
-    # for each routed copy of a token, so (routed - 1) x 18sbh/t more than a dense MLP
-    kept = sbh * (replicated + (24.0 + scores + 18.0 * (routed - 1.0)) / t)
+    no_scores = (np.asarray(recompute) != 0) | np.asarray(flash)
+    scores = np.where(no_scores, 0.0, widths.scores * a * s / h)
+    replicated = np.where(sequence_parallel, widths.replicated / t, widths.replicated)
+    kept = sbh * (replicated + (widths.split + scores) / t)
     return np.where(np.asarray(recompute) == 2, 2.0 * sbh / np.where(sequence_parallel, t, 1), kept)
 
 
@@ -164,7 +209,7 @@ class _Shape:
     vocab: int
     block: tuple[float, float]  # parameters of one block (split over tp, replicated; mean)
     expert: float  # of block[0]: the experts' MLPs (split over tp and ep; mean over blocks)
-    routed: float  # top_k x capacity factor (1 for a dense model)
+    widths: ActivationWidths  # what a block keeps per token for its backward
     first: tuple[float, float]  # layers before the blocks: the embedding
     last: tuple[float, float]  # layers after the blocks: final norm, heads
     tied: int  # token-embedding size when the head reuses it (a copy on the last stage), else 0
@@ -199,7 +244,7 @@ def _transformer_shape(workload: Workload) -> _Shape | None:
         vocab=vocab,
         block=(body[0] / len(blocks), body[1] / len(blocks)),
         expert=workload.expert_params,
-        routed=workload.top_k * workload.capacity_factor if workload.moe else 1.0,
+        widths=ActivationWidths.of(workload.arch) if workload.arch else ActivationWidths(),
         first=split(workload.layers[:1]),
         last=split(tail),
         tied=0 if untied else vocab * h,
@@ -254,8 +299,8 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         t,
         c["sp"],
         c["recompute"],
-        shape.routed,
         c["flash"],
+        shape.widths,
     )
     # Output layer: norm output, logits and fp32 cross-entropy, 4sbh/t(1 + v/h) (Korthikanti
     # Sec. 4.3), per micro-batch its chunk holds: one under 1F1B, interleaved or not

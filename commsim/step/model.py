@@ -38,6 +38,21 @@ TP_ALLREDUCES_FORWARD = 2  # per layer: after attention, after the MLP (Shoeybi 
 ALL_TO_ALLS_FORWARD = 2  # per MoE layer: dispatch tokens to experts, combine them back (GShard)
 
 
+def tp_bytes(L: Layouts, sh: Shape) -> np.ndarray:
+    """Bytes of one tensor-parallel all-reduce: a micro-batch's b s h activations (bf16)."""
+    return L.micro_batch * sh.seq_len / L.cp * sh.hidden * ACT_BYTES
+
+
+def ep_bytes(L: Layouts, sh: Shape) -> np.ndarray:
+    """Bytes one GPU sends in an expert all-to-all (_expert_parallel's formula)."""
+    return tp_bytes(L, sh) * sh.routed / L.tp
+
+
+def send_bytes(L: Layouts, sh: Shape) -> np.ndarray:
+    """Bytes of one stage hand-off: the activations split over the tp ranks."""
+    return tp_bytes(L, sh) / L.tp
+
+
 def state_grad_bytes(plain, grad_bytes):
     """Gradient bytes a parameter's training state is counted with. Plain DDP under
     torch.amp keeps fp32 weights (4 B), fp32 gradients (4 B) and Adam's m and v (8 B): 16 B
@@ -196,12 +211,16 @@ class StepModel:
 
     def _stage_times(self, L: Layouts) -> StageTimes:
         """The roofline's per-block and end-layer times, or, with one efficiency, FLOPs /
-        (peak x efficiency) for everything (a calibration profile's measured rate)."""
+        (peak x efficiency) for everything (a calibration profile's measured rate); FP8
+        layouts run the blocks' linear layers at the FP8 peak, attention at BF16's."""
         if self.efficiency is None:
             return stage_times(self.workload, self.gpu, L)
         sh = self.shape
         rate = L.tp * L.cp * self.gpu.peak_flops * self.efficiency / L.micro_batch
-        block, core = sh.block_flops / rate, sh.attention_core_flops / rate
+        fp8_speedup = (self.gpu.fp8_flops or self.gpu.peak_flops) / self.gpu.peak_flops
+        linear_rate = rate * np.where(L.fp8, fp8_speedup, 1.0)
+        core = sh.attention_core_flops / rate
+        block = (sh.block_flops - sh.attention_core_flops) / linear_rate + core
         pre, post = sh.pre_flops / rate, sh.post_flops / rate
         b = BACKWARD_FACTOR
         if not sh.blocks:  # no blocks: the whole model as the layers before them
@@ -215,8 +234,7 @@ class StepModel:
         parallelism each is a reduce-scatter + all-gather of the same volume (Korthikanti
         Sec. 4.2.2). With tp_overlap (Transformer Engine's userbuffers, Megatron-core
         --tp-comm-overlap) they run under the block's compute: only what exceeds it shows."""
-        act = L.micro_batch * self.shape.seq_len / L.cp * self.shape.hidden * ACT_BYTES
-        ar = self.groups.price("all-reduce", "tp", L, act)
+        ar = self.groups.price("all-reduce", "tp", L, tp_bytes(L, self.shape))
         fwd = TP_ALLREDUCES_FORWARD * ar
         bwd = fwd * np.where(L.recompute == 2, 2.0, 1.0)
         fwd = np.where(L.tp_overlap, np.maximum(fwd - c.block_fwd, 0.0), fwd)
@@ -256,8 +274,7 @@ class StepModel:
             return zero, zero
         arch = self.workload.arch
         moe = (arch.layers - arch.dense_layers) / arch.layers if arch is not None else 1.0
-        act = L.micro_batch * sh.seq_len / L.cp * sh.hidden * ACT_BYTES * sh.routed / L.tp
-        a2a = self.groups.price("all-to-all", "ep", L, act)
+        a2a = self.groups.price("all-to-all", "ep", L, ep_bytes(L, sh))
         forward = ALL_TO_ALLS_FORWARD * moe * blocks * a2a
         return forward, forward * np.where(L.recompute == 2, 2.0, 1.0)
 
@@ -265,8 +282,8 @@ class StepModel:
         """Seconds of one activation hand-off between neighbouring stages: each micro-batch
         crosses a stage boundary forward and back, v times with interleaving; the tp ranks
         split the activation (scatter-gather optimisation)."""
-        act = L.micro_batch * self.shape.seq_len / L.cp * self.shape.hidden * ACT_BYTES / L.tp
-        cols = (L.placement, L.tp, L.dp, L.pp, L.cp)
+        act = send_bytes(L, self.shape)
+        cols = (L.placement, L.tp, L.dp, L.pp, L.cp, L.order)
         inverse, firsts = _group_rows(list(cols))
         line = np.array(
             [self.groups.send(*(int(col[i]) for col in cols)) for i in firsts.tolist()]

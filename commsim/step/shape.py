@@ -82,6 +82,38 @@ def stage_layers(blocks: int, pp, first, last) -> tuple[np.ndarray, np.ndarray, 
     return k_first, np.where(pp > 2, rest, 0.0), k_last
 
 
+def split_problem(blocks: int, pp: int, v: int, first: int, last: int) -> str | None:
+    """Why `blocks` layers cannot run as pp stages of v chunks each (None when they can).
+    Even (first = last = -1): every chunk equal, so pp x v divides the layers. Uneven
+    (Megatron-core's --decoder-first/last-pipeline-num-layers, or its pipeline layout
+    string): the other stages split the rest evenly, at least one layer each, and with v > 1
+    each of their stages splits into v equal chunks; an end stage's chunks may differ by a
+    layer or hold none (Llama 3's first chunk holds only the embedding, arXiv:2407.21783
+    Sec. 3.3.2)."""
+    if first < 0 and last < 0:
+        if blocks % (pp * v):
+            return (
+                f"{blocks} layers do not split evenly into pp x interleave = {pp} x {v} "
+                "chunks (first_stage_layers / last_stage_layers set an uneven split)"
+            )
+        return None
+    if pp == 1:
+        return "an uneven split needs pp > 1"
+    ends = [x for x in (first, last) if x >= 0]
+    rest, others = blocks - sum(ends), pp - len(ends)
+    if rest < others or (others == 0 and rest) or (others and rest % others):
+        return (
+            f"{blocks} layers minus {' + '.join(map(str, ends))} on the end stages leave "
+            f"{rest} for the other {others} stages: they must split evenly, at least one each"
+        )
+    if others and (rest // others) % v:
+        return (
+            f"the other stages' {rest // others} layers each do not split into "
+            f"interleave = {v} equal chunks"
+        )
+    return None
+
+
 def slowest(k_first, k_mid, k_last, per_layer, only, whole, pre, post):
     """(stage, blocks, load) of the stage with the most load: 0 the first (+ pre), 1 a
     middle one, 2 the last (+ post); a single stage (only) carries `whole`."""

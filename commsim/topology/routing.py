@@ -10,8 +10,11 @@ the step (alpha_with_fanin): an endpoint sends and receives its messages one by 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from commsim.topology import symmetry
 from commsim.topology.build import Cluster
 
 _MAX_HOPS = 12  # gpu-hub-gpu-nic-leaf-spine-core-spine-leaf-nic-gpu-hub-gpu
@@ -26,11 +29,23 @@ def _ecmp_hash(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (h * np.uint64(0xBF58476D1CE4E5B9) >> np.uint64(32)).astype(np.int64)
 
 
-def _owner_gpu(cluster: Cluster, nic: np.ndarray) -> np.ndarray:
-    """The first GPU attached (over PCIe) to a global NIC index: where PXN hands data over."""
-    gpn, nics = cluster.gpus_per_node, cluster.nics_per_node
-    node, rail = nic // nics, nic % nics
-    return node * gpn + (rail * gpn + nics - 1) // nics
+def _owner_gpu(cluster: Cluster, port: np.ndarray) -> np.ndarray:
+    """The first GPU attached (over PCIe) to a global port's NIC: where PXN hands data over."""
+    gpn, ports = cluster.gpus_per_node, cluster.nics_per_node
+    nics = ports // cluster.ports_per_nic
+    node, nic = port // ports, port % ports // cluster.ports_per_nic
+    return node * gpn + (nic * gpn + nics - 1) // nics
+
+
+def _same_plane(cluster: Cluster, nic_s: np.ndarray, nic_d: np.ndarray) -> np.ndarray:
+    """The far port a flow arrives on: nic_d, or where it is in another plane (planes meet
+    only inside nodes) the far node's port of nic_s's plane, the hop to the GPU then over
+    NVLink (PXN on the far side, as DeepSeek's multi-plane network crosses planes)."""
+    if cluster.planes == 1:
+        return nic_d
+    nics = cluster.nics_per_node
+    other = cluster.plane_of(nic_s) != cluster.plane_of(nic_d)
+    return np.where(other, nic_d - nic_d % nics + nic_s % nics, nic_d)
 
 
 def routes(
@@ -73,7 +88,7 @@ def routes(
     pinned = rail >= 0
     home_s, home_d = cluster.nic_of(src), cluster.nic_of(dst)
     nic_s = np.where(pinned, node_s * nics + rail % nics, home_s)
-    nic_d = np.where(pinned, node_d * nics + rail % nics, home_d)
+    nic_d = _same_plane(cluster, nic_s, np.where(pinned, node_d * nics + rail % nics, home_d))
     own_s = np.where(nic_s == home_s, src, _owner_gpu(cluster, nic_s))
     own_d = np.where(nic_d == home_d, dst, _owner_gpu(cluster, nic_d))
     hop_s = inter & (own_s != src)
@@ -134,7 +149,8 @@ def peer_counts(src, dst) -> np.ndarray:
     if not real.any():
         return np.ones(src.shape, dtype=np.int64)
     width = int(max(src.max(), dst.max())) + 1
-    pairs = np.unique(src[real] * width + dst[real])
+    pairs = np.sort(src[real] * width + dst[real])
+    pairs = pairs[np.concatenate([[True], pairs[1:] != pairs[:-1]])]
     fan_out = np.bincount(pairs // width, minlength=width)
     fan_in = np.bincount(pairs % width, minlength=width)
     return np.where(real, np.maximum(fan_out[src], fan_in[dst]), 1)
@@ -146,7 +162,9 @@ def link_loads(cluster: Cluster, paths: np.ndarray) -> np.ndarray:
     return np.bincount(used, minlength=cluster.capacity.size)
 
 
-def maxmin_rates(paths: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+def maxmin_rates(
+    paths: np.ndarray, capacity: np.ndarray, weights: np.ndarray | None = None
+) -> np.ndarray:
     """Max-min fair rate of each flow (paths: flows x hops of edge ids, -1 padded).
 
     Water-filling by local bottlenecks: an edge whose fair share (remaining capacity /
@@ -155,13 +173,15 @@ def maxmin_rates(paths: np.ndarray, capacity: np.ndarray) -> np.ndarray:
     edges, repeat. Each round is one vectorised pass; rounds are the depth of the
     bottleneck structure, not the number of distinct rates (Bertsekas & Gallager 6.5.2
     give the sequential form, which tests/test_topology.py checks this against).
-    A flow with no edges (a self-send) gets an infinite rate."""
+    A flow with no edges (a self-send) gets an infinite rate. weights (paths' shape): how
+    many flows each hop stands for on its edge (topology.symmetry's orbits; default 1)."""
     used = paths >= 0
     rate = np.full(paths.shape[0], np.inf)
     live = np.nonzero(used.any(axis=1))[0]  # the active flows, shrinking every round
     edge, used = np.where(used, paths, 0)[live], used[live]
+    weight = np.ones(used.shape) if weights is None else np.asarray(weights, dtype=float)[live]
     remaining = capacity.astype(float).copy()
-    counts = np.bincount(edge[used], minlength=capacity.size).astype(float)
+    counts = np.bincount(edge[used], weights=weight[used], minlength=capacity.size)
     while live.size:
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(counts > 0, remaining / counts, np.inf)
@@ -172,13 +192,13 @@ def maxmin_rates(paths: np.ndarray, capacity: np.ndarray) -> np.ndarray:
         frozen = (used & bottleneck[edge]).any(axis=1)
         rate[live[frozen]] = least[frozen]
         hops = used & frozen[:, None]
-        freed = np.broadcast_to(least[:, None], hops.shape)[hops]
+        freed = (least[:, None] * weight)[hops]
         remaining = np.maximum(
             remaining - np.bincount(edge[hops], weights=freed, minlength=capacity.size), 0.0
         )
-        counts -= np.bincount(edge[hops], minlength=capacity.size)
+        counts -= np.bincount(edge[hops], weights=weight[hops], minlength=capacity.size)
         keep = ~frozen
-        live, edge, used = live[keep], edge[keep], used[keep]
+        live, edge, used, weight = live[keep], edge[keep], used[keep], weight[keep]
     return rate
 
 
@@ -203,6 +223,7 @@ def flow_times(
 
 
 _CACHE_SIZE = 512
+_CACHE_FLOWS = 4_000_000  # flows kept in all (16 bytes each): 64 MB at 131,072 GPUs
 FLUID_BAND = 0.05  # flows finishing within 5% of the first are released together
 FLUID_ROUNDS = 4
 
@@ -213,38 +234,75 @@ def _solved(cluster, src, dst, rail, shape) -> tuple[np.ndarray, np.ndarray]:
     key = hash(b"".join(np.ascontiguousarray(a).tobytes() for a in parts))
     cache = cluster.solved_steps
     if key not in cache:
-        if len(cache) >= _CACHE_SIZE:
+        while cache and (
+            len(cache) >= _CACHE_SIZE
+            or sum(v[0].size for v in cache.values()) + src.size > _CACHE_FLOWS
+        ):
             del cache[next(iter(cache))]
         cache[key] = _solve(cluster, src, dst, rail, shape)
     return cache[key]
 
 
+@dataclass(frozen=True)
+class Background:
+    """Flows of other jobs that hold their share of the links for as long as this job's
+    steps run (their collectives on the wire at the same time: topology.jobs)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    rail: np.ndarray
+
+
 def _solve(cluster, src, dst, rail, nbytes) -> tuple[np.ndarray, np.ndarray]:
-    """Route the flows and run the fluid max-min model to completion."""
+    """Route the flows (and the cluster's background flows, which never finish) and run
+    the fluid max-min model until the step's own flows are done, once per orbit of the
+    step's symmetries (topology.symmetry) unless the cluster says otherwise."""
+    own = src.size
+    rail = np.full(src.shape, -1, dtype=np.int64) if rail is None else np.asarray(rail)
+    nbytes = np.asarray(nbytes, dtype=float)
+    bg = cluster.background
+    if bg is not None:
+        src, dst = np.concatenate([src, bg.src]), np.concatenate([dst, bg.dst])
+        rail = np.concatenate([rail, bg.rail])
+        nbytes = np.concatenate([nbytes, np.full(bg.src.size, np.inf)])
     paths, lat = routes(cluster, src, dst, rail)
-    paths = paths[:, : int((paths >= 0).sum(axis=1).max(initial=0))].astype(np.int32)
+    paths = paths[:, : int((paths >= 0).sum(axis=1).max(initial=0))]
     lat = alpha_with_fanin(lat, peer_counts(src, dst), endpoint_overhead(cluster, src, dst))
+    big = cluster.symmetry and src.size >= symmetry.MIN_FLOWS
+    r = symmetry.reduce(cluster, src, dst, rail, nbytes, paths) if big else None
+    if r is None:
+        finish = _fluid(paths, cluster.capacity, None, nbytes)
+    else:
+        finish = _fluid(r.paths, r.capacity, r.weights, nbytes[r.reps])[r.orbit]
+    return lat[:own], finish[:own]
+
+
+def _fluid(paths, capacity, weights, nbytes) -> np.ndarray:
+    """Finishing time of each flow of `nbytes` sharing the edges max-min fairly, the rest
+    speeding up as flows finish (weights: see maxmin_rates). A flow of infinite bytes
+    never finishes (inf): it holds its share throughout."""
+    paths = paths.astype(np.int32)
     remaining = np.array(nbytes, dtype=float)
-    finish = np.zeros(lat.size)
+    finish = np.where(np.isfinite(remaining), 0.0, np.inf)
     alive = (remaining > 0) & (paths[:, 0] >= 0)
     now, rounds = 0.0, 0
-    while alive.any():
+    while (alive & np.isfinite(remaining)).any():
         idx = np.nonzero(alive)[0]
-        rates = maxmin_rates(paths[idx], cluster.capacity)
-        left = remaining[idx] / rates
+        rates = maxmin_rates(paths[idx], capacity, None if weights is None else weights[idx])
+        left = np.where(np.isfinite(remaining[idx]), remaining[idx] / rates, np.inf)
         rounds += 1
         # Flows due within FLUID_BAND of the first finish together (each at its own time);
         # the rest keep their rates that long. After FLUID_ROUNDS rounds all finish at their
         # current rates. Both only ever slow survivors down, and bound the rounds when
         # hash collisions give every flow its own rate.
         band = np.inf if rounds >= FLUID_ROUNDS else left.min() * (1.0 + FLUID_BAND)
-        done = left <= band
+        done = (left <= band) & np.isfinite(left)
         finish[idx[done]] = now + left[done]
         dt = left[done].max()
         remaining[idx] -= rates * dt
         alive[idx[done]] = False
         now += dt
-    return lat, finish
+    return finish
 
 
 def step_time(

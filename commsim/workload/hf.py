@@ -52,6 +52,10 @@ ARCHITECTURES = {
 }
 
 
+# the dropout probabilities a config may set (GPT-2's *_pdrop, the LLaMA family's)
+DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop")
+
+
 def is_config_path(name: str) -> bool:
     """A model named by a path to a JSON file rather than a preset name."""
     return name.lower().endswith(".json")
@@ -63,6 +67,9 @@ def read_config(path: str | Path) -> ModelSpec:
     config = _load_json(Path(path))
     family = _family(config, source)
     fields = FAMILIES[family](config, source)
+    fields["dropout"] = any(
+        _probability(config, key, source) > 0 for key in DROPOUT_KEYS if config.get(key) is not None
+    )
     name = config.get("_name_or_path") or _default_name(Path(path))
     return parse_spec(ModelSpec, {"name": str(name), **fields}, source)
 
@@ -112,6 +119,14 @@ def _int(config: Config, key: str, source: str, default: int | None = None) -> i
     if value < 1:
         raise SpecError(source, key, f"must be positive, got {value!r}")
     return int(value)
+
+
+def _probability(config: Config, key: str, source: str) -> float:
+    """A probability field in [0, 1]."""
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise SpecError(source, key, f"expected a probability in [0, 1], got {value!r}")
+    return float(value)
 
 
 def _optional_int(config: Config, key: str, source: str) -> int | None:

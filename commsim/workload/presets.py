@@ -338,4 +338,5 @@ def _from_spec(m: ModelSpec, seq_len: int | None, source: str) -> TransformerSha
         rope_head_dim=m.rope_head_dim,
         v_head_dim=m.v_head_dim,
         qkv_bias=m.qkv_bias,
+        dropout=m.dropout,
     )

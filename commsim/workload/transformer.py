@@ -27,11 +27,15 @@ class Style:
     norm: int  # tensors of one norm, h each: LayerNorm 2 (weight, bias), RMSNorm 1 (weight)
     learned_positions: bool  # a position-embedding table as long as the context
     tied_head: bool  # the LM head reuses the token-embedding matrix
+    # trains with dropout: GPT-2 (resid/attn_pdrop 0.1), Megatron's GPT (--hidden-dropout and
+    # --attention-dropout 0.1) and BERT (0.1) do; LLaMA-family configs (Llama, Mistral,
+    # Mixtral, Qwen, DeepSeek) set attention_dropout 0.0 and have no hidden dropout
+    dropout: bool
 
 
-GPT = Style(layout="gpt", bias=True, norm=2, learned_positions=True, tied_head=True)
-LLAMA = Style(layout="llama", bias=False, norm=1, learned_positions=False, tied_head=False)
-BERT = Style(layout="bert", bias=True, norm=2, learned_positions=True, tied_head=True)
+GPT = Style("gpt", bias=True, norm=2, learned_positions=True, tied_head=True, dropout=True)
+LLAMA = Style("llama", bias=False, norm=1, learned_positions=False, tied_head=False, dropout=False)
+BERT = Style("bert", bias=True, norm=2, learned_positions=True, tied_head=True, dropout=True)
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class TransformerShape:
     rope_head_dim: int = 0  # MLA: the decoupled rotary part of a query/key head
     v_head_dim: int | None = None  # MLA: a value head's width (default head_dim)
     qkv_bias: bool = False  # Q, K and V projections carry biases where the family has none
+    dropout: bool | None = None  # trains with dropout (None: the family's)
 
     @property
     def head_width(self) -> int:
@@ -71,6 +76,10 @@ class TransformerShape:
     @property
     def tied_head(self) -> bool:
         return self.style.tied_head if self.tied is None else self.tied
+
+    @property
+    def has_dropout(self) -> bool:
+        return self.style.dropout if self.dropout is None else self.dropout
 
     @property
     def mla(self) -> bool:

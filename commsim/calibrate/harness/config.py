@@ -38,6 +38,7 @@ class HarnessConfig:
     batch: int = 32  # samples per rank per step
     ddp_repeats: int = 10
     comm_hooks: tuple[str, ...] = ("none",)  # DDP comm hooks, spelled as commsim spells them
+    profile_dir: str | None = None  # write torch.profiler traces of DDP steps here
 
     def __post_init__(self) -> None:
         lo, _ = parse_size_range(self.sizes)

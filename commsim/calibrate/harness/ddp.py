@@ -8,6 +8,7 @@ recorded so commsim can rebuild it as a Workload.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from typing import Any
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from commsim.calibrate.harness.config import HarnessConfig
+from commsim.calibrate.harness.profiled import profile_steps
 from commsim.calibrate.harness.rank import Run, max_over_ranks
 
 MIB = 2**20
@@ -113,23 +115,25 @@ def _model_record(model: nn.Sequential, fwd: np.ndarray, bwd: np.ndarray, cfg: H
     }
 
 
-def _ddp_step(run: Run, ddp, opt, x, y, *, sync: bool) -> tuple[float, float]:
+def _ddp_step(run: Run, ddp, opt, x, y, *, sync: bool, scope=contextlib.nullcontext):
     """One training step after a world barrier: (whole step, optimizer) seconds. Without
-    sync, under no_sync: DDP launches no all-reduce, so this is compute alone."""
+    sync, under no_sync: DDP launches no all-reduce, so this is compute alone. `scope()`
+    is entered around the timed part (a profiler's step annotation)."""
     opt.zero_grad(set_to_none=False)
     dist.barrier()
     run.progress.tick()
-    t0 = time.perf_counter()
-    if sync:
-        nn.functional.cross_entropy(ddp(x), y).backward()
-    else:
-        with ddp.no_sync():
+    with scope():
+        t0 = time.perf_counter()
+        if sync:
             nn.functional.cross_entropy(ddp(x), y).backward()
-    run.sync()
-    t1 = time.perf_counter()
-    opt.step()
-    run.sync()
-    t2 = time.perf_counter()
+        else:
+            with ddp.no_sync():
+                nn.functional.cross_entropy(ddp(x), y).backward()
+        run.sync()
+        t1 = time.perf_counter()
+        opt.step()
+        run.sync()
+        t2 = time.perf_counter()
     return t2 - t0, t2 - t1
 
 
@@ -196,6 +200,8 @@ def measure_ddp(run: Run) -> None:
         c = max_over_ranks([t for t, _ in compute], run, None)
         o = max_over_ranks([t for _, t in compute], run, None)
         s = max_over_ranks(full, run, None)
+        if cfg.profile_dir:
+            profile_steps(run, batch, _ddp_step, f"bucket{cap:g}mb-{hook.replace(':', '')}")
         logged = ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")
         run.emit(
             {

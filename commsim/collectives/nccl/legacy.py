@@ -1,4 +1,5 @@
-"""NCCL's own cost model (src/graph/tuning.cc) and its tuner's choice of algorithm."""
+"""The ring-or-tree pick from NCCL's Simple-protocol constants that the gloo backend keeps for
+`--algorithm nccl` (the NCCL backend prices with the full model: nccl.model)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,297 @@
+"""`commsim trace`: PyTorch profiler traces summarised, replayed and predicted on a cluster
+(also at another scale), turned into calibration points; Chakra traces written for any
+layout and read back. Heavy imports happen inside the commands (commsim --help stays fast).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from commsim.cli.options import (
+    AlgorithmOpt,
+    BucketOpt,
+    ClusterOpt,
+    EpOpt,
+    GlobalBatchOpt,
+    GpusOpt,
+    InterleaveOpt,
+    MicroBatchOpt,
+    ModelOpt,
+    PlacementOpt,
+    PpOpt,
+    RecomputeOpt,
+    ScenarioArg,
+    SeqLenOpt,
+    TpOpt,
+    ZeroOpt,
+)
+from commsim.report import terminal
+
+if TYPE_CHECKING:
+    from commsim.traces.graph import Graph
+
+trace_app = typer.Typer(no_args_is_help=True, help="Profiler and Chakra traces in and out.")
+Traces = Annotated[list[str], typer.Argument(help="One torch.profiler trace (JSON) per rank.")]
+StepOpt = Annotated[int | None, typer.Option(help="ProfilerStep number (default: the median).")]
+ProfOpt = Annotated[str | None, typer.Option("--profile", help="Calibration profile YAML.")]
+
+
+def _cluster(name: str, profile: str | None, gpus: int):
+    """The cluster graph a replay prices on, a profile's fitted links written in."""
+    from commsim import catalog
+    from commsim.profile import apply_profile, load_profile
+    from commsim.specs import ClusterSpec, load_spec
+    from commsim.topology.build import build_cluster
+
+    spec = load_spec(ClusterSpec, catalog.topology_path(name, name))
+    if profile:
+        spec = apply_profile(spec, load_profile(profile), profile)
+    return build_cluster(spec, gpus)
+
+
+def _price(graph: Graph, cluster: str, profile: str | None, gpus: int, algorithm, placement):
+    from commsim.traces.pricing import ClusterPricer
+
+    return ClusterPricer(graph, _cluster(cluster, profile, gpus), gpus, algorithm, placement)
+
+
+@trace_app.command("summary")
+def summary_cmd(
+    traces: Traces,
+    cluster: ClusterOpt = None,
+    profile: ProfOpt = None,
+    algorithm: Annotated[str, typer.Option(help="Algorithm the prediction prices.")] = "auto",
+    step: StepOpt = None,
+    plot: Annotated[
+        str | None, typer.Option(help="PNG: the measured step beside commsim's (needs --cluster).")
+    ] = None,
+    json_out: terminal.JsonOpt = False,
+) -> None:
+    """Per rank and step: compute, communication, exposed communication; each collective's
+    algbw and busbw."""
+    from commsim.report.traces import plot_step, summary_tables
+    from commsim.specs import SpecError
+    from commsim.traces.imported import import_step
+    from commsim.traces.kineto import read_kineto
+    from commsim.traces.replay import replay
+    from commsim.traces.summary import summarize
+
+    with terminal.user_errors():
+        if plot and not cluster:
+            raise SpecError("--plot", "", "needs --cluster to predict the step it draws beside")
+        if profile and not cluster:
+            raise SpecError("--profile", "", "needs --cluster")
+        read = [read_kineto(p) for p in traces]
+        s = summarize(read)
+        doc = s.to_dict()
+        if cluster:
+            graph = import_step(read, step)
+            world = max(t.world for t in read)
+            price = _price(graph, cluster, profile, world, algorithm, "blocked")
+            measured, predicted = replay(graph), replay(graph, price)
+            doc["prediction"] = {
+                "step": int(graph.metadata["step"]),
+                "replayed_s": measured.step_s,
+                "predicted_s": predicted.step_s,
+                "kept_as_traced": sorted(price.kept),
+            }
+            if plot:
+                plot_step(read, graph, predicted, plot)
+    if json_out:
+        terminal.print_json(doc)
+        return
+    for table in summary_tables(s):
+        terminal.console.print(table)
+    if "prediction" in doc:
+        p = doc["prediction"]
+        terminal.console.print(
+            f"step {p['step']} replayed as traced: {1e3 * p['replayed_s']:.2f} ms; "
+            f"priced on {cluster}: {1e3 * p['predicted_s']:.2f} ms"
+        )
+    if plot:
+        terminal.console.print(f"plot written to {plot}")
+
+
+@trace_app.command("predict")
+def predict_cmd(
+    traces: Traces,
+    cluster: Annotated[str, typer.Option(help="Topology name or YAML to predict on.")],
+    gpus: Annotated[
+        int | None, typer.Option(help="GPUs at the new scale (default: traced).")
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree of the traced run.")] = 1,
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline stages of the traced run.")] = 1,
+    profile: ProfOpt = None,
+    algorithm: Annotated[str, typer.Option(help="Algorithm collectives run.")] = "auto",
+    placement: Annotated[
+        str, typer.Option(help="blocked, interleaved, topology-aware.")
+    ] = "blocked",
+    step: StepOpt = None,
+    json_out: terminal.JsonOpt = False,
+) -> None:
+    """The traced step replayed on a cluster's cost model, at the traced scale or another."""
+    from commsim.traces.imported import import_step
+    from commsim.traces.kineto import read_kineto
+    from commsim.traces.replay import replay
+    from commsim.traces.retarget import ASSUMPTIONS, retarget
+
+    with terminal.user_errors():
+        read = [read_kineto(p) for p in traces]
+        world = max(t.world for t in read)
+        graph = import_step(read, step)
+        n = gpus or world
+        target = retarget(graph, world, n, tp, pp) if n != world else graph
+        price = _price(target, cluster, profile, n, algorithm, placement)
+        doc = {
+            "step": int(graph.metadata["step"]),
+            "traced_gpus": world,
+            "gpus": n,
+            "layout": {"tp": tp, "pp": pp, "dp_traced": world // (tp * pp), "dp": n // (tp * pp)},
+            "traced_s": replay(graph).step_s,
+            "predicted_s": replay(target, price).step_s,
+            "assumptions": list(ASSUMPTIONS),
+            "kept_as_traced": sorted(price.kept),
+        }
+    if json_out:
+        terminal.print_json(doc)
+        return
+    terminal.console.print(
+        f"step {doc['step']}: {1e3 * doc['traced_s']:.2f} ms on {world} traced ranks; "
+        f"predicted {1e3 * doc['predicted_s']:.2f} ms on {n} GPUs of {cluster} "
+        f"(tp {tp}, pp {pp}, dp {doc['layout']['dp']})"
+    )
+    for a in doc["assumptions"] + [f"kept as traced: {k}" for k in doc["kept_as_traced"]]:
+        terminal.console.print(f"assumed: {a}", highlight=False)
+
+
+@trace_app.command("export")
+def export_cmd(
+    out: Annotated[str, typer.Option(help="Prefix of the files: PREFIX.<rank>.et")],
+    scenario: ScenarioArg = None,
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
+    gpus: GpusOpt = None,
+    global_batch: GlobalBatchOpt = None,
+    micro_batch: MicroBatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    bucket_mb: BucketOpt = None,
+    algorithm: AlgorithmOpt = None,
+    placement: PlacementOpt = None,
+    tp: TpOpt = None,
+    pp: PpOpt = None,
+    ep: EpOpt = None,
+    zero: ZeroOpt = None,
+    recompute: RecomputeOpt = None,
+    interleave: InterleaveOpt = None,
+    json_out: terminal.JsonOpt = False,
+) -> None:
+    """Write the Chakra execution trace (one .et file per rank) of a layout's step."""
+    from pathlib import Path
+
+    from commsim.cli.options import setup_from_flags
+    from commsim.files import write_atomic
+    from commsim.traces.chakra import chakra_files
+    from commsim.traces.export import export_graph
+    from commsim.traces.replay import replay
+
+    with terminal.user_errors():
+        setup = setup_from_flags(
+            scenario,
+            model=model,
+            cluster=cluster,
+            gpus=gpus,
+            global_batch=global_batch,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            bucket_mb=bucket_mb,
+            algorithm=algorithm,
+            placement=placement,
+            tp=tp,
+            pp=pp,
+            ep=ep,
+            zero=zero,
+            recompute=recompute,
+            interleave=interleave,
+        )
+        graph, predicted = export_graph(setup)
+        files = chakra_files(graph, graph.metadata)  # all built before any is written
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        with terminal.progress(len(files), "writing .et files") as bar:
+            for rank, data in files.items():
+                write_atomic(f"{out}.{rank}.et", data)
+                bar.advance(bar.task_ids[0])
+        doc = {
+            "files": len(files),
+            "prefix": out,
+            "replayed_s": replay(graph).step_s,
+            "predicted_s": predicted,
+            "nodes": graph.counts(),
+        }
+    if json_out:
+        terminal.print_json(doc)
+        return
+    terminal.console.print(
+        f"{doc['files']} files {out}.<rank>.et; step {1e3 * doc['replayed_s']:.2f} ms "
+        f"(predict: {1e3 * predicted:.2f} ms); nodes: "
+        + ", ".join(f"{k} {v}" for k, v in doc["nodes"].items())
+    )
+
+
+@trace_app.command("import")
+def import_cmd(
+    files: Annotated[list[str], typer.Argument(help="Chakra .et files, one per rank.")],
+    cluster: ClusterOpt = None,
+    profile: ProfOpt = None,
+    algorithm: Annotated[str | None, typer.Option(help="Default: the trace's, else auto.")] = None,
+    placement: Annotated[
+        str | None, typer.Option(help="Default: the trace's, else blocked.")
+    ] = None,
+    json_out: terminal.JsonOpt = False,
+) -> None:
+    """Replay Chakra traces: as recorded, and with --cluster on commsim's cost model."""
+    from commsim.specs import SpecError
+    from commsim.traces.chakra import import_chakra
+    from commsim.traces.replay import replay
+
+    with terminal.user_errors():
+        if profile and not cluster:
+            raise SpecError("--profile", "", "needs --cluster")
+        graph = import_chakra(files)
+        doc = {
+            "ranks": len(graph.ranks),
+            "nodes": graph.counts(),
+            "recorded_s": replay(graph).step_s,
+        }
+        if cluster:
+            n = max(r for _, rs in graph.groups.values() for r in rs) + 1
+            alg = algorithm or graph.metadata.get("algorithm", "auto")
+            where = placement or graph.metadata.get("placement", "blocked")
+            price = _price(graph, cluster, profile, n, alg, where)
+            doc |= {"priced_s": replay(graph, price).step_s, "kept_as_traced": sorted(price.kept)}
+    if json_out:
+        terminal.print_json(doc)
+        return
+    line = f"{doc['ranks']} ranks, step {1e3 * doc['recorded_s']:.2f} ms as recorded"
+    if cluster:
+        line += f", {1e3 * doc['priced_s']:.2f} ms priced on {cluster}"
+    terminal.console.print(line)
+
+
+@trace_app.command("calibrate")
+def calibrate_cmd(
+    traces: Traces,
+    out: Annotated[str, typer.Option(help="Results file (JSONL) for `calibrate fit`.")],
+) -> None:
+    """Every traced collective of known size and group as a measured point (the results
+    format `calibrate fit` and `validate` read)."""
+    from commsim.calibrate.kineto import trace_records
+    from commsim.calibrate.records import append_records
+    from commsim.traces.kineto import read_kineto
+
+    with terminal.user_errors():
+        records = trace_records([read_kineto(p) for p in traces])
+        append_records(out, records)
+    points = sum(r["kind"] == "collective" for r in records)
+    terminal.err_console.print(f"{points} measured collectives appended to {out}")

@@ -1,0 +1,324 @@
+"""One rank's PyTorch profiler trace (the chrome-trace JSON torch.profiler / Kineto writes,
+optionally gzipped): its steps, its compute, and its collectives with what PyTorch records
+about each.
+
+- Steps are the `ProfilerStep#N` annotations that `profiler.step()` opens; the thread holding
+  them is the rank's main (compute-issuing) thread.
+- NCCL collectives are GPU kernels carrying the `record_param_comms` metadata PyTorch copies
+  onto them ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size",
+  "Process Group Name" / "Description" / "Ranks": the key names as libtorch spells them);
+  gloo collectives are `gloo:<op>` annotations on gloo's worker threads, sized by their
+  "Input Dims" and "Input type" (recorded with record_shapes=True); gloo records no group,
+  so they are taken to run on the default process group (pg_desc "default_pg", or the
+  only group; DDP's all-reduces do), an assumption the summary states.
+- Compute is every GPU kernel that is not a collective when the trace has GPU kernels;
+  otherwise (CPU training) the main thread's ops, less the collectives' launch calls
+  (c10d::*, record_param_comms).
+
+Sizes follow nccl-tests: all-gather counts its output, reduce-scatter its input, all-to-all
+what a rank sends, send-recv one message. Times are seconds from the first step's start.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from commsim.specs import SpecError
+from commsim.traces.intervals import difference, union
+
+STEP = re.compile(r"^ProfilerStep#(\d+)$")
+DDP_FORWARD = "DistributedDataParallel.forward"  # DDP's own annotation: one per micro-batch
+LAUNCH_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:")
+# bytes per element of the dtype names PyTorch writes ("Float", "BFloat16") and gloo's
+# "Input type" strings ("float", "c10::Half")
+DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "double": 8,
+    "float64": 8,
+    "half": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "long": 8,
+    "int64": 8,
+    "longint": 8,
+    "int": 4,
+    "int32": 4,
+    "short": 2,
+    "int16": 2,
+    "char": 1,
+    "int8": 1,
+    "byte": 1,
+    "uint8": 1,
+    "unsignedchar": 1,
+    "signedchar": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+# which size nccl-tests reports: the input's or the output's element count
+_SIZE_SIDE = {"all-gather": "out"}
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective as it ran on this rank."""
+
+    op: str  # commsim's name (all-reduce, ...), or the trace's own for ops commsim lacks
+    name: str  # as recorded: "allreduce", "_allgather_base", "gloo:all_reduce", a kernel name
+    bytes: float | None  # nccl-tests' size; None when the trace does not say
+    dtype: str | None
+    group: tuple[int, ...] | None  # global ranks of its process group, when known
+    pg: str | None  # process group name
+    pg_desc: str | None
+    start: float
+    end: float
+    lane: str  # the stream or thread it ran on
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Step:
+    number: int
+    start: float
+    end: float  # the annotation's end (CPU); RankTrace.window extends it over trailing work
+    forwards: int  # DDP forward passes in it (micro-batches), 0 when not DDP
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    """What one rank's trace says."""
+
+    source: str
+    rank: int
+    world: int
+    backend: str | None
+    gpu: bool  # compute from GPU kernels (True) or from the main thread's CPU ops
+    groups: dict[str, tuple[str, tuple[int, ...]]]  # process group name -> (desc, ranks)
+    steps: tuple[Step, ...]
+    compute: np.ndarray  # disjoint busy intervals, seconds
+    launches: np.ndarray  # the main thread's collective launch calls (c10d::*, ...)
+    collectives: tuple[Collective, ...]
+    metadata: dict[str, Any]  # the trace's other top-level fields (a harness's own timings)
+
+    def window(self, k: int) -> tuple[float, float]:
+        """Step k's window: from its annotation's start to its end or, later, the end of the
+        last collective or compute that started within it (GPU work trails its launch),
+        never past the next step's start."""
+        s = self.steps[k]
+        ends = [c.end for c in self.collectives if s.start <= c.start < s.end]
+        inside = (self.compute[:, 0] >= s.start) & (self.compute[:, 0] < s.end)
+        ends += self.compute[inside, 1].tolist()
+        end = max([s.end, *ends])
+        if k + 1 < len(self.steps):
+            end = min(end, max(s.end, self.steps[k + 1].start))
+        return s.start, end
+
+
+def op_of(name: str) -> str:
+    """commsim's op for a collective name PyTorch or a kernel records (allreduce,
+    _allgather_base, all_gather_into_tensor_coalesced, ncclDevKernel_ReduceScatter_..., send),
+    or the name itself when commsim prices no such op (barrier, reduce, gather, scatter)."""
+    key = name.removeprefix("gloo:").replace("_", "").replace("-", "").lower()
+    for word, op in (
+        ("allreduce", "all-reduce"),
+        ("allgather", "all-gather"),
+        ("reducescatter", "reduce-scatter"),
+        ("alltoall", "all-to-all"),
+        ("broadcast", "broadcast"),
+        ("sendrecv", "send-recv"),
+        ("send", "send-recv"),
+        ("recv", "send-recv"),
+    ):
+        if word in key:
+            return op
+    return name
+
+
+def dtype_bytes(name: str, source: str, where: str) -> int:
+    key = name.removeprefix("c10::").replace(" ", "").lower()
+    if key not in DTYPE_BYTES:
+        raise SpecError(source, where, f"unknown dtype {name!r}")
+    return DTYPE_BYTES[key]
+
+
+def _load(path: str | Path) -> dict[str, Any]:
+    source = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise SpecError(source, "", "file not found") from None
+    except OSError as e:
+        raise SpecError(source, "", f"cannot read: {e.strerror or e}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise SpecError(source, "", f"bad gzip data (truncated file?): {e}") from None
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SpecError(source, "", f"not trace JSON (truncated file?): {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise SpecError(source, "traceEvents", "missing: not a PyTorch profiler trace")
+    return doc
+
+
+def _number(ev: dict, key: str, source: str, i: int) -> float:
+    v = ev.get(key)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v):
+        raise SpecError(source, f"traceEvents[{i}].{key}", f"missing or not a number ({v!r})")
+    return float(v)
+
+
+def _ranks(value: Any, source: str, where: str) -> tuple[int, ...]:
+    """Process group ranks, written as a list or as its string ("[0, 1, 2]")."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = None
+    if not isinstance(value, list) or not all(isinstance(r, int) for r in value):
+        raise SpecError(source, where, f"not a list of ranks: {value!r}")
+    return tuple(value)
+
+
+def _groups(info: dict, source: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    out = {}
+    for k, pg in enumerate(info.get("pg_config") or []):
+        where = f"distributedInfo.pg_config[{k}]"
+        if not isinstance(pg, dict) or "pg_name" not in pg:
+            raise SpecError(source, where, "pg_name missing")
+        out[str(pg["pg_name"])] = (
+            str(pg.get("pg_desc", "")),
+            _ranks(pg.get("ranks"), source, where),
+        )
+    return out
+
+
+def _nccl(ev, args, t, source, i, lane) -> Collective:
+    """A GPU collective kernel and its record_param_comms metadata."""
+    name = str(args.get("Collective name") or ev.get("name", ""))
+    op = op_of(name)
+    nbytes = dtype = group = pg = desc = None
+    if "Collective name" in args:
+        where = f"traceEvents[{i}].args"
+        for key in ("In msg nelems", "Out msg nelems", "dtype"):
+            if key not in args:
+                raise SpecError(source, f"{where}.{key}", f"missing on collective {name!r}")
+        dtype = str(args["dtype"])
+        side = "Out msg nelems" if _SIZE_SIDE.get(op) == "out" else "In msg nelems"
+        nelems = (
+            args[side] if op != "send-recv" else max(args["In msg nelems"], args["Out msg nelems"])
+        )
+        nbytes = float(nelems) * dtype_bytes(dtype, source, f"{where}.dtype")
+        pg = str(args["Process Group Name"]) if "Process Group Name" in args else None
+        desc = args.get("Process Group Description")
+        if "Process Group Ranks" in args:
+            group = _ranks(args["Process Group Ranks"], source, f"{where}.Process Group Ranks")
+    return Collective(op, name, nbytes, dtype, group, pg, desc, *t, lane)
+
+
+def _gloo(ev, args, t, source, i, lane, groups, world) -> Collective:
+    """A gloo collective annotation, sized by its input tensors."""
+    name = str(ev["name"])
+    op = op_of(name)
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    nbytes = dtype = None
+    if dims and types:
+        dtype = str(types[0])
+        elt = dtype_bytes(dtype, source, f"traceEvents[{i}].args.Input type")
+        nbytes = float(sum(int(np.prod(d)) for d in dims if isinstance(d, list))) * elt
+    default = next(((k, g) for k, g in groups.items() if g[0] == "default_pg"), None)
+    default = next(iter(groups.items())) if len(groups) == 1 else default
+    pg, desc, group = (default[0], *default[1]) if default else (None, None, None)
+    if group is None and len(groups) == 0 and world > 0:
+        group = tuple(range(world))
+    if nbytes is not None and op == "all-gather" and group:
+        nbytes *= len(group)  # gloo records the local input; nccl-tests counts the output
+    return Collective(op, name, nbytes, dtype, group, pg, desc, *t, lane)
+
+
+def read_kineto(path: str | Path) -> RankTrace:
+    """One rank's trace; a missing or malformed field is a SpecError naming it."""
+    source = str(path)
+    doc = _load(path)
+    info = doc.get("distributedInfo") or {}
+    rank, world = int(info.get("rank", 0)), int(info.get("world_size", 1))
+    groups = _groups(info, source)
+    events = [
+        (i, e)
+        for i, e in enumerate(doc["traceEvents"])
+        if isinstance(e, dict) and e.get("ph") == "X"
+    ]
+    steps_raw = [(i, e) for i, e in events if STEP.match(str(e.get("name", "")))]
+    if not steps_raw:
+        raise SpecError(
+            source,
+            "traceEvents",
+            "no ProfilerStep#N: profile with schedule= and call prof.step() each step",
+        )
+    base = min(_number(e, "ts", source, i) for i, e in steps_raw)
+    main = steps_raw[0][1].get("tid")
+    spans = {
+        i: (
+            (_number(e, "ts", source, i) - base) * 1e-6,
+            (_number(e, "ts", source, i) + _number(e, "dur", source, i) - base) * 1e-6,
+        )
+        for i, e in events
+    }
+    gpu = any(e.get("cat") == "kernel" for _, e in events)
+    compute, colls, forwards = [], [], []
+    for i, e in events:
+        name, cat, args = str(e.get("name", "")), e.get("cat"), e.get("args") or {}
+        t = spans[i]
+        if gpu and cat == "kernel":
+            lane = f"stream {args.get('stream', e.get('tid'))}"
+            if "Collective name" in args or name.lower().startswith("nccl"):
+                colls.append(_nccl(e, args, t, source, i, lane))
+            else:
+                compute.append(t)
+        elif name.startswith("gloo:"):
+            colls.append(_gloo(e, args, t, source, i, f"thread {e.get('tid')}", groups, world))
+        elif e.get("tid") == main and not gpu and not STEP.match(name):
+            compute.append(t)  # the launch calls are taken out below
+        if name == DDP_FORWARD and e.get("tid") == main:
+            forwards.append(t[0])
+    launches = union(
+        [
+            spans[i]
+            for i, e in events
+            if e.get("tid") == main and str(e.get("name", "")).startswith(LAUNCH_PREFIXES)
+        ]
+    )
+    busy = union(compute) if gpu else difference(compute, launches)
+    steps = []
+    for i, e in sorted(steps_raw, key=lambda x: spans[x[0]][0]):
+        s, end = spans[i]
+        n = sum(s <= f < end for f in forwards)
+        steps.append(Step(int(STEP.match(e["name"]).group(1)), s, end, n))
+    colls.sort(key=lambda c: (c.start, c.lane))
+    extra = {k: v for k, v in doc.items() if k not in ("traceEvents",)}
+    return RankTrace(
+        source,
+        rank,
+        world,
+        info.get("backend"),
+        gpu,
+        groups,
+        tuple(steps),
+        busy,
+        launches,
+        tuple(colls),
+        extra,
+    )

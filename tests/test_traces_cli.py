@@ -1,0 +1,68 @@
+"""`commsim trace`: export and import round trip, summary and predict on a synthetic trace,
+bad input as one line and exit code 2 with nothing written."""
+
+from __future__ import annotations
+
+import json
+
+from test_traces_kineto import _write, nccl_trace
+from typer.testing import CliRunner
+
+from commsim.cli.app import app
+
+runner = CliRunner()
+LAYOUT = ["--model", "llama2-7b", "--cluster", "dgx-a100-ib", "--global-batch", "16"]
+LAYOUT += ["--micro-batch", "1", "--seq-len", "1024", "--gpus", "8", "--tp", "2", "--pp", "2"]
+
+
+def test_export_then_import_gives_the_same_step(tmp_path):
+    out = runner.invoke(app, ["trace", "export", "--out", str(tmp_path / "t"), *LAYOUT, "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert doc["files"] == 8
+    files = sorted(str(p) for p in tmp_path.glob("t.*.et"))
+    back = runner.invoke(app, ["trace", "import", *files, "--cluster", "dgx-a100-ib", "--json"])
+    assert back.exit_code == 0, back.output
+    again = json.loads(back.output)
+    assert again["nodes"] == doc["nodes"]
+    assert again["recorded_s"] == doc["replayed_s"]
+    assert abs(again["priced_s"] / doc["replayed_s"] - 1) < 1e-12
+
+
+def test_export_refuses_what_it_cannot_write(tmp_path):
+    out = runner.invoke(
+        app, ["trace", "export", "--out", str(tmp_path / "t"), *LAYOUT, "--zero", "3"]
+    )
+    assert out.exit_code == 2
+    assert "not exported to Chakra yet" in out.output and "Traceback" not in out.output
+    assert not list(tmp_path.iterdir())
+
+
+def test_summary_and_predict_json(tmp_path):
+    paths = [str(_write(tmp_path, nccl_trace(r), f"r{r}.json")) for r in range(4)]
+    out = runner.invoke(app, ["trace", "summary", *paths, "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert len(doc["steps"]) == 8 and abs(doc["median"]["exposed_comm_s"] - 100e-6) < 1e-12
+    pred = runner.invoke(
+        app, ["trace", "predict", *paths, "--cluster", "dgx-a100-ib", "--gpus", "64", "--json"]
+    )
+    assert pred.exit_code == 0, pred.output
+    p = json.loads(pred.output)
+    assert p["layout"]["dp"] == 64 and p["assumptions"]
+    assert abs(p["traced_s"] - 1000e-6) < 1e-12 and p["predicted_s"] > 900e-6
+
+
+def test_bad_trace_is_one_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [')
+    out = runner.invoke(app, ["trace", "summary", str(bad)])
+    assert (
+        out.exit_code == 2
+        and "truncated" in out.output
+        and len(out.output.strip().splitlines()) == 1
+    )
+    plot = runner.invoke(
+        app, ["trace", "summary", str(_write(tmp_path, nccl_trace())), "--plot", "x.png"]
+    )
+    assert plot.exit_code == 2 and "--plot: needs --cluster" in plot.output

@@ -1,0 +1,200 @@
+"""Kineto traces: reading (NCCL kernels with PyTorch's metadata, gloo annotations), the step
+summary against hand-computed figures, and the imported graph's replay."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from commsim.specs import SpecError
+from commsim.traces.imported import import_step
+from commsim.traces.intervals import difference, measure, union
+from commsim.traces.kineto import read_kineto
+from commsim.traces.replay import replay
+from commsim.traces.summary import summarize
+
+GROUP = {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]}
+
+
+def _x(name, ts, dur, cat="kernel", tid=7, **args):
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 0,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
+
+
+def _coll(ts, dur, nelems, name="allreduce", out=None, **extra):
+    return _x(
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+        ts,
+        dur,
+        stream=20,
+        **{
+            "Collective name": name,
+            "In msg nelems": nelems,
+            "Out msg nelems": out or nelems,
+            "dtype": "Float",
+            "Group size": 4,
+            "Process Group Name": "0",
+            "Process Group Description": "default_pg",
+            "Process Group Ranks": "[0, 1, 2, 3]",
+        }
+        | extra,
+    )
+
+
+def nccl_trace(rank=0):
+    """Two steps of 1000 us: compute kernels on stream 7, two all-reduces on stream 20.
+    Step 1: compute [0,400) [450,800); all-reduce A [300,500) 1 MiB, B [820,900) 256 KiB;
+    then compute [900,1000) (the optimizer waits for B)."""
+    ev = [
+        _x("ProfilerStep#1", 1000, 1000, cat="user_annotation", tid=1),
+        _x("ProfilerStep#2", 2000, 1000, cat="user_annotation", tid=1),
+    ]
+    for base in (1000, 2000):
+        ev += [_x("sm80_gemm", base, 400), _x("sm80_gemm", base + 450, 350)]
+        ev += [_coll(base + 300, 200, 2**18), _coll(base + 820, 80, 2**16)]
+        ev += [_x("adam_kernel", base + 900, 100)]
+    info = {"backend": "nccl", "rank": rank, "world_size": 4, "pg_config": [GROUP]}
+    return {"schemaVersion": 1, "distributedInfo": info, "traceEvents": ev}
+
+
+def _write(tmp_path, doc, name="t.json", gz=False):
+    path = tmp_path / name
+    data = json.dumps(doc).encode()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+def test_interval_sets_by_hand():
+    assert union([(3, 4), (0, 2), (1, 3)]).tolist() == [[0, 4]]
+    assert measure([(0, 2), (1, 3), (5, 6)]) == 4
+    assert difference([(0, 10)], [(2, 3), (5, 7)]).tolist() == [[0, 2], [3, 5], [7, 10]]
+
+
+def test_interval_measure_against_a_grid():
+    rng = np.random.default_rng(0)
+    a = np.sort(rng.uniform(0, 100, (40, 2)), axis=1)
+    b = np.sort(rng.uniform(0, 100, (40, 2)), axis=1)
+    grid = np.linspace(0, 100, 200001)[:-1] + 0.00025  # cell midpoints, 0.0005 wide
+    ina = ((grid[:, None] >= a[:, 0]) & (grid[:, None] < a[:, 1])).any(1)
+    inb = ((grid[:, None] >= b[:, 0]) & (grid[:, None] < b[:, 1])).any(1)
+    assert measure(difference(a, b)) == pytest.approx((ina & ~inb).sum() * 0.0005, abs=0.05)
+
+
+def test_nccl_kernels_are_read_with_their_metadata(tmp_path):
+    t = read_kineto(_write(tmp_path, nccl_trace(), gz=True))
+    assert (t.rank, t.world, t.backend, t.gpu) == (0, 4, "nccl", True)
+    assert [s.number for s in t.steps] == [1, 2]
+    a = t.collectives[0]
+    assert (a.op, a.bytes, a.group, a.pg) == ("all-reduce", 2**20, (0, 1, 2, 3), "0")
+    assert a.duration == pytest.approx(200e-6)
+
+
+def test_all_gather_counts_its_output(tmp_path):
+    doc = nccl_trace()
+    doc["traceEvents"].append(_coll(1100, 10, 2**10, name="_allgather_base", out=2**12))
+    t = read_kineto(_write(tmp_path, doc))
+    ag = [c for c in t.collectives if c.op == "all-gather"]
+    assert ag[0].bytes == 2**12 * 4
+
+
+def test_step_summary_by_hand(tmp_path):
+    s = summarize([read_kineto(_write(tmp_path, nccl_trace()))])
+    first = s.steps[0]
+    # busy [0,400) [450,800) [900,1000): 850 us; comm [300,500) [820,900): 280 us; gaps
+    # [400,450) (A still runs, but compute resumes before it ends: idle) and [800,900),
+    # which B's end closes: a wait of 100 us, the only exposed time; compute 1000 - 100
+    assert first.step_s == pytest.approx(1000e-6)
+    assert first.busy_s == pytest.approx(850e-6)
+    assert first.comm_s == pytest.approx(280e-6)
+    assert first.exposed_comm_s == pytest.approx(100e-6)
+    assert first.compute_s == pytest.approx(900e-6)
+    assert first.idle_s == pytest.approx(50e-6)
+    c = s.collectives[0]
+    # 1 MiB in 200 us on 4 ranks: algbw 5.24 GB/s, busbw x 2 (4-1)/4 = 1.5
+    assert c.algbw_Bps == pytest.approx(2**20 / 200e-6)
+    assert c.busbw_Bps == pytest.approx(1.5 * 2**20 / 200e-6)
+
+
+def test_imported_step_replays_to_the_measured_step(tmp_path):
+    graph = import_step([read_kineto(_write(tmp_path, nccl_trace()))], 1)
+    assert replay(graph).step_s == pytest.approx(1000e-6, abs=1e-12)
+    # the optimizer waited for the second all-reduce: double it and the step grows by 80 us
+    slow = replay(
+        graph, lambda r, n: n.duration * (2 if n.kind == "coll" and n.bytes < 2**19 else 1)
+    )
+    assert slow.step_s == pytest.approx(1080e-6)
+
+
+def test_gloo_annotations_on_the_default_group(tmp_path):
+    ev = [
+        _x("ProfilerStep#5", 0, 500, cat="user_annotation", tid=1),
+        _x("aten::addmm", 10, 300, cat="cpu_op", tid=1),
+        _x("c10d::allreduce_", 310, 20, cat="cpu_op", tid=1),
+        _x(
+            "gloo:all_reduce",
+            320,
+            100,
+            cat="user_annotation",
+            tid=9,
+            **{"Input Dims": [[1000]], "Input type": ["float"]},
+        ),
+        _x("aten::add_", 430, 50, cat="cpu_op", tid=1),
+    ]
+    info = {"backend": "gloo", "rank": 1, "world_size": 2, "pg_config": [GROUP | {"ranks": [0, 1]}]}
+    t = read_kineto(_write(tmp_path, {"distributedInfo": info, "traceEvents": ev}))
+    assert not t.gpu
+    (c,) = t.collectives
+    assert (c.op, c.bytes, c.group) == ("all-reduce", 4000, (0, 1))
+    f = summarize([t]).steps[0]
+    # busy [10,310) [430,480); launch [310,330); the wait [330,430) ends with the all-reduce
+    assert f.busy_s == pytest.approx(350e-6)
+    assert f.exposed_comm_s == pytest.approx(120e-6)
+    assert f.compute_s == pytest.approx(380e-6)
+
+
+def _first_coll_args(d):
+    return next(e["args"] for e in d["traceEvents"] if "Collective name" in e["args"])
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.pop("traceEvents"), "traceEvents: missing"),
+        (
+            lambda d: d.__setitem__(
+                "traceEvents", [e for e in d["traceEvents"] if "Step" not in e["name"]]
+            ),
+            "no ProfilerStep#N",
+        ),
+        (lambda d: _first_coll_args(d).pop("In msg nelems"), "In msg nelems: missing"),
+        (lambda d: _first_coll_args(d).__setitem__("dtype", "Quaternion"), "unknown dtype"),
+        (lambda d: d["traceEvents"][3].pop("dur"), r"traceEvents\[3\].dur: missing"),
+    ],
+)
+def test_bad_traces_are_one_line_errors(tmp_path, mutate, message):
+    doc = nccl_trace()
+    mutate(doc)
+    with pytest.raises(SpecError, match=message):
+        read_kineto(_write(tmp_path, doc))
+
+
+def test_truncated_file(tmp_path):
+    path = _write(tmp_path, nccl_trace())
+    path.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(SpecError, match="truncated"):
+        read_kineto(path)
+    gz = _write(tmp_path, nccl_trace(), "t.json.gz", gz=True)
+    gz.write_bytes(gz.read_bytes()[:-40])
+    with pytest.raises(SpecError, match="truncated"):
+        read_kineto(gz)
