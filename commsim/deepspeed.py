@@ -24,11 +24,11 @@ is refused with a SpecError naming the field.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from commsim.files import read_json_object
 from commsim.specs import SpecError
 
 MIB = 2**20
@@ -85,7 +85,7 @@ class DeepSpeedSettings:
 def read_deepspeed(path: str | Path) -> DeepSpeedSettings:
     """Read a ds_config.json; bad or unmodelled fields are a SpecError naming the field."""
     source = str(path)
-    config = _load(Path(path))
+    config = read_json_object(path, "DeepSpeed settings")
     zero = config.get("zero_optimization", {})
     if isinstance(zero, bool):  # DeepSpeed's deprecated form: true means stage 1
         zero = {"stage": 1 if zero else 0}
@@ -122,22 +122,6 @@ def read_deepspeed(path: str | Path) -> DeepSpeedSettings:
         _batch(config, "gradient_accumulation_steps", source, notes),
         tuple(notes),
     )
-
-
-def _load(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError(str(path), "", "file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(str(path), "", getattr(e, "strerror", None) or str(e)) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SpecError(str(path), f"line {e.lineno}", f"invalid JSON: {e.msg}") from None
-    if not isinstance(data, dict):
-        raise SpecError(str(path), "", "expected a JSON object of DeepSpeed settings")
-    return data
 
 
 def _refuse(zero: dict[str, Any], source: str) -> None:

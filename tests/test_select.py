@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from commsim.collectives.evaluate import collective_time, hierarchical_time
-from commsim.collectives.nccl import nccl_like_choice
 from commsim.collectives.select import best_algorithm
 
 pytestmark = pytest.mark.filterwarnings("error")
@@ -84,26 +83,3 @@ def test_hierarchical_wins_large_messages_on_fast_nodes():
         "all-reduce", 500, 2.0**30, A, B, gpus_per_node=g, intra_alpha=1e-6, intra_bandwidth=450e9
     )
     assert names != "hierarchical"
-
-
-def test_nccl_like_choice_by_hand():
-    # 4 nodes x 8 GPUs, 1 GiB, busbw 20 GB/s, Simple protocol, NVLink inside.
-    # ring: 8.4 + 56 x 3.4 + 6 x 14 = 282.8 us, x1.4 plateau; algbw = busbw x 32/62
-    # tree: 8.4 + 2 (7 x 4.0 + log2(4) x 14) = 120.4 us; algbw = busbw x .92 x .5
-    size = 2.0**30
-    ring = 282.8 * 1.4e-6 + size / (20e9 * 32 / 62)
-    tree = 120.4e-6 + size / (20e9 * 0.92 * 0.5)
-    names, times = nccl_like_choice(4, 8, size, 20e9)
-    assert names == "ring" and times == pytest.approx(min(ring, tree), rel=1e-12)
-
-
-def test_nccl_like_choice_tree_small_at_scale_ring_large():
-    sizes = 2.0 ** np.arange(10, 33)
-    names, _ = nccl_like_choice(64, 8, sizes, 25e9)
-    assert names[0] == "tree" and names[-1] == "ring"
-    switch = np.argmax(names == "ring")
-    assert np.all(names[:switch] == "tree") and np.all(names[switch:] == "ring")
-    names, _ = nccl_like_choice(1, 8, 2.0**20, 100e9)
-    assert names == "ring"  # one node: the chain is long, the ring wins
-    names, times = nccl_like_choice(1, 1, 2.0**20, 100e9)
-    assert times == 0.0

@@ -34,7 +34,6 @@ import numpy as np
 from commsim.collectives import backends, nccl
 from commsim.collectives.algorithms import SEARCHED, algorithms_for, lookup, pipelined, runs_on
 from commsim.collectives.evaluate import graph_time
-from commsim.collectives.nccl import nccl_like_choice
 from commsim.collectives.nccl.tables import (
     ALGORITHMS as NCCL_ALGORITHMS,
 )
@@ -167,9 +166,9 @@ class GroupCost:
     def nccl_choice(self, op: str, sizes: np.ndarray) -> list[str]:
         """The algorithm NCCL runs for each size. Under NCCL its tuner's choice ("Ring/LL128",
         nccl.model) for the ops it prices; otherwise (gloo, or all-to-all and send-recv)
-        NCCL's kernels as commsim's schedules: for all-reduce on whole nodes the
-        ring-or-tree pick (nccl.nccl_like_choice, fed this group's ring bus bandwidth from
-        the graph), else the one it has for the op (ring; all-to-all, send-recv: direct)."""
+        NCCL's kernels as commsim's schedules, the faster on the graph where NCCL has two
+        (all-reduce on whole nodes: ring or tree), else the one it has for the op (ring;
+        all-to-all, send-recv: direct)."""
         algorithms_for(op)  # a ValueError naming the collectives for an unknown op
         if self._nccl_priced(op, "nccl") is not None:
             return self._nccl_price(op, np.atleast_1d(sizes), ALL, detail=True)[1]
@@ -178,18 +177,8 @@ class GroupCost:
             spelled = "ring|tree" if op == "all-reduce" else "ring"
         names = self._candidates(op, spelled)
         if len(names) == 1:
-            return [names[0]] * sizes.size
-        big = 2.0**28
-        busbw = 2 * (self.n - 1) / self.n * big / self._graph_time(op, "ring", big)
-        names, _ = nccl_like_choice(
-            self.n // self.gpus_per_node,
-            self.gpus_per_node,
-            sizes,
-            busbw,
-            channels=self.channels,
-            nvlink=self.cluster.spec.node.interconnect == "nvswitch",
-        )
-        return [str(x) for x in np.atleast_1d(names)]
+            return [names[0]] * np.atleast_1d(sizes).size
+        return list(self.time_and_choice(op, "|".join(names), sizes)[1])
 
     # ------------------------------------------------------------------ NCCL's pricing
 

@@ -1,9 +1,6 @@
-"""Which algorithm a collective should use: the fastest by our closed forms, or NCCL's pick.
-
-best_algorithm backs `--algorithm auto`. nccl_like_choice reproduces the shape of NCCL's
-own tuner (ring vs tree for all-reduce) so predictions of an untuned NCCL job can follow
-its choice rather than the optimum.
-"""
+"""Which algorithm a collective should use: the fastest by our closed forms
+(best_algorithm, behind `--algorithm auto`). NCCL's own pick is its tuner's
+(collectives.nccl)."""
 
 from __future__ import annotations
 

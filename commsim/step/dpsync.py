@@ -91,10 +91,10 @@ class DataParallel:
     def _sync_plan(self, L: Layouts, i: int, kind: int, blocks: int) -> SyncPlan:
         """The sync of layout i's stage (STAGE_KINDS[kind], `blocks` blocks), cached: a
         search meets each a few hundred times."""
-        r = L.row(i)
-        key = (kind, blocks, *(r[c] for c in _SYNC_KEY))
+        key = (kind, blocks, *_sync_key(L, i))
         if key in self._sync:
             return self._sync[key]
+        r = L.row(i)
         g = int(L.grad_bytes[i])
         if r["zero"] == 3:  # ZeRO-3 syncs per unit (step.fsdp)
             none = BucketPlan(np.zeros(0), np.zeros(0, bool), np.zeros(0), (), np.zeros(0))
@@ -187,6 +187,15 @@ _SYNC_KEY = (
     "cp",
     "order",
 )
+
+
+def _sync_key(L: Layouts, i: int) -> tuple:
+    """Layout i's values of the _SYNC_KEY columns (the compressor by name: codes index each
+    Layouts' own list), without building its row."""
+    values = [getattr(L, name)[i].item() for name in _SYNC_KEY]
+    at = _SYNC_KEY.index("compression")
+    values[at] = L.compressions[values[at]]
+    return tuple(values)
 
 
 def _sync_columns(L: Layouts, kind: np.ndarray, held: np.ndarray) -> list[np.ndarray]:

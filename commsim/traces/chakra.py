@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from commsim.files import read_bytes
 from commsim.specs import SpecError
 from commsim.traces import protowire as pw
 from commsim.traces.graph import Graph, Node
@@ -139,12 +140,7 @@ def read_chakra(path: str | Path) -> tuple[dict[str, Any], list[EtNode]]:
     """(metadata attributes with "version", nodes) of one .et file; anything malformed,
     cut short, of another schema version or of an unknown node type is a SpecError."""
     source = str(path)
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise SpecError(source, "", "file not found") from None
-    except OSError as e:
-        raise SpecError(source, "", f"cannot read: {e.strerror or e}") from None
+    data = read_bytes(path)
     try:
         if data[:2] == b"\x1f\x8b":
             data = gzip.decompress(data)

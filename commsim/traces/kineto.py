@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from commsim.files import read_bytes
 from commsim.specs import SpecError
 from commsim.traces.intervals import difference, union
 
@@ -154,12 +155,7 @@ def dtype_bytes(name: str, source: str, where: str) -> int:
 
 def _load(path: str | Path) -> dict[str, Any]:
     source = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise SpecError(source, "", "file not found") from None
-    except OSError as e:
-        raise SpecError(source, "", f"cannot read: {e.strerror or e}") from None
+    raw = read_bytes(path)
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)

@@ -28,11 +28,11 @@ multi-token-prediction module (num_nextn_predict_layers); the presets leave them
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from commsim.files import read_json_object
 from commsim.specs import ModelSpec, SpecError, parse_spec
 
 Config = dict[str, Any]
@@ -64,7 +64,7 @@ def is_config_path(name: str) -> bool:
 def read_config(path: str | Path) -> ModelSpec:
     """The ModelSpec of a Hugging Face config.json; SpecError names the file and field."""
     source = str(path)
-    config = _load_json(Path(path))
+    config = read_json_object(path, "config fields")
     family = _family(config, source)
     fields = FAMILIES[family](config, source)
     fields["dropout"] = any(
@@ -72,22 +72,6 @@ def read_config(path: str | Path) -> ModelSpec:
     )
     name = config.get("_name_or_path") or _default_name(Path(path))
     return parse_spec(ModelSpec, {"name": str(name), **fields}, source)
-
-
-def _load_json(path: Path) -> Config:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError(str(path), "", "file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(str(path), "", getattr(e, "strerror", None) or str(e)) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SpecError(str(path), f"line {e.lineno}", f"invalid JSON: {e.msg}") from None
-    if not isinstance(data, dict):
-        raise SpecError(str(path), "", "expected a JSON object of config fields")
-    return data
 
 
 def _default_name(path: Path) -> str:

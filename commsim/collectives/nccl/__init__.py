@@ -1,15 +1,13 @@
 """NCCL as a backend of the collective engine: its tuner's cost model by version
 (tables), what its topology search gives a communicator (topo), the per-communicator
 latency and bandwidth tables, the per-call time, its choice of algorithm x protocol and
-channels (model); and the ring-or-tree pick the gloo backend's `--algorithm nccl` keeps
-(legacy). GroupCost (collectives.group) prices a placed group with it."""
+channels (model). GroupCost (collectives.group) prices a placed group with it."""
 
 from __future__ import annotations
 
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from commsim.collectives.nccl.legacy import nccl_like_choice
 from commsim.collectives.nccl.model import LINK_CLASSES, OPS, Candidate, CommModel
 from commsim.collectives.nccl.tables import (
     ALGORITHMS,
@@ -43,7 +41,6 @@ __all__ = [
     "Machine",
     "Tables",
     "comm_model",
-    "nccl_like_choice",
     "parse_version",
     "search",
     "tables",
