@@ -9,11 +9,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from commsim.specs import SpecError
-
 
 def read_bytes(path: str | Path) -> bytes:
     """A file's bytes; a SpecError naming it when it is missing or unreadable."""
+    from commsim.specs import SpecError  # here: `commsim --help` imports this module, not pydantic
+
     try:
         return Path(path).read_bytes()
     except FileNotFoundError:
@@ -25,6 +25,8 @@ def read_bytes(path: str | Path) -> bytes:
 def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
     """A JSON file holding one object (`what` it should be, for the error); a SpecError
     naming the file, and the line for invalid JSON, otherwise."""
+    from commsim.specs import SpecError
+
     try:
         data = json.loads(read_bytes(path).decode())
     except UnicodeDecodeError:
