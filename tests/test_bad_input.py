@@ -4,6 +4,7 @@ and exit 2, never a silent wrong number, an inf, a NaN, a traceback or a half-wr
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -250,3 +251,19 @@ def test_an_overlap_ratio_never_rounds_below_zero():
 )
 def test_every_plot_path_is_checked_first(tmp_path, command):
     refused(*command, "--plot", str(tmp_path / "no" / "a.png"), says="does not exist")
+
+
+def test_a_gpu_without_a_compute_capability_under_nccl_names_the_field(tmp_path):
+    # NCCL's tuner reads the GPU's compute capability: a GPU file without one is refused
+    # naming the cluster's node.gpu, not with NCCL's internal error
+    gpu = tmp_path / "mygpu.yaml"
+    gpu.write_text(
+        "name: mygpu\npeak_flops: 5e14\nhbm_bytes: 80GB\nhbm_bandwidth: 2TB/s\n"
+        "nvlink_bandwidth: 300GB/s\nsource: a test\n"
+    )
+    text = Path("topologies/dgx-a100-ib.yaml").read_text()
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(re.sub(r"gpu: \S+", f"gpu: {gpu}", text, count=1))
+    result = CliRunner().invoke(app, ["collective", "all-reduce", "--cluster", str(cluster)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "node.gpu: mygpu has no compute_capability" in result.output

@@ -79,13 +79,19 @@ class Machine:
     @classmethod
     def from_spec(cls, spec: ClusterSpec) -> Machine:
         """The NCCL view of the spec's node; a GPU without a compute capability (the CPU
-        testbed's stand-in) is a ValueError: NCCL runs on GPUs."""
+        testbed's stand-in) is a SpecError naming the cluster's node.gpu: NCCL runs on GPUs."""
         from commsim import catalog  # specs reads this package's version tables
+        from commsim.specs import SpecError
 
         node = spec.node
         gpu = catalog.gpu(node.gpu, spec.name, "node.gpu")
         if not gpu.compute_capability:
-            raise ValueError(f"NCCL needs a GPU with a compute capability, not {gpu.name!r}")
+            raise SpecError(
+                spec.name,
+                "node.gpu",
+                f"{gpu.name} has no compute_capability, which NCCL's tuner reads (give it "
+                "in the GPU's file, or set the cluster's backend: gloo)",
+            )
         cc = int(round(gpu.compute_capability * 10))
         nvlink = node.interconnect == "nvswitch"
         pci = 0.75 * node.pcie_bandwidth / 1e9
