@@ -21,7 +21,7 @@ from commsim.collectives.nccl.tables import (
     TREE,
     tables,
 )
-from commsim.specs import ClusterSpec, load_spec
+from commsim.specs import ClusterSpec, SpecError, load_spec
 from commsim.topology.build import build_cluster
 from commsim.topology.placement import place
 
@@ -345,7 +345,7 @@ def test_backend_defaults_and_what_is_affine():
     assert cost.is_affine("all-reduce", "rhd") and cost.is_affine("all-to-all", "direct")
     gloo = GroupCost(c, place(c, 16, "blocked"), backend="gloo")
     assert gloo.is_affine("all-reduce", "ring") and not gloo.is_affine("all-reduce", "tree")
-    with pytest.raises(ValueError, match="NCCL needs a GPU"):
+    with pytest.raises(SpecError, match="cpu-host has no compute_capability"):
         nccl.comm_model(cpu, 8, 2)
 
 
