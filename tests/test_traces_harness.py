@@ -48,10 +48,10 @@ def test_harness_writes_traces_that_match_its_clock(tmp_path):
         "--out",
         str(tmp_path / "r.jsonl"),
     ]
-    cmd += ["--ops", "all-reduce", "--sizes", "64KiB:128KiB", "--warmup", "1", "--repeats", "3"]
+    cmd += ["--ops", "all-reduce", "--sizes", "64KiB:128KiB", "--warmup", "1", "--repeats", "5"]
     cmd += [
         "--width",
-        "512",
+        "1024",
         "--depth",
         "2",
         "--batch",
