@@ -107,8 +107,8 @@ class GroupCost:
         return self._cache[key]
 
     def algorithms(self, op: str) -> tuple[str, ...]:
-        """The algorithms that run `op` on this group (algorithms.SEARCHED, what `auto`
-        chooses among under gloo): those needing whole nodes only where the group is whole
+        """The algorithms that run `op` on this group (algorithms.SEARCHED, what `--algorithm
+        all` shows): those needing whole nodes only where the group is whole
         nodes (algorithms.runs_on), but NCCL's own (its Tree) run on any group under NCCL."""
         algorithms_for(op)
         return tuple(
@@ -147,11 +147,12 @@ class GroupCost:
         return out
 
     def _candidates(self, op: str, algorithm: str) -> tuple[str, ...]:
-        """What `algorithm` names: 'auto' every algorithm auto chooses among that runs on
-        this group; 'a|b' (a backend table's "the faster of") those of a, b that run on it
-        (algorithms.runs_on); else the one algorithm."""
-        if algorithm == "auto":
-            return self.algorithms(op)
+        """What `algorithm` names: 'auto' what the backend runs (under gloo its own
+        algorithm, backends.ALGORITHMS: ring all-reduce, binomial broadcast, ...); 'a|b' (a
+        backend table's "the faster of") those of a, b that run on it (algorithms.runs_on);
+        else the one algorithm."""
+        if algorithm == "auto":  # what NCCL's tuner prices never reaches here
+            algorithm = backends.ALGORITHMS[self.backend][op]
         names = tuple(algorithm.split("|"))
         for name in names:
             lookup(op, name)  # a ValueError naming the choices for an unknown one
@@ -316,9 +317,9 @@ class GroupCost:
     def time_and_choice(
         self, op: str, algorithm: str, sizes: np.ndarray | float
     ) -> tuple[np.ndarray, list[str]]:
-        """Seconds per size, and which algorithm ran: any registered one, 'auto' (the
-        fastest per size; NCCL's choice under NCCL), 'a|b' (the faster of those that run
-        here), 'nccl' (what NCCL's tuner picks)."""
+        """Seconds per size, and which algorithm ran: any registered one, 'auto' (what the
+        backend runs: NCCL's choice under NCCL, gloo's own algorithm under gloo), 'a|b' (the
+        faster of those that run here), 'nccl' (what NCCL's tuner picks)."""
         sizes = np.atleast_1d(np.asarray(sizes, dtype=float))
         only = self._nccl_priced(op, algorithm)
         if only == ALL:
