@@ -186,9 +186,10 @@ class ClusterSpec(Spec):
     # GPUs, gloo on the CPU testbed (gpu: cpu-host). A calibration profile's backend wins.
     backend: Literal["nccl", "gloo"] | None = None
     nccl: NcclSpec = NcclSpec()
-    # seconds of software every collective call costs before its first message moves (the
-    # backend's dispatch and rendezvous; a calibration profile's fitted per-call overhead)
-    call_overhead: Latency = 0.0
+    # seconds every collective call costs besides its messages: the backend's dispatch and
+    # rendezvous (a calibration profile's fitted per-call constant; negative where the links
+    # give each call a head start, as a token bucket that lets a burst through unshaped)
+    call_overhead: float = 0.0
 
     @property
     def total_gpus(self) -> int:
