@@ -302,8 +302,9 @@ def test_profile_flag_reprices_the_cluster(tmp_path):
     # NCCL 2.29.7 ran them
     assert fitted["nccl_version"] == "2.29.7"
     assert fitted["rows"][0]["time_s"] == pytest.approx(plain["time_s"] * 48 / 40, rel=0.05)
-    elsewhere = run("predict", "--profile", str(prof))  # default scenario: aws-p4d
-    assert elsewhere.exit_code == 2 and "fitted on cluster 'two-h100-nodes'" in elsewhere.output
+    elsewhere = run("predict", "--profile", str(prof))  # default scenario: aws-p4d (A100s)
+    assert elsewhere.exit_code == 2
+    assert "hardware.intra-node: fitted on h100 GPUs over nvswitch" in elsewhere.output
 
 
 @pytest.mark.parametrize("module", ["commsim.cli", "commsim.cli.app"])

@@ -26,9 +26,9 @@ def collective_cmd(
     algorithm: Annotated[
         str,
         typer.Option(
-            help="'all' (those auto chooses among), 'auto' (fastest; NCCL's choice under "
-            "NCCL), 'nccl' (NCCL's pick), 'a|b' (the faster) or one of the op's: "
-            + "; ".join(f"{op}: {', '.join(algs)}" for op, algs in ALGORITHMS.items())
+            help="'all' (commsim's algorithms side by side), 'auto' (what the backend runs: "
+            "NCCL's choice, gloo's own), 'nccl' (NCCL's pick), 'a|b' (the faster) or one of "
+            "the op's: " + "; ".join(f"{op}: {', '.join(algs)}" for op, algs in ALGORITHMS.items())
         ),
     ] = "all",
     placement: Annotated[
@@ -50,7 +50,7 @@ def collective_cmd(
     from commsim import catalog
     from commsim.collectives.algorithms import SEARCHED
     from commsim.collectives.group import GroupCost
-    from commsim.profile import apply_profile, load_profile
+    from commsim.profile import carry_over, load_profile
     from commsim.report import tables
     from commsim.specs import ClusterSpec, load_spec
     from commsim.topology.build import build_cluster
@@ -61,8 +61,9 @@ def collective_cmd(
         if op not in ALGORITHMS:
             raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
         spec = load_spec(ClusterSpec, catalog.topology_path(cluster, cluster))
+        carried: list[str] = []
         if profile:
-            spec = apply_profile(spec, load_profile(profile), profile)
+            spec, carried = carry_over(spec, load_profile(profile), profile)
         spec = _with_backend(spec, backend, nccl_version, cluster)
         built = build_cluster(spec, gpus, cluster)
         cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
@@ -70,6 +71,8 @@ def collective_cmd(
         grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
         algs = SEARCHED[op] if algorithm == "all" else (algorithm,)
         rows = _rows(cost, op, gpus, algs, grid)
+    for note in carried:
+        terminal.err_console.print(f"note: {note}", highlight=False)
     if json_out:
         terminal.print_json(
             {
@@ -125,14 +128,14 @@ def _rows(
 
 
 def _with_backend(spec, backend: str | None, version: str | None, source: str):
-    """The spec with --backend and --nccl-version applied (validated as spec fields)."""
+    """The spec with --backend and --nccl-version applied (validated as spec fields); a
+    per-call overhead a profile fitted under another backend is dropped."""
+    from commsim.profile import switch_backend
     from commsim.specs import ClusterSpec, parse_spec
 
     if backend is None and version is None:
         return spec
-    data = spec.model_dump()
-    if backend is not None:
-        data["backend"] = backend
+    data = (spec if backend is None else switch_backend(spec, backend)).model_dump()
     if version is not None:
         data["nccl"]["version"] = version
     return parse_spec(ClusterSpec, data, source)

@@ -94,6 +94,13 @@ ProfileOpt = Annotated[
     str | None, typer.Option(help="Calibration profile (commsim calibrate fit) for the cluster.")
 ]
 PriceOpt = Annotated[float | None, typer.Option(help="Price of one GPU-hour, for cost.")]
+BackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="nccl or gloo: what runs the collectives, priced as it runs them (default: the "
+        "profile's, else the cluster's)."
+    ),
+]
 NcclVersionOpt = Annotated[
     str | None,
     typer.Option(help="NCCL whose tuning model prices the collectives (default: the cluster's)."),
@@ -105,6 +112,7 @@ def setup_from_flags(
     fsdp: bool = False,
     check: bool = True,
     nccl_version: str | None = None,
+    backend: str | None = None,
     **overrides: Any,
 ) -> Setup:
     from commsim.scenario import load_scenario, resolve
@@ -116,4 +124,19 @@ def setup_from_flags(
         from commsim.whatif import change
 
         spec = change(spec, {"cluster.nccl.version": nccl_version})
-    return resolve(spec, source, check)
+    setup = resolve(spec, source, check)
+    return setup if backend is None else with_backend(setup, backend)
+
+
+def with_backend(setup: Setup, backend: str) -> Setup:
+    """The setup with --backend's backend running the collectives, over a profile's (which
+    resolve applied): a per-call overhead fitted under another backend is dropped."""
+    import dataclasses
+
+    from commsim.profile import switch_backend
+    from commsim.specs import SpecError
+
+    if backend not in ("nccl", "gloo"):
+        raise SpecError("--backend", "", f"{backend!r}: nccl or gloo")
+    cluster = dataclasses.replace(setup.cluster, spec=switch_backend(setup.cluster.spec, backend))
+    return dataclasses.replace(setup, cluster=cluster)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from commsim.cli.options import (
+    BackendOpt,
     ClusterOpt,
     ErrorFeedbackOpt,
     FirstLayersOpt,
@@ -81,6 +82,7 @@ def plan_cmd(
     error_feedback: ErrorFeedbackOpt = None,
     profile: ProfileOpt = None,
     nccl_version: NcclVersionOpt = None,
+    backend: BackendOpt = None,
     tp: OnlyTpOpt = None,
     pp: OnlyPpOpt = None,
     ep: OnlyEpOpt = None,
@@ -146,6 +148,7 @@ def plan_cmd(
             **training,
             profile=profile,
             nccl_version=nccl_version,
+            backend=backend,
             **flags,
             **stack,  # the user's stack: every searched layout runs it, none searched
         )

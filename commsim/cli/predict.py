@@ -8,6 +8,7 @@ import typer
 
 from commsim.cli.options import (
     AlgorithmOpt,
+    BackendOpt,
     BucketOpt,
     ClusterOpt,
     CompressionOpt,
@@ -80,6 +81,7 @@ def predict_cmd(
     price_per_gpu_hour: PriceOpt = None,
     profile: ProfileOpt = None,
     nccl_version: NcclVersionOpt = None,
+    backend: BackendOpt = None,
     plot: Annotated[
         str | None, typer.Option(help="Write the step's Gantt chart to this PNG.")
     ] = None,
@@ -124,6 +126,7 @@ def predict_cmd(
             price_per_gpu_hour=price_per_gpu_hour,
             profile=profile,
             nccl_version=nccl_version,
+            backend=backend,
         )
         pred = predict(setup)
         doc = {"scenario": setup.scenario.name, "gpus": setup.n_gpus} | pred.to_dict()
