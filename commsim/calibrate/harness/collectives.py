@@ -1,11 +1,13 @@
 """Every collective over the size sweep, on the world and on rank 0's rack and host.
 
-Timing, as nccl-tests does it but across processes: warm-up, then per repeat a barrier on
-the group and the op timed on every rank; a repeat's time is the slowest rank's (every
-rank's times are all-gathered at the end); the record keeps the median, p10/p90, each
-repeat's time and each rank's median (timing "slowest-rank"). Besides
-the whole world, each op runs on the ranks of rank 0's rack and of rank 0's host where
-those are smaller groups, so a fit can tell the link tiers apart.
+Timing, as nccl-tests does it but across processes: each op's sweep starts with one
+untimed run at its largest size (nccl-tests' warm-up for the large size: a TCP connection's
+window and rate settle before the first size is timed), then per size a warm-up and per
+repeat a barrier on the group and the op timed on every rank; a repeat's time is the
+slowest rank's (every rank's times are all-gathered at the end); the record keeps the
+median, p10/p90, each repeat's time and each rank's median (timing "slowest-rank").
+Besides the whole world, each op runs on the ranks of rank 0's rack and of rank 0's host
+where those are smaller groups, so a fit can tell the link tiers apart.
 """
 
 from __future__ import annotations
@@ -145,6 +147,10 @@ def measure_collectives(run: Run, ranks: list[dict[str, Any]]) -> None:
                     | {"error": why}
                 )
                 continue
+            if inside:  # warm the group's connections at the largest size, as nccl-tests does
+                fn, _ = _op(op, grid[-1], group, members, me, run.device)
+                fn()
+                run.sync()
             for size in grid:
                 run.progress.tick(f"{op} of {fmt_bytes(size)} on the {name} group")
                 dist.barrier()
