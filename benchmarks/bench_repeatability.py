@@ -271,15 +271,24 @@ def report(doc: dict) -> dict:
             if i != j and ci and not ci[0] <= a <= ci[1]
         )  # fmt: skip
         pairs = len(alphas) * (len(alphas) - 1)
+        consensus = float(np.median(alphas))
+        missed = sum(1 for c in cis if c and not c[0] <= consensus <= c[1])
         print(f"  {t:10s} efficiency " + ", ".join(f"{100 * e:.2f}%" for e in effs)
               + f" (spread {spread:.2f}%); alpha " + ", ".join(
                   f"{a * 1e6:.0f} [{c[0] * 1e6:.0f}, {c[1] * 1e6:.0f}] us" if c else
                   f"{a * 1e6:.0f} us" for a, c in zip(alphas, cis, strict=True)))  # fmt: skip
-        print(f"  {'':10s} alphas outside another run's interval: {outside} of {pairs}")
+        print(
+            f"  {'':10s} alphas outside another run's interval: {outside} of {pairs}; "
+            f"intervals without the runs' median {consensus * 1e6:.0f} us: {missed}"
+        )
         verdicts[f"{t} bandwidth spread <= 3%"] = spread <= GOALS["bandwidth spread"]
         verdicts[f"{t} alphas within the others' intervals"] = outside == 0
     overheads = [f["profile"]["call_overhead_s"] for f in fits]
     print("  per-call constant: " + ", ".join(f"{o * 1e3:+.2f} ms" for o in overheads))
+    cal = doc.get("measurements", {}).get("cal")
+    if cal:  # the CPU's busy share while each calibration run measured (all its users)
+        print("  CPU busy while measuring: " + ", ".join(
+            f"{100 * c[1]['cpu_busy']:.0f}%" for c in cal))  # fmt: skip
     unc = ev["uncalibrated"]
     unc_all = [e for v in unc.values() for e in v]
     print("\nheld-out all-reduce and all-gather >= 1 MiB, median |error| (worst):")
