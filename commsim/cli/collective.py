@@ -47,12 +47,9 @@ def collective_cmd(
     NCCL, per size the algorithm, protocol and channels its tuner chooses and the runner-up."""
     import numpy as np
 
-    from commsim import catalog
     from commsim.collectives.algorithms import SEARCHED
     from commsim.collectives.group import GroupCost
-    from commsim.profile import carry_over, load_profile
     from commsim.report import tables
-    from commsim.specs import ClusterSpec, load_spec
     from commsim.topology.build import build_cluster
     from commsim.topology.placement import place
     from commsim.units import parse_size_range
@@ -60,10 +57,7 @@ def collective_cmd(
     with terminal.user_errors():
         if op not in ALGORITHMS:
             raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
-        spec = load_spec(ClusterSpec, catalog.topology_path(cluster, cluster))
-        carried: list[str] = []
-        if profile:
-            spec, carried = carry_over(spec, load_profile(profile), profile)
+        spec, carried = _cluster(cluster, profile)
         spec = _with_backend(spec, backend, nccl_version, cluster)
         built = build_cluster(spec, gpus, cluster)
         cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
@@ -125,6 +119,16 @@ def _rows(
                 rows.append(row | ({k: v[i] for k, v in detail.items()} if detail else {}))
             bar.advance(0)
     return rows
+
+
+def _cluster(name: str, profile: str | None):
+    """The cluster, with a profile carried over if given, and what it carried over."""
+    from commsim import catalog
+    from commsim.profile import carry_over, load_profile
+    from commsim.specs import ClusterSpec, load_spec
+
+    spec = load_spec(ClusterSpec, catalog.topology_path(name, name))
+    return carry_over(spec, load_profile(profile), profile) if profile else (spec, [])
 
 
 def _with_backend(spec, backend: str | None, version: str | None, source: str):
