@@ -173,3 +173,30 @@ def test_ddp_buckets_follow_the_runs_torch_and_are_checked_against_its_own():
     assert (
         note == "25 MiB cap: torch 2.3.1's DDP formed buckets of 16 MiB, commsim's rule 2, 14 MiB"
     )
+
+
+def test_strict_refuses_a_doubtful_fit_and_writes_nothing(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from commsim.calibrate.records import record_line
+    from commsim.cli.app import app
+
+    res = _node_results(1)
+    run = res.runs["syn"]
+    records = [run.meta.model_dump()] + [
+        rec.model_dump() | ({"time_s": rec.time_s * 1.2} if rec.op == "all-gather" else {})
+        for _, rec in run.collectives
+    ]
+    results, cluster = tmp_path / "r.jsonl", tmp_path / "c.yaml"
+    results.write_text("".join(record_line(r) for r in records))
+    cluster.write_text(yaml.safe_dump(ONE_NODE.model_dump()))
+    prof = tmp_path / "p.yaml"
+    args = ["calibrate", "fit", str(results), "--cluster", str(cluster), "-o", str(prof)]
+    refused = CliRunner().invoke(app, [*args, "--strict"])
+    assert refused.exit_code == 2 and not prof.exists()
+    assert "warning: residuals are structured by op: all-gather" in refused.output
+    assert "1 warning and --strict: nothing written" in refused.output
+    written = CliRunner().invoke(app, args)
+    assert written.exit_code == 0 and prof.exists()
+    assert "warning: residuals are structured by op: all-gather" in written.output

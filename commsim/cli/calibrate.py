@@ -212,9 +212,9 @@ def fit_cmd(
         profile = fit_profile(read_results(results), spec, source=", ".join(results)).profile
         if strict and profile.warnings:
             print_notes([], profile.warnings)
-            raise SpecError(
-                ", ".join(results), "", f"{len(profile.warnings)} warnings and --strict"
-            )
+            n = len(profile.warnings)
+            why = f"{n} warning{'s' if n > 1 else ''} and --strict: nothing written"
+            raise SpecError(", ".join(results), "", why)
         write_atomic(output, profile_yaml(profile))
     if json_out:
         terminal.print_json(profile.model_dump() | {"profile_file": output})
