@@ -154,8 +154,8 @@ def _free_parameters(
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Solve over the parameters that matter and that the points separate; repeat while
     parameters start or stop mattering as the others move (at most three times). The
-    overhead is pinned at 0 where it cannot be told from the alphas; any other tangle is a
-    SpecError. Returns (theta, free, noise scale)."""
+    overhead keeps the cluster's value where it cannot be told from the alphas; any other
+    tangle is a SpecError. Returns (theta, free, noise scale)."""
     model = prob.model
     free = np.zeros(theta.size, dtype=bool)
     sd = robust.FIRST_SCALE
@@ -170,8 +170,8 @@ def _free_parameters(
             matters[model.overhead_index] = False
             tangled = _tangled(jac, matters)
             notes.append(
-                "per-call overhead kept at 0: these measurements cannot tell it from the "
-                "alphas (measure several ops or group sizes)"
+                "per-call overhead kept at the cluster's value: these measurements cannot "
+                "tell it from the alphas (measure several ops or group sizes)"
             )
         if tangled.any():
             names = ", ".join(model.params[i].label for i in np.nonzero(tangled)[0])
@@ -250,7 +250,7 @@ def fit_profile(results: Results, spec: ClusterSpec, *, source: str = "results")
         algorithms=ALGORITHMS[backend],
         compute=fit_compute(results, spec),
         provenance=_provenance(results, points, resid),
-        notes=notes,
+        notes=list(dict.fromkeys(notes)),
         warnings=warnings,
     )
     return FitResult(profile, points, predicted, model.cluster(theta))
