@@ -158,7 +158,7 @@ def test_a_parameter_the_data_do_not_pin_down_is_said_loudly():
     assert any(w.startswith("intra-node alpha is not identified") for w in fitted.profile.warnings)
     # one op on one group: the per-call overhead cannot be told from alpha
     assert fitted.profile.call_overhead_s == 0 and fitted.profile.call_overhead_ci_s is None
-    assert any("per-call overhead kept at the cluster.s value" in n for n in fitted.profile.notes)
+    assert any("per-call overhead kept at the cluster's value" in n for n in fitted.profile.notes)
 
 
 def test_tier_without_its_own_group_keeps_the_cluster_value():
