@@ -47,13 +47,16 @@ DDP = ["--width", "128", "--depth", "2", "--batch", "2048"]
 
 @dataclass(frozen=True)
 class Measure:
-    """One harness run: placement, ranks, groups and sizes; DDP bucket caps ('' for none)."""
+    """One harness run: placement, ranks, groups and sizes; DDP bucket caps ('' for none),
+    the ops, and the DDP model's flags."""
 
     placement: str
     world: int
     groups: str = "world"
     sizes: str = "256KiB:4MiB"
     buckets: str = "0.1,0.5,25"
+    ops: str = OPS
+    model: tuple[str, ...] = tuple(DDP)
 
     @property
     def label(self) -> str:
@@ -117,9 +120,9 @@ def _cpu() -> tuple[float, float]:
 def measure(spec: TestbedSpec, m: Measure, out: Path) -> dict:
     """Run the harness on the placement; returns wall time and the CPU's busy fraction."""
     cmd = ["env", "OMP_NUM_THREADS=1", sys.executable, "-m", "commsim.cli.calibrate"]
-    cmd += ["run", "--out", str(out), "--backend", "gloo", "--ops", OPS, "--sizes", m.sizes]
+    cmd += ["run", "--out", str(out), "--backend", "gloo", "--ops", m.ops, "--sizes", m.sizes]
     cmd += ["--groups", m.groups, "--bucket-mb", m.buckets, "--warmup", "1", "--repeats", "6"]
-    cmd += ["--timeout", "90", *DDP]
+    cmd += ["--timeout", "90", *m.model]
     start, cpu0 = time.monotonic(), _cpu()
     result = runner.run(spec, cmd, m.placement, m.world, timeout=600, port=29581)
     cpu1 = _cpu()

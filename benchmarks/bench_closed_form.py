@@ -63,7 +63,8 @@ def nccl_rows() -> None:
     from commsim.collectives.nccl.model import CommModel
     from commsim.collectives.nccl.tables import tables
     from commsim.collectives.nccl.topo import Machine
-    from commsim.specs import ClusterSpec, load_spec
+    from commsim.spec_io import load_spec
+    from commsim.specs import ClusterSpec
 
     spec = load_spec(ClusterSpec, catalog.topology_path("dgx-h100-ib"))
     machine, t = Machine.from_spec(spec), tables(spec.nccl.version)

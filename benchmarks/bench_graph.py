@@ -26,7 +26,8 @@ def one_case(n_gpus: int, algorithm: str) -> dict:
 
     from commsim import catalog
     from commsim.collectives.group import GroupCost
-    from commsim.specs import ClusterSpec, load_spec
+    from commsim.spec_io import load_spec
+    from commsim.specs import ClusterSpec
     from commsim.topology.build import build_cluster
     from commsim.topology.placement import place
 

@@ -33,7 +33,8 @@ def one_case(n_gpus: int) -> dict:
     from commsim import catalog
     from commsim.collectives.group import GroupCost
     from commsim.scenario import resolve
-    from commsim.specs import ClusterSpec, Scenario, Strategy, load_spec
+    from commsim.spec_io import load_spec
+    from commsim.specs import ClusterSpec, Scenario, Strategy
     from commsim.step.predict import predict
     from commsim.topology.build import build_cluster
     from commsim.topology.placement import place

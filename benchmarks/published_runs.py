@@ -52,7 +52,8 @@ import yaml
 
 from commsim.report.labels import layout_label
 from commsim.scenario import Setup, resolve
-from commsim.specs import Scenario, SpecError, Strategy, parse_spec
+from commsim.spec_io import parse_spec
+from commsim.specs import Scenario, SpecError, Strategy
 from commsim.step.predict import predict
 from commsim.step.prediction import Prediction
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from commsim.specs import GPUSpec, SpecError, load_spec
+from commsim.spec_io import load_spec
+from commsim.specs import GPUSpec, SpecError
 
 # compute_capability is CUDA's sm version (NVIDIA CUDA GPU list: V100 7.0, A100 8.0, H100 and
 # H200 9.0, B200 10.0); NCCL's tuner picks its table rows by it (src/graph/tuning.cc).

@@ -21,7 +21,8 @@ import numpy as np
 from commsim import catalog
 from commsim.compression import parse_compressor
 from commsim.scenario import Setup, resolve, with_overrides
-from commsim.specs import Check, Claim, SpecError, read_yaml
+from commsim.spec_io import read_yaml
+from commsim.specs import Check, Claim, SpecError
 from commsim.step.layouts import DTYPE_BYTES
 from commsim.step.predict import predict, step_model, strategy_layouts
 from commsim.step.prediction import Prediction

@@ -11,15 +11,31 @@ from typing import Any
 
 
 def read_bytes(path: str | Path) -> bytes:
-    """A file's bytes; a SpecError naming it when it is missing or unreadable."""
+    """A file's bytes; a SpecError naming it when it is missing, a directory or unreadable."""
     from commsim.specs import SpecError  # here: `commsim --help` imports this module, not pydantic
 
+    if str(path) == "":
+        raise SpecError("(empty path)", "", "give a file name")
     try:
         return Path(path).read_bytes()
     except FileNotFoundError:
         raise SpecError(str(path), "", "file not found") from None
+    except IsADirectoryError:
+        raise SpecError(str(path), "", "is a directory, not a file") from None
     except OSError as e:
         raise SpecError(str(path), "", f"cannot read: {e.strerror or e}") from None
+
+
+def read_text(path: str | Path) -> str:
+    """A text file (UTF-8); a SpecError naming it as read_bytes does, or where it is not
+    text."""
+    from commsim.specs import SpecError
+
+    data = read_bytes(path)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise SpecError(str(path), "", f"not a text file (byte {e.start} is not UTF-8)") from None
 
 
 def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
@@ -28,9 +44,7 @@ def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
     from commsim.specs import SpecError
 
     try:
-        data = json.loads(read_bytes(path).decode())
-    except UnicodeDecodeError:
-        raise SpecError(str(path), "", "not a text file") from None
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise SpecError(str(path), f"line {e.lineno}", f"invalid JSON: {e.msg}") from None
     if not isinstance(data, dict):

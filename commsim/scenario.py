@@ -8,17 +8,9 @@ from typing import Any
 
 from commsim import catalog
 from commsim.deepspeed import DeepSpeedSettings, read_deepspeed
-from commsim.profile import apply_profile, load_profile
-from commsim.specs import (
-    ClusterSpec,
-    GPUSpec,
-    Scenario,
-    SpecError,
-    Strategy,
-    load_spec,
-    parse_spec,
-    read_yaml,
-)
+from commsim.profile import apply_profile, compute_efficiency, load_profile
+from commsim.spec_io import load_spec, parse_spec, read_yaml
+from commsim.specs import ClusterSpec, GPUSpec, Scenario, SpecError, Strategy
 from commsim.step.shape import split_problem
 from commsim.topology.build import Cluster, build_cluster
 from commsim.topology.placement import PLACEMENT_KINDS
@@ -125,12 +117,12 @@ def _cluster_spec(scenario: Scenario, source: str) -> ClusterSpec:
 
 def _with_profile(spec: ClusterSpec, scenario: Scenario) -> tuple[ClusterSpec, Scenario]:
     """The cluster with a calibration profile's fitted links, and the scenario with its
-    measured compute efficiency unless the scenario sets one itself."""
+    measured compute efficiency (on the cluster's GPU) unless the scenario sets one."""
     profile = load_profile(scenario.profile)
+    efficiency = compute_efficiency(spec, profile)
     spec = apply_profile(spec, profile, scenario.profile)
-    if profile.compute and "compute_efficiency" not in scenario.model_fields_set:
-        efficiency = min(1.0, profile.compute.efficiency)
-        scenario = scenario.model_copy(update={"compute_efficiency": efficiency})
+    if efficiency is not None and "compute_efficiency" not in scenario.model_fields_set:
+        scenario = scenario.model_copy(update={"compute_efficiency": min(1.0, efficiency)})
     return spec, scenario
 
 

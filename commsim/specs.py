@@ -7,10 +7,8 @@ problem becomes a SpecError naming the file, the field and what is wrong.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -18,7 +16,6 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
-    ValidationError,
     ValidationInfo,
     model_validator,
 )
@@ -235,6 +232,10 @@ class ClusterSpec(Spec):
     # GPUs, gloo on the CPU testbed (gpu: cpu-host). A calibration profile's backend wins.
     backend: Literal["nccl", "gloo"] | None = None
     nccl: NcclSpec = NcclSpec()
+    # seconds every collective call costs besides its messages: the backend's dispatch and
+    # rendezvous (a calibration profile's fitted per-call constant; negative where the links
+    # give each call a head start, as a token bucket that lets a burst through unshaped)
+    call_overhead: float = 0.0
 
     @property
     def total_gpus(self) -> int:
@@ -432,68 +433,3 @@ class Scenario(Spec):
     price_per_gpu_hour: float | None = Field(default=None, gt=0)  # for cost
     strategy: Strategy = Strategy()
     claim: Claim | None = None  # a seed document's claim this scenario encodes (commsim claims)
-
-
-UNION_TAGS = {"str", "int", "float", "bool"}  # pydantic names a union's branch in `loc`
-
-
-def _field_path(loc: tuple[Any, ...]) -> str:
-    """A dotted field path without the union branch names pydantic puts in it (`str`,
-    `ClusterSpec`): field names are lower case."""
-    parts = [str(p) for p in loc if not (str(p) in UNION_TAGS or str(p)[:1].isupper())]
-    return ".".join(parts) or "(top level)"
-
-
-def _main_errors(errors: list[Any]) -> list[Any]:
-    """One error per field: of a union field (a name or an inline spec), the branch that got
-    furthest into the input, e.g. the inline cluster's bad field, not "not a string"."""
-    best: dict[Any, Any] = {}
-    for err in errors:
-        key = err["loc"][:1]
-        if key not in best or len(err["loc"]) > len(best[key]["loc"]):
-            best[key] = err
-    return list(best.values())
-
-
-def parse_spec(cls: type[Spec], data: Any, source: str, units: bool = True) -> Any:
-    """Validate plain data as `cls`, turning pydantic's errors into one SpecError. With
-    `units` (input a person wrote) a size, rate or time must say its unit; without (data
-    already in SI, as Python code or a dumped spec gives it) a number is taken as SI."""
-    if not isinstance(data, dict):
-        raise SpecError(source, "", f"expected a mapping of fields, got {type(data).__name__}")
-    try:
-        return cls.model_validate(data, context={"units": units})
-    except ValidationError as e:
-        errors = _main_errors(e.errors())
-        err = errors[0]
-        msg = err["msg"].removeprefix("Value error, ")
-        extra = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise SpecError(source, _field_path(err["loc"]), msg + extra) from None
-
-
-def read_yaml(path: str | Path) -> Any:
-    """yaml.safe_load a file; a missing file or bad YAML becomes a SpecError."""
-    if str(path) == "":
-        raise SpecError("(empty path)", "", "give a file name")
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError(str(path), "", "file not found") from None
-    except IsADirectoryError:
-        raise SpecError(str(path), "", "is a directory, not a YAML file") from None
-    except UnicodeDecodeError as e:
-        raise SpecError(str(path), "", f"not a text file (byte {e.start} is not UTF-8)") from None
-    except OSError as e:
-        raise SpecError(str(path), "", e.strerror or str(e)) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else ""
-        raise SpecError(str(path), where, f"invalid YAML: {getattr(e, 'problem', e)}") from None
-
-
-def load_spec(cls: type[Spec], path: str | Path) -> Any:
-    """Read and validate one YAML spec file."""
-    return parse_spec(cls, read_yaml(path), str(path))

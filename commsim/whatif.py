@@ -22,7 +22,8 @@ import numpy as np
 
 from commsim import catalog
 from commsim.scenario import load_scenario, resolve, with_overrides
-from commsim.specs import ClusterSpec, Scenario, SpecError, load_spec
+from commsim.spec_io import load_spec
+from commsim.specs import ClusterSpec, Scenario, SpecError
 from commsim.step.predict import predict as predict_setup
 from commsim.step.prediction import Prediction
 

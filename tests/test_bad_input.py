@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from commsim.cli.app import app
-from commsim.specs import ClusterSpec, SpecError, load_spec, parse_spec
+from commsim.spec_io import load_spec, parse_spec
+from commsim.specs import ClusterSpec, SpecError
 from commsim.units import UnitError, parse_bytes, parse_rate, parse_time
 
 CLUSTER = """

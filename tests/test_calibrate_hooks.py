@@ -103,12 +103,15 @@ def test_local_run_records_one_step_per_hook_and_bucket(tmp_path):
     cluster = tmp_path / "loopback-2.yaml"
     cluster.write_text(LOOPBACK)
     profile = tmp_path / "profile.yaml"
+    intra = {"alpha_s": 50e-6, "efficiency": 1.0, "line_rate_Bps": 2e9, "points": 1}
     profile.write_text(
         yaml.safe_dump(
             {
+                "format": 2,
                 "cluster": "loopback-2",
                 "backend": "gloo",
-                "tiers": {"intra-node": {"alpha_s": 50e-6, "bandwidth_Bps": 2e9, "points": 1}},
+                "hardware": {"intra-node": "cpu-host GPUs over pcie"},
+                "tiers": {"intra-node": intra | {"fitted": ["alpha", "bandwidth"]}},
                 "algorithms": dict(ALGORITHMS["gloo"]),
                 "provenance": {"files": [], "runs": [], "date": "", "points": 1, "commsim": "0"},
             }

@@ -270,7 +270,7 @@ def test_cli_import_appends_and_refuses_twice(tmp_path):
     assert len(read_results(out).runs) == 3
     again = runner.invoke(calibrate_app, ["import-nccl-tests", str(ALL_REDUCE), "--out", str(out)])
     assert again.exit_code == 2
-    assert "already imported" in again.output
+    assert "is already imported" in again.output
     assert out.read_text() == before
 
 
@@ -421,19 +421,31 @@ def test_an_nccl_fit_says_what_it_could_not_determine(tmp_path):
     )
 
 
-def test_cli_validate_profile_for_another_cluster(tmp_path):
+def test_cli_validate_profile_on_another_cluster_of_the_same_classes(tmp_path):
     out = tmp_path / "results.jsonl"
     runner.invoke(calibrate_app, ["import-nccl-tests", str(ALL_REDUCE), "--out", str(out)])
     cluster = _nccl_cluster(tmp_path)
     prof = tmp_path / "p.yaml"
     runner.invoke(calibrate_app, ["fit", str(out), "--cluster", str(cluster), "-o", str(prof)])
+    # the same GPUs and fabric under another name and node count: the profile travels
     other = tmp_path / "other.yaml"
-    other.write_text(cluster.read_text().replace("name: two-h100-nodes", "name: elsewhere"))
-    result = runner.invoke(
+    text = cluster.read_text().replace("name: two-h100-nodes", "name: elsewhere")
+    other.write_text(text.replace("nodes: 2\n", "nodes: 4\n"))
+    ok = runner.invoke(
         calibrate_app, ["validate", str(out), "--profile", str(prof), "--cluster", str(other)]
     )
+    assert ok.exit_code == 0, ok.output
+    assert "carried over from 'two-h100-nodes'" in ok.output
+    # other GPUs: another class, refused naming it
+    a100 = tmp_path / "a100.yaml"
+    a100.write_text(text.replace("gpu: h100", "gpu: a100"))
+    result = runner.invoke(
+        calibrate_app, ["validate", str(out), "--profile", str(prof), "--cluster", str(a100)]
+    )
     assert result.exit_code == 2
-    assert "p.yaml: cluster: fitted on cluster 'two-h100-nodes', not 'elsewhere'" in result.output
+    assert "p.yaml: hardware.intra-node: fitted on h100 GPUs over nvswitch, but cluster " in (
+        result.output
+    )
 
 
 def test_profile_yaml_roundtrip_keeps_infinite_bounds(tmp_path):
@@ -441,12 +453,14 @@ def test_profile_yaml_roundtrip_keeps_infinite_bounds(tmp_path):
         {
             "cluster": "c",
             "backend": "gloo",
+            "hardware": {"intra-node": "h100 GPUs over nvswitch"},
             "tiers": {
                 "intra-node": {
                     "alpha_s": 1e-5,
                     "alpha_ci_s": [9e-6, 1.1e-5],
-                    "bandwidth_Bps": 1e9,
-                    "bandwidth_ci_Bps": [5e8, float("inf")],
+                    "efficiency": 0.9,
+                    "efficiency_ci": [0.5, float("inf")],
+                    "line_rate_Bps": 1e9,
                     "points": 10,
                     "fitted": ["alpha", "bandwidth"],
                 }
@@ -464,10 +478,20 @@ def test_profile_yaml_roundtrip_keeps_infinite_bounds(tmp_path):
     path = tmp_path / "p.yaml"
     write_atomic(path, profile_yaml(prof))
     assert load_profile(path) == prof
+    assert prof.tiers["intra-node"].bandwidth_Bps == pytest.approx(0.9e9)
 
 
 def test_profile_with_bad_field_names_file_and_field(tmp_path):
     path = tmp_path / "p.yaml"
-    path.write_text("cluster: c\nbackend: gloo\ntiers: {intra-node: {alpha_s: -1}}\n")
+    path.write_text("format: 2\ncluster: c\nbackend: gloo\ntiers: {intra-node: {alpha_s: -1}}\n")
+    with pytest.raises(SpecError, match=r"p.yaml: hardware: Field required \(and 3 more\)"):
+        load_profile(path)
+    good = {"hardware": {}, "algorithms": {}, "provenance": {"files": [], "runs": [],
+            "date": "", "points": 0, "commsim": "0"}}  # fmt: skip
+    path.write_text(yaml.safe_dump(yaml.safe_load(path.read_text()) | good))
     with pytest.raises(SpecError, match=r"p.yaml: tiers.intra-node.alpha_s"):
+        load_profile(path)
+    # a profile of the first format (one cluster's absolute bandwidths): refit, says how
+    path.write_text("cluster: c\nbackend: gloo\ntiers: {}\n")
+    with pytest.raises(SpecError, match=r"p.yaml: format: a format-1 profile .* calibrate fit"):
         load_profile(path)

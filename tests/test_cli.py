@@ -45,9 +45,10 @@ def test_collective_json_rows():
         assert r["busbw_Bps"] == pytest.approx(r["algbw_Bps"] * 2 * 15 / 16)
 
 
-def test_collective_auto_is_fastest_of_all():
-    # under gloo auto takes the fastest of commsim's algorithms; under NCCL (the default on
-    # GPUs) it is NCCL's own choice, the same as --algorithm nccl
+def test_collective_auto_is_what_the_backend_runs():
+    # auto is what the backend runs: under gloo its own algorithm (a ring all-reduce), under
+    # NCCL (the default on GPUs) NCCL's own choice, the same as --algorithm nccl; 'a|b|...'
+    # takes the fastest of those named
     common = (
         "collective",
         "all-reduce",
@@ -60,9 +61,11 @@ def test_collective_auto_is_fastest_of_all():
     )
     every = run_json(*common, "--algorithm", "all", "--backend", "gloo")["rows"]
     auto = run_json(*common, "--algorithm", "auto", "--backend", "gloo")["rows"]
-    for a in auto:
-        same = [r["time_s"] for r in every if r["bytes"] == a["bytes"]]
-        assert a["time_s"] == pytest.approx(min(same))
+    fastest = run_json(*common, "--algorithm", "ring|tree|rhd|ps", "--backend", "gloo")["rows"]
+    for a, f in zip(auto, fastest, strict=True):
+        same = {r["algorithm"]: r["time_s"] for r in every if r["bytes"] == a["bytes"]}
+        assert a["algorithm"] == "ring" and a["time_s"] == pytest.approx(same["ring"])
+        assert f["time_s"] == pytest.approx(min(t for k, t in same.items() if k != "hierarchical"))
     auto = run_json(*common, "--algorithm", "auto")
     nccl = run_json(*common, "--algorithm", "nccl")
     assert auto["backend"] == "nccl" and auto["nccl_version"] == "2.30"
@@ -299,8 +302,9 @@ def test_profile_flag_reprices_the_cluster(tmp_path):
     # NCCL 2.29.7 ran them
     assert fitted["nccl_version"] == "2.29.7"
     assert fitted["rows"][0]["time_s"] == pytest.approx(plain["time_s"] * 48 / 40, rel=0.05)
-    elsewhere = run("predict", "--profile", str(prof))  # default scenario: aws-p4d
-    assert elsewhere.exit_code == 2 and "fitted on cluster 'two-h100-nodes'" in elsewhere.output
+    elsewhere = run("predict", "--profile", str(prof))  # default scenario: aws-p4d (A100s)
+    assert elsewhere.exit_code == 2
+    assert "hardware.intra-node: fitted on h100 GPUs over nvswitch" in elsewhere.output
 
 
 @pytest.mark.parametrize("module", ["commsim.cli", "commsim.cli.app"])

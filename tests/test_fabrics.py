@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from commsim import catalog
 from commsim.cli.app import app
-from commsim.specs import ClusterSpec, load_spec
+from commsim.spec_io import load_spec
+from commsim.specs import ClusterSpec
 from commsim.topology.build import build_cluster
 from commsim.topology.fabric import ROUTING_THROUGHPUT
 from commsim.topology.routing import maxmin_rates, path_params, routes, step_time

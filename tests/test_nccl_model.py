@@ -21,7 +21,8 @@ from commsim.collectives.nccl.tables import (
     TREE,
     tables,
 )
-from commsim.specs import ClusterSpec, SpecError, load_spec
+from commsim.spec_io import load_spec
+from commsim.specs import ClusterSpec, SpecError
 from commsim.topology.build import build_cluster
 from commsim.topology.placement import place
 
@@ -91,7 +92,8 @@ def test_version_ranges_and_their_changes():
 
 
 def test_the_spec_validates_the_version():
-    from commsim.specs import SpecError, parse_spec
+    from commsim.spec_io import parse_spec
+    from commsim.specs import SpecError
 
     data = _topology("dgx-h100-ib").model_dump()
     data["nccl"]["version"] = "2.9"

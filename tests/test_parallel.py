@@ -332,12 +332,11 @@ def test_search_offers_the_balanced_split_where_layers_do_not_divide():
 
 
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
-def test_auto_takes_the_fastest_algorithm_of_every_collective(backend):
-    # under gloo auto picks, for every collective and size, the fastest algorithm its group
-    # can run: never slower than any one algorithm for all of them; nccl picks as NCCL's
-    # tuner does. Under NCCL auto is NCCL's own choice among all its algorithms and
-    # protocols: the same as nccl, and (the fabric uncongested) never slower than its Ring
-    # or its Tree alone
+def test_auto_takes_what_the_backend_runs_for_every_collective(backend):
+    # under gloo auto is gloo's own algorithm of every collective (a ring all-reduce, ...):
+    # the same step as ring; nccl picks as NCCL's tuner does. Under NCCL auto is NCCL's own
+    # choice among all its algorithms and protocols: the same as nccl, and (the fabric
+    # uncongested) never slower than its Ring or its Tree alone
     from commsim import whatif
 
     kw = {"model": "gpt3-175b", "cluster": "dgx-a100-ib", "gpus": 256, "global_batch": 512}
@@ -349,8 +348,9 @@ def test_auto_takes_the_fastest_algorithm_of_every_collective(backend):
         assert p.strategy.algorithm == alg
         steps[alg] = p.step_time_s
     if backend == "gloo":
-        assert steps["auto"] <= min(steps["ring"], steps["tree"], steps["rhd"]) * (1 + 1e-12)
-        assert steps["auto"] <= steps["nccl"] <= max(steps["ring"], steps["tree"]) * (1 + 1e-12)
+        assert steps["auto"] == steps["ring"]
+        assert min(steps["ring"], steps["tree"]) <= steps["nccl"]
+        assert steps["nccl"] <= max(steps["ring"], steps["tree"]) * (1 + 1e-12)
     else:
         assert steps["auto"] == steps["nccl"] <= min(steps["ring"], steps["tree"]) * (1 + 1e-12)
 

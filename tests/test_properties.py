@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from commsim.cli.app import app
-from commsim.specs import ClusterSpec, SpecError, parse_spec
+from commsim.spec_io import parse_spec
+from commsim.specs import ClusterSpec, SpecError
 
 CHECKED = settings(
     max_examples=40,

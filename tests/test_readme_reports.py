@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from commsim.specs import GPUSpec, load_spec
+from commsim.spec_io import load_spec
+from commsim.specs import GPUSpec
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

@@ -23,7 +23,8 @@ from commsim.reliability.rates import (
     LLAMA3_HOURS,
     rates_for,
 )
-from commsim.specs import ClusterSpec, SpecError, load_spec, parse_spec
+from commsim.spec_io import load_spec, parse_spec
+from commsim.specs import ClusterSpec, SpecError
 from commsim.topology.build import build_cluster
 
 LLAMA3_MTTI_H = LLAMA3_HOURS / 419  # 3.09 h

@@ -26,7 +26,8 @@ from commsim.reliability.rates import rates_for
 from commsim.reliability.recovery import Policy, nccl_init_s
 from commsim.reliability.spares import nodes_out_pmf, spare_row, spares_for
 from commsim.scenario import resolve
-from commsim.specs import ClusterSpec, load_spec
+from commsim.spec_io import load_spec
+from commsim.specs import ClusterSpec
 from commsim.step.predict import predict
 
 DAY = 86400.0

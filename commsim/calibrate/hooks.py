@@ -75,14 +75,17 @@ def hook_speedups(
         group = GroupCost(build_cluster(spec, int(max(gpus)) + 1), gpus)
         algorithms = profile.algorithms if profile is not None else ALGORITHMS[run.meta.backend]
         algorithm = algorithms["all-reduce"]
+        torch_version = run.meta.versions.get("torch", "")
         for cap in dict.fromkeys(d.bucket_mb for d in ddps):
             mine = [d for d in ddps if d.bucket_mb == cap]
             base = next((d for d in mine if d.compression == "none"), None)
             if base is None:
                 continue
-            base_pred = predict_ddp(group, run.model, base, algorithm, gpu).step_time_s
+            base_pred = predict_ddp(
+                group, run.model, base, algorithm, gpu, torch_version
+            ).step_time_s
             for d in mine:
-                rep = predict_ddp(group, run.model, d, algorithm, gpu)
+                rep = predict_ddp(group, run.model, d, algorithm, gpu, torch_version)
                 measured = base.step_s / d.step_s
                 predicted = base_pred / rep.step_time_s
                 rows.append(

@@ -7,12 +7,12 @@ settings holding the parameters: per link class (NVLink or PCI inside a node, th
 across nodes) a factor on NCCL's per-step latencies, and the per-channel bandwidth of its
 rings on one node and across nodes (replacing what its topology search gives; every
 algorithm's channels scale with them). Each is solved as the log of its ratio to NCCL's
-own value, since all are positive and act multiplicatively, by the tier fit's procedure
-(calibrate.fit): residuals log(predicted / measured), a soft-L1 first pass, points over 4
-robust standard deviations set aside, plain least squares on the rest, linearised 95%
-intervals. A parameter is fitted where some measurement depends on it (moves by 0.1% or
-more when it moves by a unit of its log); the others keep NCCL's value and the profile
-says why. The NCCL version is the one the runs recorded, else the cluster's.
+own value, since all are positive and act multiplicatively, as the tier fit is
+(calibrate.robust: soft-L1 on log residuals, no point cut; 95% intervals by bootstrap;
+calibrate.diagnose's warnings). A parameter is fitted where some measurement depends on it
+(moves by 0.1% or more when it moves by a unit of its log); the others keep NCCL's value
+and the profile says why. The NCCL version is the one the runs recorded, else the
+cluster's.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize, stats
 
-from commsim.calibrate.points import MIN_SHARE, Point, inliers
+from commsim.calibrate import diagnose, robust
+from commsim.calibrate.points import MIN_SHARE, Point
 from commsim.calibrate.records import Results
 from commsim.collectives import nccl
 from commsim.collectives.group import GroupCost
@@ -44,9 +44,9 @@ class Param:
 class NcclFitResult:
     fit: NcclFit
     predicted: np.ndarray
-    keep: np.ndarray  # points used (not outliers)
     spec: ClusterSpec  # the cluster with the fitted NCCL settings
     notes: list[str]
+    warnings: list[str]
 
 
 def measured_version(results: Results, spec: ClusterSpec) -> str:
@@ -129,50 +129,51 @@ def fit_nccl(
             out[idx] = cost.time(op, algorithms[op], sizes[idx])
         return out
 
-    def resid(u: np.ndarray, rows=slice(None)) -> np.ndarray:
-        return np.log(times(u)[rows] / measured[rows])
+    def resid(u: np.ndarray) -> np.ndarray:
+        return np.log(times(u) / measured)
 
     u = np.zeros(len(params))
-    notes: list[str] = []
     jac = _jacobian(resid, u)
     free = np.max(np.abs(jac), axis=0) >= MIN_SHARE
     if not free.any():
         raise SpecError(source, "", "no NCCL parameter changes any prediction: nothing to fit")
-    u = _solve(resid, u, free, "soft_l1")
-    keep = inliers(resid(u))
-    if keep.sum() <= free.sum():
-        raise SpecError(source, "", "too few consistent points to fit: measure more")
-    u = _solve(lambda v: resid(v, keep), u, free, "linear")
+    u, sd = _solve(resid, u, free)
     jac = _jacobian(resid, u)
-    lost = free & (np.max(np.abs(jac[keep]), axis=0) < MIN_SHARE)
-    if lost.any():  # stopped mattering at the refit: back to NCCL's value
+    lost = free & (np.max(np.abs(jac), axis=0) < MIN_SHARE)
+    if lost.any():  # stopped mattering at the solution: back to NCCL's value
         free &= ~lost
         u[lost] = 0.0
-        u = _solve(lambda v: resid(v, keep), u, free, "linear") if free.any() else u
-    r = resid(u)[keep]
-    dof = max(int(keep.sum() - free.sum()), 1)
-    j = jac[keep][:, free]
-    try:
-        cov = float(r @ r) / dof * np.linalg.inv(j.T @ j)
-        sd = np.sqrt(np.maximum(np.diag(cov), 0.0))
-    except np.linalg.LinAlgError:
-        names = ", ".join(p.name for p, f in zip(params, free, strict=True) if f)
-        raise SpecError(source, "", f"the measurements cannot separate {names}") from None
-    t = float(stats.t.ppf(0.975, dof))
-    fit = _record(version, params, u, free, sd, t)
-    for p, f in zip(params, free, strict=True):
-        if not f:
-            notes.append(
-                f"NCCL {p.name} kept NCCL's value: no measurement depends on it (measure "
-                "smaller sizes for latencies, larger for channel bandwidth)"
-            )
-    if not keep.all():
-        notes.append(f"left out {int((~keep).sum())} of {len(points)} points as outliers")
-    return NcclFitResult(fit, times(u), keep, _spec(spec, params, u), notes)
+        if not free.any():
+            raise SpecError(source, "", "no NCCL parameter changes any prediction: nothing to fit")
+        u, sd = _solve(resid, u, free)
+        jac = _jacobian(resid, u)
+    j = jac[:, free]
+    chosen = [p for p, f in zip(params, free, strict=True) if f]
+    tangled = robust.tangled(j)
+    if tangled.any():
+        names = ", ".join(p.name for p, t in zip(chosen, tangled, strict=True) if t)
+        raise SpecError(source, "", f"the measurements cannot separate {names}")
+    r = resid(u)
+    bound = np.full(int(free.sum()), BOUND)
+    reps = robust.bootstrap(
+        r + np.log(measured), j, u[free], -bound, bound, measured, [p.repeats for p in points], sd
+    )
+    names = [f"NCCL {p.name}" for p in chosen]
+    warnings = diagnose.unidentified(names, diagnose.interval_effect(j, reps))
+    warnings += diagnose.structure(points, r, sd)
+    notes = [
+        f"NCCL {p.name} kept NCCL's value: no measurement depends on it (measure smaller "
+        "sizes for latencies, larger for channel bandwidth)"
+        for p, f in zip(params, free, strict=True)
+        if not f
+    ]
+    fit = _record(version, params, u, free, reps)
+    return NcclFitResult(fit, times(u), _spec(spec, params, u), notes, warnings)
 
 
-def _record(version, params, u, free, sd, t) -> NcclFit:
-    """The NcclFit of the solution: values, 95% intervals (x exp(+- t sd)) of the fitted."""
+def _record(version, params, u, free, reps) -> NcclFit:
+    """The NcclFit of the solution: values, 95% intervals over the bootstrap replicates
+    (a column per free parameter) of the fitted."""
     data: dict = {"version": version, "latency_scale": {}, "latency_scale_ci": {}}
     fitted, not_fitted, k = [], [], 0
     for p, x, f in zip(params, u, free, strict=True):
@@ -180,16 +181,16 @@ def _record(version, params, u, free, sd, t) -> NcclFit:
             not_fitted.append(p.name)
             continue
         value = p.start * math.exp(float(x))
-        spread = math.exp(min(t * float(sd[k]), 700.0))
+        lo, hi = robust.interval(p.start * np.exp(reps[:, k]))
         k += 1
         fitted.append(p.name)
         if p.name.startswith("latency_scale."):
             cls = p.name.split(".", 1)[1]
             data["latency_scale"][cls] = value
-            data["latency_scale_ci"][cls] = (value / spread, value * spread)
+            data["latency_scale_ci"][cls] = (lo, hi)
         else:
             data[f"{p.name}_Bps"] = value * 1e9
-            data[f"{p.name}_ci_Bps"] = (value * 1e9 / spread, value * 1e9 * spread)
+            data[f"{p.name}_ci_Bps"] = (lo * 1e9, hi * 1e9)
     return NcclFit(**data, fitted=fitted, not_fitted=not_fitted)
 
 
@@ -204,21 +205,14 @@ def _jacobian(resid, u: np.ndarray, h: float = 1e-4) -> np.ndarray:
     return np.column_stack(cols) if cols else np.zeros((base.size, 0))
 
 
-def _solve(resid, u: np.ndarray, free: np.ndarray, loss: str) -> np.ndarray:
-    """Least squares over the free log-ratios within +-BOUND (soft_l1 at 10%)."""
+def _solve(resid, u: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, float]:
+    """The robust solution over the free log-ratios within +-BOUND (calibrate.robust)."""
 
     def full(v: np.ndarray) -> np.ndarray:
         out = u.copy()
         out[free] = v
         return out
 
-    res = optimize.least_squares(
-        lambda v: resid(full(v)),
-        u[free],
-        bounds=(-BOUND, BOUND),
-        diff_step=1e-4,
-        method="trf",
-        loss=loss,
-        f_scale=0.1,
-    )
-    return full(res.x)
+    bound = np.full(int(free.sum()), BOUND)
+    v, sd = robust.solve(lambda v: resid(full(v)), u[free], -bound, bound, diff_step=1e-4)
+    return full(v), sd

@@ -1,7 +1,8 @@
 """Measured collectives placed on the cluster: where each rank ran (placement), the widest
 tier a group crosses (span), every measured collective of two or more ranks as a Point
-(collect_points), and what the fits share: which points are outliers (inliers) and how much
-a parameter must move a point to count as determined (MIN_SHARE)."""
+(collect_points) with why commsim does not price it as measured where it does not
+(unmodelled), and how much a parameter must move a point to count as determined
+(MIN_SHARE), which both fits use."""
 
 from __future__ import annotations
 
@@ -25,8 +26,11 @@ class Point:
     group: tuple[int, ...]  # world ranks
     gpus: tuple[int, ...]  # the GPU each group rank ran on
     bytes: float
-    measured_s: float
+    measured_s: float  # the slowest rank's time (per-rank records: the largest)
     span: str  # the widest tier the group crosses
+    timing: str = "slowest-rank"  # whose clock (records.Timing)
+    repeats: tuple[float, ...] = ()  # each repeat's time in that convention, if recorded
+    unmodelled: str = ""  # why commsim does not price it as measured (fits leave it out)
 
 
 def placement(meta: MetaRecord, spec: ClusterSpec, source: str = "results") -> np.ndarray:
@@ -93,6 +97,36 @@ def span(spec: ClusterSpec, gpus) -> str:
     return "cross-rack"
 
 
+# gloo's pairwise exchanges (gloo/alltoall.cc, gloo/allgather.cc, batch_isend_irecv in the
+# order given): each rank posts its send to a peer before its receive from that peer. The
+# TCP transport (gloo/transport/tcp/pair.cc) sends a payload only once the peer has
+# announced the matching receive (NOTIFY_RECV_READY), and announcements queue behind the
+# payloads already going out on the pair; so when one rank's payload leaves first, the
+# peer's waits for it: the two directions take turns. How much depends on which rank posts
+# first (measured on the testbed: a 2-rank send-recv 1x or 2x the one-way time, a 2-rank
+# all-gather 1.5x, an all-to-all 1-2x); commsim prices them as concurrent.
+PAIRWISE = (
+    "gloo posts each send before the receive from the same peer, and its TCP transport "
+    "sends only after the peer announces that receive, so the two directions of a pair "
+    "take turns by as much as which rank posts first decides (1-2x the concurrent time): "
+    "not modelled"
+)
+
+
+def unmodelled(op: str, n: int, timing: str, backend: str) -> str:
+    """Why commsim does not price `op` on n ranks as measured (in `timing`), or ""."""
+    if backend == "gloo" and op == "all-to-all":
+        return f"gloo all-to-all: every pair of ranks exchanges both ways; {PAIRWISE}"
+    if backend == "gloo" and n == 2 and op in ("all-gather", "send-recv"):
+        return f"gloo {op} on 2 ranks is a pairwise exchange; {PAIRWISE}"
+    if timing == "rank0" and op == "broadcast":
+        return (
+            "rank 0 timed a broadcast it is the root of: the root returns once its sends are "
+            "handed to the transport, before the others have the data"
+        )
+    return ""
+
+
 def collect_points(results: Results, spec: ClusterSpec) -> tuple[list[Point], list[str]]:
     """Every measured collective of a group of two or more, placed; and notes on what was
     left out (unsupported ops)."""
@@ -106,6 +140,7 @@ def collect_points(results: Results, spec: ClusterSpec) -> tuple[list[Point], li
             if len(rec.group) < 2:
                 continue
             gpus = tuple(int(g) for g in gpu[rec.group])
+            measured = max(rec.rank_times_s) if rec.timing == "per-rank" else rec.time_s
             points.append(
                 Point(
                     run_id,
@@ -114,15 +149,11 @@ def collect_points(results: Results, spec: ClusterSpec) -> tuple[list[Point], li
                     tuple(rec.group),
                     gpus,
                     float(rec.bytes),  # type: ignore[arg-type]
-                    float(rec.time_s),  # type: ignore[arg-type]
+                    float(measured),  # type: ignore[arg-type]
                     span(spec, gpus),
+                    rec.timing,
+                    tuple(rec.times_s or ()),
+                    unmodelled(rec.op, len(rec.group), rec.timing, run.meta.backend),
                 )
             )
     return points, list(dict.fromkeys(notes))
-
-
-def inliers(resid: np.ndarray) -> np.ndarray:
-    """Points within 4 robust standard deviations (1.4826 x the median absolute deviation,
-    Rousseeuw & Croux 1993), or within 5%, of the median residual."""
-    dev = np.abs(resid - np.median(resid))
-    return dev <= max(4 * 1.4826 * float(np.median(dev)), 0.05)

@@ -3,8 +3,10 @@
 A results file holds one JSON object per line; `kind` says what it is, `run` ties it to
 its run. Every run starts with a `meta` record (backend, world size, where each rank ran,
 versions), then `collective` records (one per op, group and size: the median time over
-repeats and its p10/p90), a `model` and `ddp` records (the data-parallel step per bucket
-size), and an `end` record when it finishes or fails. Files are only ever appended to.
+repeats in its timing convention, its p10/p90, each repeat's time and each rank's median),
+a `model` and `ddp` records (the data-parallel step per bucket size), and an `end` record
+when it finishes or fails. A `link-check` record (`commsim testbed check --out`) stands
+alone: the TCP goodput the testbed's links gave. Files are only ever appended to.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -51,7 +53,7 @@ class MetaRecord(Record):
 
     kind: Literal["meta"]
     format: int = FORMAT_VERSION
-    source: Literal["harness", "nccl-tests"]
+    source: str = Field(min_length=1)  # harness, nccl-tests, or the tool an import names
     backend: str
     world_size: int = Field(ge=1)
     ranks: list[RankInfo]
@@ -73,10 +75,18 @@ class MetaRecord(Record):
         return list(dict.fromkeys(r.host for r in sorted(self.ranks, key=lambda r: r.rank)))
 
 
+# Whose clock a time is: the slowest rank's (the collective is done everywhere: what commsim
+# predicts), the group's first rank's (what many tools print; a broadcast's root returns once
+# its sends are handed to the transport), or every rank's (rank_times_s; time_s their maximum).
+Timing = Literal["slowest-rank", "rank0", "per-rank"]
+TIMINGS: tuple[str, ...] = Timing.__args__  # type: ignore[attr-defined]
+
+
 class CollectiveRecord(Record):
     """One op on one group at one size (nccl-tests' size: all-gather output, reduce-scatter
-    input, all-to-all what a rank sends in all); time_s is the median over repeats of the
-    slowest rank's time; status "unsupported" marks an op the backend lacks."""
+    input, all-to-all what a rank sends in all); time_s is the median over repeats in the
+    `timing` convention; times_s each repeat's time in it, rank_times_s each group rank's
+    median; status "unsupported" marks an op the backend lacks."""
 
     kind: Literal["collective"]
     op: Op
@@ -84,6 +94,9 @@ class CollectiveRecord(Record):
     status: Literal["ok", "unsupported"] = "ok"
     bytes: float | None = Field(default=None, gt=0)
     time_s: float | None = Field(default=None, gt=0)
+    timing: Timing = "slowest-rank"
+    times_s: list[Annotated[float, Field(gt=0)]] | None = None
+    rank_times_s: list[Annotated[float, Field(gt=0)]] | None = None
     p10_s: float | None = None
     p90_s: float | None = None
     repeats: int | None = None
@@ -97,6 +110,12 @@ class CollectiveRecord(Record):
             raise ValueError("a measured collective needs bytes and time_s")
         if len(set(self.group)) != len(self.group):
             raise ValueError("group lists a rank twice")
+        if self.rank_times_s is not None and len(self.rank_times_s) != len(self.group):
+            raise ValueError(
+                f"rank_times_s has {len(self.rank_times_s)} times for {len(self.group)} ranks"
+            )
+        if self.timing == "per-rank" and self.rank_times_s is None:
+            raise ValueError("timing per-rank needs rank_times_s (each group rank's time)")
         return self
 
 
@@ -142,6 +161,8 @@ class DDPRecord(Record):
     exposed_comm_s: float
     repeats: int = Field(ge=1)
     buckets_bytes: list[int] | None = None  # DDP's own bucket sizes, when torch reports them
+    # DDP's own buckets as parameter indices (registration order), in launch order
+    buckets_params: list[list[int]] | None = None
     # the comm hook the step ran, spelled as a strategy's compression (older files: none)
     compression: Compression = "none"
     error_feedback: bool = False
@@ -158,12 +179,36 @@ class EndRecord(Record):
     elapsed_s: float | None = None
 
 
+class LinkRow(BaseModel):
+    """One link class of a link check: its name (goodput.check's), the tier its flows
+    cross (None: a check of the host's CPU, not of a tier), how many flows shared the rack
+    uplink, the rate it was shaped to per flow, and each flow's measured TCP goodput."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    link: str
+    tier: Literal["inter-node", "cross-rack"] | None = None
+    sharing: int = Field(default=1, ge=1)
+    shaped_Bps: float = Field(gt=0)
+    measured_Bps: list[Annotated[float, Field(gt=0)]] = Field(min_length=1)
+
+
+class LinkCheckRecord(Record):
+    """A testbed's own link check (`commsim testbed check --out`): per link class, the TCP
+    goodput each flow measured; a fit compares its bandwidths with them."""
+
+    kind: Literal["link-check"]
+    testbed: str
+    links: list[LinkRow] = Field(min_length=1)
+
+
 RECORD_TYPES: dict[str, type[Record]] = {
     "meta": MetaRecord,
     "collective": CollectiveRecord,
     "model": ModelRecord,
     "ddp": DDPRecord,
     "end": EndRecord,
+    "link-check": LinkCheckRecord,
 }
 
 
@@ -185,13 +230,14 @@ class Results:
 
     files: list[str]
     runs: dict[str, Run]
+    link_checks: list[LinkCheckRecord] = field(default_factory=list)
 
     @property
     def backends(self) -> set[str]:
         return {r.meta.backend for r in self.runs.values()}
 
 
-def _error_text(e: ValidationError) -> str:
+def error_text(e: ValidationError) -> str:
     err = e.errors()[0]
     where = ".".join(str(p) for p in err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
@@ -210,7 +256,7 @@ def parse_record(data: Any, source: str, line: int) -> Record:
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        raise SpecError(source, where, f"bad {data['kind']} record: {_error_text(e)}") from None
+        raise SpecError(source, where, f"bad {data['kind']} record: {error_text(e)}") from None
 
 
 def read_results(paths: str | Path | Iterable[str | Path]) -> Results:
@@ -218,6 +264,7 @@ def read_results(paths: str | Path | Iterable[str | Path]) -> Results:
     the file and line (a run killed mid-write leaves its last line cut short)."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     runs: dict[str, Run] = {}
+    checks: list[LinkCheckRecord] = []
     for path in paths:
         source = str(path)
         try:
@@ -235,10 +282,13 @@ def read_results(paths: str | Path | Iterable[str | Path]) -> Results:
                 cut = " (truncated line?)" if n == len(text.splitlines()) else ""
                 raise SpecError(source, f"line {n}", f"invalid JSON{cut}: {e.msg}") from None
             rec = parse_record(data, source, n)
-            _add(runs, rec, source, n)
+            if isinstance(rec, LinkCheckRecord):
+                checks.append(rec)
+            else:
+                _add(runs, rec, source, n)
     if not runs:
         raise SpecError(", ".join(map(str, paths)), "", "no measurements in the file")
-    return Results(files=[str(p) for p in paths], runs=runs)
+    return Results(files=[str(p) for p in paths], runs=runs, link_checks=checks)
 
 
 def _add(runs: dict[str, Run], rec: Record, source: str, line: int) -> None:

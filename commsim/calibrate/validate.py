@@ -1,12 +1,15 @@
 """Predicted against measured: every collective, and the data-parallel step per bucket size.
 
-Predictions come from the cluster with the profile written in (apply_profile: its tiers,
-its NCCL fit, its backend) and the collective engine (GroupCost: NCCL's model capped by the
+Predictions come from the cluster with a profile carried over (profile.carry_over: its link
+classes, per-call overhead, NCCL fit and backend), or without one from the cluster as it is
+with the runs' backend, and the collective engine (GroupCost: NCCL's model capped by the
 graph under nccl, the graph's schedules under gloo), each group on the GPUs its ranks
-really ran on (points.placement), each op by the algorithm the profile names for the backend.
-The data-parallel step is the harness model exported as a commsim Workload, its per-layer
-forward and backward times scaled to the measured compute alone, laid on the timeline
-(timeline.schedule_streams) with DDP's buckets (timeline.assign_buckets) and the predicted
+really ran on (points.placement), each op by the algorithm the backend runs. Points commsim
+does not price as measured (points.unmodelled) are shown with the reason and left out of
+the summaries. The data-parallel step is the harness model exported as a commsim Workload,
+its per-layer forward and backward times scaled to the measured compute alone, laid on the
+timeline with DDP's buckets as the run's torch forms them (step.buckets: its first-bucket
+rule by version), checked against the layout DDP itself reported, and the predicted
 all-reduce of each.
 
 Errors: error = predicted / measured - 1; abs_pct = 100 |error|. Exposed communication can
@@ -15,18 +18,19 @@ be near zero, so its error is taken relative to the measured step time instead.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from commsim import catalog
 from commsim.calibrate.points import collect_points, placement, span
 from commsim.calibrate.records import DDPRecord, ModelRecord, Results
+from commsim.collectives.backends import ALGORITHMS
 from commsim.collectives.group import GroupCost
 from commsim.compression import parse_compressor
-from commsim.profile import Profile, apply_profile
+from commsim.profile import Profile, carry_over, compute_efficiency
 from commsim.specs import ClusterSpec, GPUSpec, SpecError
-from commsim.step.buckets import MIB, stage_buckets
+from commsim.step.buckets import MIB, BucketPlan, ddp_first_bucket_bytes, stage_buckets
 from commsim.step.predict import ddp_timeline
 from commsim.step.sync import BucketCosts, allreduce_costs, compressed_costs
 from commsim.step.timeline import StepReport
@@ -50,6 +54,7 @@ class Row:
     measured_s: float
     predicted_s: float
     error: float  # predicted / measured - 1 (exposed: (predicted - measured) / step)
+    unmodelled: str = ""  # why commsim does not price it as measured (not summarised)
 
     @property
     def abs_pct(self) -> float:
@@ -63,14 +68,18 @@ class Row:
 class Validation:
     rows: list[Row]
     min_bytes: float
+    backend: str = ""
+    notes: list[str] = field(default_factory=list)  # what was carried over, bucket checks
 
     def summary(self, kind: str) -> dict[str, float | int | None]:
         """Median and worst absolute percentage error of one kind of row (collectives:
-        those of at least min_bytes)."""
+        those of at least min_bytes that commsim models)."""
         errs = [
             r.abs_pct
             for r in self.rows
-            if r.kind == kind and (kind != "collective" or (r.bytes or 0) >= self.min_bytes)
+            if r.kind == kind
+            and not r.unmodelled
+            and (kind != "collective" or (r.bytes or 0) >= self.min_bytes)
         ]
         if not errs:
             return {"points": 0, "median_abs_pct_error": None, "max_abs_pct_error": None}
@@ -84,6 +93,9 @@ class Validation:
         coll = self.summary("collective")
         return {
             "rows": [r.to_dict() for r in self.rows],
+            "backend": self.backend,
+            "notes": self.notes,
+            "unmodelled_points": sum(1 for r in self.rows if r.unmodelled),
             "min_bytes": self.min_bytes,
             "median_abs_pct_error": coll["median_abs_pct_error"],
             "max_abs_pct_error": coll["max_abs_pct_error"],
@@ -102,19 +114,54 @@ def harness_workload(model: ModelRecord) -> Workload:
 
 def codec_gpu(spec: ClusterSpec, profile: Profile | None) -> GPUSpec:
     """The GPU entry that prices a comm hook's codec: the cluster's, its matmul rate the
-    measured compute rate when the profile has one (encode_decode_seconds takes half the
-    peak)."""
+    measured compute rate when the profile measured this GPU (encode_decode_seconds takes
+    half the peak)."""
     gpu = catalog.gpu(spec.node.gpu, spec.name, "node.gpu")
-    if profile is not None and profile.compute is not None:
+    if profile is not None and compute_efficiency(spec, profile) is not None:
         gpu = gpu.model_copy(update={"peak_flops": 2.0 * profile.compute.flops_per_s})
     return gpu
 
 
+def ddp_buckets(model: ModelRecord, ddp: DDPRecord, torch_version: str) -> BucketPlan:
+    """The buckets the run's DDP formed, by commsim's rule (step.buckets) for the run's
+    torch (the harness always gives bucket_cap_mb): per-layer backward times set when each
+    is ready."""
+    bwd = tuple(x.backward_s for x in model.layers)
+    cap = float(int(ddp.bucket_mb * MIB))  # DDP: int(bucket_cap_mb * 1024 * 1024)
+    first = ddp_first_bucket_bytes(cap, True, torch_version)
+    elt = int(DTYPE_BYTES.get(model.dtype, 4))
+    return stage_buckets(harness_workload(model), "only", 0, 1, 1, elt, cap, first, bwd)
+
+
+def bucket_check(plan: BucketPlan, ddp: DDPRecord, torch_version: str) -> str | None:
+    """A note where DDP's own buckets (as its logger reported them) differ from commsim's
+    rule by more than 1% in a bucket's bytes, or in their number."""
+    if ddp.buckets_bytes is None:
+        return None
+    theirs, ours = np.array(ddp.buckets_bytes, dtype=float), plan.bytes
+    if theirs.size == ours.size and np.allclose(theirs, ours, rtol=0.01):
+        return None
+
+    def mib(x: np.ndarray) -> str:
+        return ", ".join(f"{b / MIB:.3g}" for b in x)
+
+    return (
+        f"{ddp.bucket_mb:g} MiB cap: torch {torch_version or '?'}'s DDP formed buckets of "
+        f"{mib(theirs)} MiB, commsim's rule {mib(ours)} MiB"
+    )
+
+
 def predict_ddp(
-    group: GroupCost, model: ModelRecord, ddp: DDPRecord, algorithm: str, gpu: GPUSpec
+    group: GroupCost,
+    model: ModelRecord,
+    ddp: DDPRecord,
+    algorithm: str,
+    gpu: GPUSpec,
+    torch_version: str = "",
 ) -> StepReport:
     """The predicted data-parallel step of the harness model for one bucket size and comm hook,
-    by the step model's own DDP timeline (step.predict.ddp_timeline) and bucket rule.
+    by the step model's own DDP timeline (step.predict.ddp_timeline) and the buckets the
+    run's torch forms (ddp_buckets).
 
     Per-layer forward and backward times are the harness's measured ones scaled so they
     sum to the measured compute alone (minus the optimizer); they also set when each bucket
@@ -126,17 +173,7 @@ def predict_ddp(
     bwd = np.array([x.backward_s for x in model.layers])
     scale = max(ddp.compute_s - ddp.optimizer_s, 0.0) / float(fwd.sum() + bwd.sum())
     elt = int(DTYPE_BYTES.get(model.dtype, 4))
-    buckets = stage_buckets(
-        workload,
-        "only",
-        0,
-        1,
-        1,
-        elt,
-        ddp.bucket_mb * MIB,
-        ddp.first_bucket_mb * MIB,
-        tuple(bwd.tolist()),
-    )
+    buckets = ddp_buckets(model, ddp, torch_version)
     n = len(group.gpus)
 
     def price(op, alg, sizes, expert):
@@ -177,28 +214,45 @@ def predict_ddp(
     )
 
 
+def _prepared(
+    results: Results, spec: ClusterSpec, profile: Profile | None, source: str
+) -> tuple[ClusterSpec, str, dict[str, str], list[str]]:
+    """The cluster to predict on, the backend, its algorithm per op, and what a profile
+    carried over: the profile's, or without one the runs' backend on the cluster as is."""
+    backends = results.backends
+    if profile is None:
+        if len(backends) != 1:
+            raise SpecError(", ".join(results.files), "backend", f"runs mix {sorted(backends)}")
+        backend = next(iter(backends))
+        if backend not in ALGORITHMS:
+            raise SpecError(", ".join(results.files), "backend", f"unknown backend {backend!r}")
+        note = f"no profile: cluster {spec.name!r} as it is, {backend}'s algorithms"
+        return spec.model_copy(update={"backend": backend}), backend, ALGORITHMS[backend], [note]
+    if backends != {profile.backend}:
+        raise SpecError(
+            source,
+            "backend",
+            f"profile is for {profile.backend}, the results are {', '.join(sorted(backends))}",
+        )
+    fitted, notes = carry_over(spec, profile, source)
+    return fitted, profile.backend, dict(profile.algorithms), notes
+
+
 def validate(
     results: Results,
     spec: ClusterSpec,
-    profile: Profile,
+    profile: Profile | None = None,
     *,
     min_bytes: float = 0.0,
     profile_source: str = "profile",
 ) -> Validation:
-    """Predict every measured point with the profile applied to `spec`."""
-    backends = results.backends
-    if backends != {profile.backend}:
-        raise SpecError(
-            profile_source,
-            "backend",
-            f"profile is for {profile.backend}, the results are {', '.join(sorted(backends))}",
-        )
-    fitted = apply_profile(spec, profile, profile_source)
+    """Predict every measured point on `spec`, with the profile carried over if given."""
+    fitted, backend, algorithms, notes = _prepared(results, spec, profile, profile_source)
     points, _ = collect_points(results, fitted)
     ops = {p.op for p in points} | (
         {"all-reduce"} if any(r.ddp for r in results.runs.values()) else set()
     )
-    missing = sorted(ops - set(profile.algorithms))
+    missing = sorted(ops - set(algorithms))
     if missing:
         raise SpecError(profile_source, "algorithms", f"names no algorithm for {missing[0]}")
     ddp_runs = [(rid, run) for rid, run in results.runs.items() if run.model and run.ddp]
@@ -216,44 +270,31 @@ def validate(
 
     rows = []
     for p in points:
-        pred = float(group(p.gpus).time(p.op, profile.algorithms[p.op], p.bytes)[0])
-        rows.append(
-            Row(
-                "collective",
-                p.run,
-                p.op,
-                len(p.gpus),
-                p.span,
-                p.bytes,
-                None,
-                p.measured_s,
-                pred,
-                pred / p.measured_s - 1.0,
-            )
-        )
+        pred = float(group(p.gpus).time(p.op, algorithms[p.op], p.bytes)[0])
+        where = (p.run, p.op, len(p.gpus), p.span, p.bytes, None)
+        error = pred / p.measured_s - 1.0
+        rows.append(Row("collective", *where, p.measured_s, pred, error, p.unmodelled))
     for rid, run in ddp_runs:
+        torch_version = run.meta.versions.get("torch", "")
         gpus = world[rid]
         where = span(fitted, gpus)
         for d in run.ddp:
-            rep = predict_ddp(group(gpus), run.model, d, profile.algorithms["all-reduce"], gpu)  # type: ignore[arg-type]
+            rep = predict_ddp(
+                group(gpus),
+                run.model,
+                d,
+                algorithms["all-reduce"],
+                gpu,
+                torch_version,  # type: ignore[arg-type]
+            )
+            checked = bucket_check(ddp_buckets(run.model, d, torch_version), d, torch_version)  # type: ignore[arg-type]
+            notes += [f"run {rid}: {checked}"] if checked else []
             op = "ddp" if d.compression == "none" else f"ddp {d.compression}"
             common = (rid, op, len(gpus), where, None, d.bucket_mb)
+            step_error = rep.step_time_s / d.step_s - 1.0
+            rows.append(Row("ddp-step", *common, d.step_s, rep.step_time_s, step_error))
+            exposed_error = (rep.exposed_comm_s - d.exposed_comm_s) / d.step_s
             rows.append(
-                Row(
-                    "ddp-step",
-                    *common,
-                    d.step_s,
-                    rep.step_time_s,
-                    rep.step_time_s / d.step_s - 1.0,
-                )
+                Row("ddp-exposed", *common, d.exposed_comm_s, rep.exposed_comm_s, exposed_error)
             )
-            rows.append(
-                Row(
-                    "ddp-exposed",
-                    *common,
-                    d.exposed_comm_s,
-                    rep.exposed_comm_s,
-                    (rep.exposed_comm_s - d.exposed_comm_s) / d.step_s,
-                )
-            )
-    return Validation(rows, min_bytes)
+    return Validation(rows, min_bytes, backend, list(dict.fromkeys(notes)))

@@ -1,9 +1,10 @@
-"""`commsim calibrate`: measure real runs, import nccl-tests logs, fit a profile, validate it.
+"""`commsim calibrate`: measure real runs, import nccl-tests logs and other tools' tables,
+fit a profile, carry it to a cluster, validate predictions with or without one.
 
 Only `run` imports torch (the calibrate extra). Bad input (a malformed results line, an
-nccl-tests log of another version or with errors, a profile for another cluster) prints
-one line naming the file and line and exits 2; outputs are written to a temporary file
-and renamed, so nothing already there is lost or half-overwritten.
+nccl-tests log of another version or with errors, a profile whose link classes a cluster
+lacks) prints one line naming the file and line and exits 2; outputs are written to a
+temporary file and renamed, so nothing already there is lost or half-overwritten.
 """
 
 from __future__ import annotations
@@ -15,14 +16,8 @@ import typer
 
 from commsim.files import check_output, write_atomic
 from commsim.report import terminal
-from commsim.units import fmt_bytes, fmt_rate, fmt_time
 
 if TYPE_CHECKING:
-    from rich.table import Table
-
-    from commsim.calibrate.hooks import HookRow
-    from commsim.calibrate.validate import Validation
-    from commsim.profile import Profile
     from commsim.specs import ClusterSpec
 
 calibrate_app = typer.Typer(
@@ -33,7 +28,8 @@ calibrate_app = typer.Typer(
 
 def _cluster(name: str) -> ClusterSpec:
     from commsim import catalog
-    from commsim.specs import ClusterSpec, load_spec
+    from commsim.spec_io import load_spec
+    from commsim.specs import ClusterSpec
 
     return load_spec(ClusterSpec, catalog.topology_path(name, name))
 
@@ -48,6 +44,7 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
 
 
 ClusterOpt = Annotated[str, typer.Option(help="Topology name or cluster YAML the run used.")]
+AppendOpt = Annotated[str, typer.Option(help="Results file (JSONL) to append to.")]
 
 
 @calibrate_app.command("run")
@@ -126,16 +123,13 @@ def run_cmd(
 @calibrate_app.command("import-nccl-tests")
 def import_cmd(
     logs: Annotated[list[str], typer.Argument(help="nccl-tests output files.")],
-    out: Annotated[str, typer.Option(help="Results file (JSONL) to append to.")],
+    out: AppendOpt,
     op: Annotated[
         str | None, typer.Option(help="The collective, when neither log nor file name says.")
     ] = None,
 ) -> None:
     """Read nccl-tests logs (all_reduce_perf and siblings) into a results file."""
-    from pathlib import Path
-
     from commsim.calibrate.ncclt import parse_log
-    from commsim.calibrate.records import append_records, read_results, record_line
     from commsim.profile import OPS
     from commsim.specs import SpecError
 
@@ -147,60 +141,54 @@ def import_cmd(
         metas = [r for r in records if r["kind"] == "meta"]
         if len({m["run"] for m in metas}) < len(metas):
             raise SpecError(", ".join(logs), "", "the same log is given twice")
-        path = Path(out)
-        if path.exists():
-            existing = read_results(path) if path.read_text().strip() else None
-            known = set(existing.runs) if existing else set()
-            again = [m for m in metas if m["run"] in known]
-            if again:
-                raise SpecError(
-                    again[0]["file"], "", f"already imported into {out} (run {again[0]['run']})"
-                )
-            append_records(path, records)
-        else:
-            write_atomic(path, "".join(record_line(r) for r in records))
+        _append(out, records, [m["run"] for m in metas])
     points = len(records) - len(metas)
     terminal.err_console.print(f"{points} measurements of {len(metas)} tests appended to {out}")
 
 
-def _tier_rows(profile: Profile) -> list[list[str]]:
-    rows = []
-    for tier, f in profile.tiers.items():
-        a_ci = (
-            f"{fmt_time(f.alpha_ci_s[0])} .. {fmt_time(f.alpha_ci_s[1])}" if f.alpha_ci_s else "-"
-        )
-        if f.bandwidth_ci_Bps:
-            lo, hi = f.bandwidth_ci_Bps
-            b_ci = f"{fmt_rate(lo)} .. {fmt_rate(hi) if hi != float('inf') else 'unbounded'}"
-        else:
-            b_ci = "-"
-        rows.append(
-            [tier, fmt_time(f.alpha_s), a_ci, fmt_rate(f.bandwidth_Bps), b_ci, str(f.points)]
-        )
-    return rows
+def _append(out: str, records: list[dict], runs: list[str]) -> None:
+    """Append records to a results file (a new one written whole), refusing runs it has."""
+    from pathlib import Path
+
+    from commsim.calibrate.records import append_records, read_results, record_line
+    from commsim.specs import SpecError
+
+    path = Path(out)
+    if path.exists() and path.read_text().strip():
+        known = set(read_results(path).runs)
+        again = [r for r in runs if r in known]
+        if again:
+            raise SpecError(out, "", f"run {again[0]!r} is already imported into it")
+        append_records(path, records)
+    else:
+        write_atomic(path, "".join(record_line(r) for r in records))
 
 
-def _nccl_table(cluster: str, profile: Profile):
-    """An NCCL fit: each parameter, its value and 95% interval, or NCCL's own kept."""
-    from rich.table import Table
+@calibrate_app.command("import")
+def import_table_cmd(
+    files: Annotated[list[str], typer.Argument(help="CSV or JSON tables of measurements.")],
+    out: AppendOpt,
+    backend: Annotated[
+        str | None, typer.Option(help="gloo or nccl, for rows without a backend column.")
+    ] = None,
+    source: Annotated[str, typer.Option(help="The tool that measured (the runs' source).")] = (
+        "import"
+    ),
+) -> None:
+    """Read measurements of any tool (op, bytes, world, placement, time, timing convention:
+    see the README) into a results file that fit and validate read."""
+    from commsim.calibrate.importer import import_table
+    from commsim.specs import SpecError
 
-    fit = profile.nccl
-    table = Table(title=f"{cluster}: NCCL {fit.version}'s model fitted", title_justify="left")
-    for col in ("parameter", "value", "95% interval"):
-        table.add_column(col, justify="left" if col == "parameter" else "right")
-    for cls, value in fit.latency_scale.items():
-        lo, hi = fit.latency_scale_ci.get(cls, (value, value))
-        table.add_row(f"latency_scale.{cls} (x NCCL's)", f"{value:.3f}", f"{lo:.3f} .. {hi:.3f}")
-    for side in ("intra", "inter"):
-        value = getattr(fit, f"channel_bandwidth_{side}_Bps")
-        if value is not None:
-            lo, hi = getattr(fit, f"channel_bandwidth_{side}_ci_Bps") or (value, value)
-            table.add_row(
-                f"channel_bandwidth_{side}", fmt_rate(value), f"{fmt_rate(lo)} .. {fmt_rate(hi)}"
-            )
-    for name in fit.not_fitted:
-        table.add_row(name, "NCCL's own", "-")
-    return table
+    with terminal.user_errors():
+        if backend is not None and backend not in ("gloo", "nccl"):
+            raise SpecError("--backend", "", f"{backend!r}: gloo or nccl")
+        records = import_table(files, backend, source)
+        runs = [r["run"] for r in records if r["kind"] == "meta"]
+        _append(out, records, runs)
+    terminal.err_console.print(
+        f"{len(records) - len(runs)} measurements in {len(runs)} runs appended to {out}"
+    )
 
 
 @calibrate_app.command("fit")
@@ -208,57 +196,45 @@ def fit_cmd(
     results: Annotated[list[str], typer.Argument(help="Results files (JSONL).")],
     cluster: ClusterOpt,
     output: Annotated[str, typer.Option("-o", "--output", help="Profile YAML to write.")],
+    strict: Annotated[
+        bool, typer.Option(help="Refuse (exit 2, nothing written) when the fit has warnings.")
+    ] = False,
     json_out: terminal.JsonOpt = False,
 ) -> None:
-    """Fit the backend's model to measurements: under NCCL its per-step latencies per link
-    class and its channels' bandwidth; under gloo alpha and bandwidth per link tier; and
-    the compute rate."""
-    from rich.table import Table
-
+    """Fit the backend's model to measurements: under gloo per link tier its class (alpha,
+    the share of the line rate a flow gets) and the per-call overhead, with 95% intervals
+    by bootstrap and warnings where the fit is doubtful; under NCCL its per-step latencies
+    per link class and its channels' bandwidth; and the compute rate."""
     from commsim.calibrate.fit import fit_profile
     from commsim.calibrate.records import read_results
+    from commsim.cli.calibrate_tables import print_notes, print_profile
     from commsim.profile import profile_yaml
+    from commsim.specs import SpecError
 
     with terminal.user_errors():
         check_output(output, "-o")
         spec = _cluster(cluster)
-        fitted = fit_profile(read_results(results), spec, source=", ".join(results))
-        write_atomic(output, profile_yaml(fitted.profile))
-    profile = fitted.profile
+        profile = fit_profile(read_results(results), spec, source=", ".join(results)).profile
+        if strict and profile.warnings:
+            print_notes([], profile.warnings)
+            n = len(profile.warnings)
+            why = f"{n} warning{'s' if n > 1 else ''} and --strict: nothing written"
+            raise SpecError(", ".join(results), "", why)
+        write_atomic(output, profile_yaml(profile))
     if json_out:
         terminal.print_json(profile.model_dump() | {"profile_file": output})
+        print_notes([], profile.warnings)
         return
-    if profile.nccl is not None:
-        terminal.console.print(_nccl_table(spec.name, profile))
-    else:
-        table = Table(
-            title=f"{spec.name}, {profile.backend}: fitted link tiers", title_justify="left"
-        )
-        for col in ("tier", "alpha", "95% interval", "bandwidth", "95% interval", "points"):
-            table.add_column(col, justify="left" if col == "tier" else "right")
-        for row in _tier_rows(profile):
-            table.add_row(*row)
-        terminal.console.print(table)
-    if profile.compute:
-        c = profile.compute
-        terminal.console.print(
-            f"compute: {c.flops_per_s / 1e9:.3g} GFLOP/s per rank ({c.model}), "
-            f"{100 * c.efficiency:.1f}% of the {c.gpu} peak"
-        )
-    rms = profile.provenance.rms_rel_error or 0.0
-    terminal.console.print(
-        f"{profile.provenance.points} points, rms relative error {100 * rms:.1f}%; "
-        f"profile written to {output}"
-    )
-    for note in profile.notes:
-        terminal.console.print(f"note: {note}", highlight=False)
+    print_profile(profile, output)
 
 
 @calibrate_app.command("validate")
 def validate_cmd(
     results: Annotated[list[str], typer.Argument(help="Results files (JSONL).")],
-    profile: Annotated[str, typer.Option(help="Profile YAML from `calibrate fit`.")],
     cluster: ClusterOpt,
+    profile: Annotated[
+        str | None, typer.Option(help="Profile YAML from `calibrate fit` (default: none).")
+    ] = None,
     plot: Annotated[
         str | None, typer.Option(help="Draw measured vs predicted to this PNG.")
     ] = None,
@@ -267,11 +243,12 @@ def validate_cmd(
     ] = "0B",
     json_out: terminal.JsonOpt = False,
 ) -> None:
-    """Predicted against measured for every point, with the profile applied to the cluster."""
-
+    """Predicted against measured for every point: with the profile carried over to the
+    cluster, or without one the cluster as it is with the runs' backend."""
     from commsim.calibrate.hooks import hook_speedups
     from commsim.calibrate.records import read_results
     from commsim.calibrate.validate import validate
+    from commsim.cli.calibrate_tables import hook_table, print_validation
     from commsim.profile import load_profile
     from commsim.report.plots import plot_validation
     from commsim.units import parse_bytes
@@ -279,80 +256,55 @@ def validate_cmd(
     with terminal.user_errors():
         check_output(plot, "--plot", image=True)
         spec = _cluster(cluster)
-        prof = load_profile(profile)
+        prof = load_profile(profile) if profile else None
         measured = read_results(results)
         checked = validate(
-            measured,
-            spec,
-            prof,
-            min_bytes=parse_bytes(min_bytes),
-            profile_source=profile,
+            measured, spec, prof, min_bytes=parse_bytes(min_bytes), profile_source=profile or ""
         )
         hooked = any(d.compression != "none" for r in measured.runs.values() for d in r.ddp)
         speedups = hook_speedups(measured, spec, prof) if hooked else []
         if plot:
-            plot_validation(checked, plot, f"{spec.name}, {prof.backend}: measured vs predicted")
+            title = f"{spec.name}, {checked.backend}: measured vs predicted"
+            plot_validation(checked, plot, title)
     if json_out:
         terminal.print_json(checked.to_dict() | {"hooks": [h.to_dict() for h in speedups]})
         return
-    terminal.console.print(_validation_table(checked, spec.name))
-    for kind, label in (("collective", "collectives"), ("ddp-step", "DDP step time")):
-        s = checked.summary(kind)
-        if s["points"]:
-            floor = f" of {fmt_bytes(checked.min_bytes)} and more" if kind == "collective" else ""
-            terminal.console.print(
-                f"{label}{floor}: median |error| {s['median_abs_pct_error']:.1f}%, worst "
-                f"{s['max_abs_pct_error']:.1f}% over {s['points']} points"
-            )
+    print_validation(checked, spec.name)
     if speedups:
-        terminal.console.print(_hook_table(speedups))
+        terminal.console.print(hook_table(speedups))
     if plot:
         terminal.console.print(f"plot written to {plot}")
 
 
-def _validation_table(checked: Validation, cluster: str) -> Table:
-    """Every point: what, ranks, span, size, measured, predicted, error."""
-    from rich.table import Table
+@calibrate_app.command("apply")
+def apply_cmd(
+    profile: Annotated[str, typer.Argument(help="Profile YAML from `calibrate fit`.")],
+    cluster: ClusterOpt,
+    output: Annotated[
+        str | None, typer.Option("-o", "--output", help="Write the resulting cluster YAML.")
+    ] = None,
+    json_out: terminal.JsonOpt = False,
+) -> None:
+    """Carry a profile's link classes over to a cluster built from the same classes: what
+    was carried over, and (with -o) the cluster with it written in."""
+    import yaml
 
-    table = Table(title=f"{cluster}: predicted vs measured", title_justify="left")
-    for col in ("what", "ranks", "span", "size", "measured", "predicted", "error"):
-        table.add_column(col, justify="left" if col in ("what", "span") else "right")
-    for r in checked.rows:
-        size = fmt_bytes(r.bytes) if r.bytes else f"{r.bucket_mb:g} MiB buckets"
-        what = r.op if r.kind == "collective" else f"{r.op} {r.kind.removeprefix('ddp-')}"
-        table.add_row(
-            what,
-            str(r.group_size),
-            r.span,
-            size,
-            fmt_time(r.measured_s),
-            fmt_time(r.predicted_s),
-            f"{100 * r.error:+.1f}%",
-        )
-    return table
+    from commsim.cli.calibrate_tables import print_notes
+    from commsim.profile import carry_over, load_profile
 
-
-def _hook_table(rows: list[HookRow]) -> Table:
-    """Each comm hook's step and speedup over plain DDP of the same bucket cap."""
-    from rich.table import Table
-
-    table = Table(title="DDP comm hooks: speedup over plain all-reduce", title_justify="left")
-    cols = ("run", "buckets", "hook", "measured", "speedup", "predicted", "speedup", "error")
-    for col in cols:  # the hook's name on one line, whatever the page's width
-        table.add_column(col, justify="left" if col in ("run", "hook") else "right", no_wrap=True)
-    for h in rows:
-        hook = h.compression + (" + EF" if h.error_feedback else "")
-        table.add_row(
-            h.run,
-            f"{h.bucket_mb:g} MiB",
-            hook + ("" if h.overlap else " (no overlap)"),
-            fmt_time(h.measured_step_s),
-            f"{h.measured_speedup:.2f}x",
-            fmt_time(h.predicted_step_s),
-            f"{h.predicted_speedup:.2f}x",
-            f"{100 * h.error:+.1f}%",
-        )
-    return table
+    with terminal.user_errors():
+        spec = _cluster(cluster)
+        applied, notes = carry_over(spec, load_profile(profile), profile)
+        if output:
+            doc = applied.model_dump(mode="json", exclude_defaults=True)  # with units
+            write_atomic(output, yaml.safe_dump(doc, sort_keys=False))
+    if json_out:
+        doc = {"cluster": spec.name, "notes": notes, "spec": applied.model_dump()}
+        terminal.print_json(doc | {"output": output})
+        return
+    print_notes(notes)
+    if output:
+        terminal.console.print(f"cluster written to {output}")
 
 
 if __name__ == "__main__":

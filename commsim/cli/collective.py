@@ -26,9 +26,9 @@ def collective_cmd(
     algorithm: Annotated[
         str,
         typer.Option(
-            help="'all' (those auto chooses among), 'auto' (fastest; NCCL's choice under "
-            "NCCL), 'nccl' (NCCL's pick), 'a|b' (the faster) or one of the op's: "
-            + "; ".join(f"{op}: {', '.join(algs)}" for op, algs in ALGORITHMS.items())
+            help="'all' (commsim's algorithms side by side), 'auto' (what the backend runs: "
+            "NCCL's choice, gloo's own), 'nccl' (NCCL's pick), 'a|b' (the faster) or one of "
+            "the op's: " + "; ".join(f"{op}: {', '.join(algs)}" for op, algs in ALGORITHMS.items())
         ),
     ] = "all",
     placement: Annotated[
@@ -49,14 +49,11 @@ def collective_cmd(
     NCCL, per size the algorithm, protocol and channels its tuner chooses and the runner-up."""
     import numpy as np
 
-    from commsim import catalog
     from commsim.collectives.algorithms import SEARCHED
     from commsim.collectives.group import GroupCost
     from commsim.files import check_output
-    from commsim.profile import apply_profile, load_profile
     from commsim.report import tables
     from commsim.report.rows import write_csv
-    from commsim.specs import ClusterSpec, load_spec
     from commsim.topology.build import build_cluster
     from commsim.topology.placement import place
 
@@ -68,9 +65,7 @@ def collective_cmd(
         check_output(html, "--html")
         check_output(csv, "--csv")
         lo, hi = _size_range(sizes)
-        spec = load_spec(ClusterSpec, catalog.topology_path(cluster, "--cluster", ""))
-        if profile:
-            spec = apply_profile(spec, load_profile(profile), profile)
+        spec, carried = _cluster(cluster, profile)
         spec = _with_backend(spec, backend, nccl_version, cluster)
         built = build_cluster(spec, gpus, cluster)
         cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
@@ -97,6 +92,8 @@ def collective_cmd(
             write_csv(csv, rows)
         if html:
             _html(table, spec, doc, html)
+    for note in carried:
+        terminal.err_console.print(f"note: {note}", highlight=False)
     if json_out:
         terminal.print_json(doc)
         return
@@ -175,15 +172,27 @@ def _rows(
     return rows
 
 
+def _cluster(name: str, profile: str | None):
+    """The cluster, with a profile carried over if given, and what it carried over."""
+    from commsim import catalog
+    from commsim.profile import carry_over, load_profile
+    from commsim.spec_io import load_spec
+    from commsim.specs import ClusterSpec
+
+    spec = load_spec(ClusterSpec, catalog.topology_path(name, "--cluster", ""))
+    return carry_over(spec, load_profile(profile), profile) if profile else (spec, [])
+
+
 def _with_backend(spec, backend: str | None, version: str | None, source: str):
-    """The spec with --backend and --nccl-version applied (validated as spec fields)."""
-    from commsim.specs import ClusterSpec, parse_spec
+    """The spec with --backend and --nccl-version applied (validated as spec fields); a
+    per-call overhead a profile fitted under another backend is dropped."""
+    from commsim.profile import switch_backend
+    from commsim.spec_io import parse_spec
+    from commsim.specs import ClusterSpec
 
     if backend is None and version is None:
         return spec
-    data = spec.model_dump()
-    if backend is not None:
-        data["backend"] = backend
+    data = (spec if backend is None else switch_backend(spec, backend)).model_dump()
     if version is not None:
         data["nccl"]["version"] = version
     return parse_spec(ClusterSpec, data, source, units=False)  # a dumped spec is in SI

@@ -166,6 +166,13 @@ CsvOpt = Annotated[
     str | None, typer.Option("--csv", help="Also write the table's rows to this CSV file.")
 ]
 
+BackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="nccl or gloo: what runs the collectives, priced as it runs them (default: the "
+        "profile's, else the cluster's)."
+    ),
+]
 NcclVersionOpt = Annotated[
     str | None,
     typer.Option(help="NCCL whose tuning model prices the collectives (default: the cluster's)."),
@@ -206,6 +213,7 @@ def setup_from_flags(
     check: bool = True,
     layers_per_virtual_stage: int | None = None,
     nccl_version: str | None = None,
+    backend: str | None = None,
     **overrides: Any,
 ) -> Setup:
     """The scenario file (or the built-in one) with the flags' values, resolved; --fsdp is
@@ -226,13 +234,13 @@ def setup_from_flags(
         from commsim.whatif import change
 
         spec = change(spec, {"cluster.nccl.version": nccl_version})
-    if layers_per_virtual_stage is None:
-        return resolve(spec, source, check)
-    setup = resolve(spec, source, check=False)
-    spec = spec.model_copy(
-        update={"strategy": interleave_of(setup, spec.strategy, layers_per_virtual_stage)}
-    )
-    return resolve(spec, source, check)
+    if layers_per_virtual_stage is not None:
+        setup = resolve(spec, source, check=False)
+        spec = spec.model_copy(
+            update={"strategy": interleave_of(setup, spec.strategy, layers_per_virtual_stage)}
+        )
+    setup = resolve(spec, source, check)
+    return setup if backend is None else with_backend(setup, backend)
 
 
 def interleave_of(setup: Setup, strategy: Any, layers: int) -> Any:
@@ -295,3 +303,17 @@ def blame_flags(scenario: str | None, overrides: dict[str, Any]) -> Iterator[Non
             raise
         named = ", ".join(f"{flag(k)} {_shown(given[k])}" for k in keys)
         raise SpecError(named, "", e.problem) from None
+
+
+def with_backend(setup: Setup, backend: str) -> Setup:
+    """The setup with --backend's backend running the collectives, over a profile's (which
+    resolve applied): a per-call overhead fitted under another backend is dropped."""
+    import dataclasses
+
+    from commsim.profile import switch_backend
+    from commsim.specs import SpecError
+
+    if backend not in ("nccl", "gloo"):
+        raise SpecError("--backend", "", f"{backend!r}: nccl or gloo")
+    cluster = dataclasses.replace(setup.cluster, spec=switch_backend(setup.cluster.spec, backend))
+    return dataclasses.replace(setup, cluster=cluster)

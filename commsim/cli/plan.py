@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from commsim.cli import plan_show
 from commsim.cli.options import (
+    BackendOpt,
     ClusterOpt,
     CsvOpt,
     DeepSpeedOpt,
@@ -92,6 +93,7 @@ def plan_cmd(
     error_feedback: ErrorFeedbackOpt = None,
     profile: ProfileOpt = None,
     nccl_version: NcclVersionOpt = None,
+    backend: BackendOpt = None,
     tp: OnlyTpOpt = None,
     pp: OnlyPpOpt = None,
     ep: OnlyEpOpt = None,
@@ -203,6 +205,7 @@ def plan_cmd(
             check=False,
             layers_per_virtual_stage=layers_per_virtual_stage,
             nccl_version=nccl_version,
+            backend=backend,
             **given | {"gpus": gpu_count(gpus)},
         )
         pinned = pins | ({"interleave"} if layers_per_virtual_stage else set())

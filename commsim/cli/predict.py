@@ -8,6 +8,7 @@ import typer
 
 from commsim.cli.options import (
     AlgorithmOpt,
+    BackendOpt,
     BucketOpt,
     ClusterOpt,
     CompressionOpt,
@@ -90,6 +91,7 @@ def predict_cmd(
     price_per_gpu_hour: PriceOpt = None,
     profile: ProfileOpt = None,
     nccl_version: NcclVersionOpt = None,
+    backend: BackendOpt = None,
     plot: Annotated[
         str | None, typer.Option(help="Write the step's Gantt chart to this image (PNG, SVG).")
     ] = None,
@@ -142,6 +144,7 @@ def predict_cmd(
             fsdp=fsdp,
             layers_per_virtual_stage=layers_per_virtual_stage,
             nccl_version=nccl_version,
+            backend=backend,
             **flags,
         )
         refuse_ignored(setup.scenario.strategy, flags)

@@ -1,4 +1,5 @@
-"""`commsim testbed`: bring an emulated multi-rack cluster up and down, check it, run ranks on it.
+"""`commsim testbed`: bring an emulated multi-rack cluster up and down, check it, run ranks on
+it, and write the commsim cluster it emulates.
 
 Errors (bad file, not root, testbed not up) print one line on stderr and exit 2. `run`
 exits with the worst failing rank's code (124 on timeout); `check` exits 1 when a link is
@@ -33,14 +34,53 @@ def _mbit(bps: float) -> str:
     return f"{bps * 8 / 1e6:.1f}"
 
 
+ClusterOut = Annotated[
+    str | None,
+    typer.Option("--cluster-out", help="Also write the commsim cluster it emulates (YAML)."),
+]
+
+
+def _write_cluster(spec, path: str) -> None:
+    """The cluster a testbed emulates, as a cluster YAML that --cluster reads."""
+    import yaml
+
+    from commsim.calibrate.testbed.spec import cluster_spec
+    from commsim.files import write_atomic
+
+    doc = cluster_spec(spec).model_dump(mode="json", exclude_defaults=True)  # with units
+    write_atomic(path, yaml.safe_dump(doc, sort_keys=False))
+
+
 @testbed_app.command()
-def up(file: FileArg, json: terminal.JsonOpt = False) -> None:
+def cluster(
+    file: FileArg,
+    output: Annotated[str, typer.Option("-o", "--output", help="Cluster YAML to write.")],
+    json: terminal.JsonOpt = False,
+) -> None:
+    """Write the commsim cluster a testbed emulates (one 'GPU' a host, its racks, rates and
+    oversubscription), for `--cluster` of calibrate, collective, predict and plan."""
+    from commsim.calibrate.testbed.spec import cluster_spec, load_testbed
+
+    with terminal.user_errors():
+        spec = load_testbed(file)
+        _write_cluster(spec, output)
+    if json:
+        doc = {"testbed": spec.name, "output": output, "cluster": cluster_spec(spec).model_dump()}
+        terminal.print_json(doc)
+        return
+    terminal.console.print(f"cluster {spec.name!r} written to {output}", highlight=False)
+
+
+@testbed_app.command()
+def up(file: FileArg, cluster_out: ClusterOut = None, json: terminal.JsonOpt = False) -> None:
     """Build the testbed (removing leftovers of an earlier one with the same prefix)."""
     from commsim.calibrate.testbed import network
     from commsim.calibrate.testbed.spec import load_testbed
 
     with terminal.user_errors():
         spec = load_testbed(file)
+        if cluster_out:
+            _write_cluster(spec, cluster_out)
         state = network.up(spec)
     if json:
         terminal.print_json(state)
@@ -151,17 +191,28 @@ def run(
 def check(
     file: FileArg,
     seconds: Annotated[float, typer.Option(help="Length of each TCP stream.")] = 1.5,
+    out: Annotated[
+        str | None,
+        typer.Option(help="Append the check to this results file (a fit compares with it)."),
+    ] = None,
     json: terminal.JsonOpt = False,
 ) -> None:
     """Measure each link class with TCP streams between namespaces: measured vs shaped."""
+    import datetime as dt
+
     from rich.table import Table
 
+    from commsim.calibrate.records import append_records
     from commsim.calibrate.testbed import goodput
     from commsim.calibrate.testbed.spec import load_testbed
 
     with terminal.user_errors():
         spec = load_testbed(file)
         rows = goodput.check(spec, seconds)
+        if out:
+            stamp = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S.%fZ}"
+            record = {"kind": "link-check", "run": f"check-{stamp}", "testbed": spec.name}
+            append_records(out, [record | {"links": rows}])
     bad = [r for r in rows if abs(r["ratio"] - 1) > TOLERANCE]
     if json:
         terminal.print_json({"testbed": spec.name, "tolerance": TOLERANCE, "links": rows})

@@ -17,7 +17,8 @@ def topo_list(json_out: terminal.JsonOpt = False) -> None:
     from rich.table import Table
 
     from commsim import catalog
-    from commsim.specs import ClusterSpec, load_spec
+    from commsim.spec_io import load_spec
+    from commsim.specs import ClusterSpec
 
     with terminal.user_errors():
         specs = [load_spec(ClusterSpec, catalog.topology_path(n)) for n in catalog.topology_names()]
@@ -58,7 +59,8 @@ def topo_show(
     from commsim import catalog
     from commsim.files import check_output
     from commsim.report import plots, tables
-    from commsim.specs import ClusterSpec, load_spec
+    from commsim.spec_io import load_spec
+    from commsim.specs import ClusterSpec
     from commsim.topology.build import build_cluster
 
     with terminal.user_errors():

@@ -42,7 +42,8 @@ def _cluster(name: str, profile: str | None, gpus: int):
     """The cluster graph a replay prices on, a profile's fitted links written in."""
     from commsim import catalog
     from commsim.profile import apply_profile, load_profile
-    from commsim.specs import ClusterSpec, load_spec
+    from commsim.spec_io import load_spec
+    from commsim.specs import ClusterSpec
     from commsim.topology.build import build_cluster
 
     spec = load_spec(ClusterSpec, catalog.topology_path(name, name))

@@ -86,6 +86,7 @@ class GroupCost:
         self.gpus_per_node = _ranks_per_node(cluster, np.atleast_2d(self.gpus)[0])
         self.channels = cluster.nics_per_node if self.gpus_per_node > 1 else 1
         self._cache: dict[tuple[str, str, float], float] = {}
+        self.overhead = self._overhead(cluster.spec)
         self._comm: nccl.CommModel | None = None
         self._caps: dict[tuple[str, int], float] = {}  # the graph's, whatever NCCL's settings
         self._choices: dict[tuple[str, int], tuple] = {}  # of this NCCL communicator
@@ -106,8 +107,8 @@ class GroupCost:
         return self._cache[key]
 
     def algorithms(self, op: str) -> tuple[str, ...]:
-        """The algorithms that run `op` on this group (algorithms.SEARCHED, what `auto`
-        chooses among under gloo): those needing whole nodes only where the group is whole
+        """The algorithms that run `op` on this group (algorithms.SEARCHED, what `--algorithm
+        all` shows): those needing whole nodes only where the group is whole
         nodes (algorithms.runs_on), but NCCL's own (its Tree) run on any group under NCCL."""
         algorithms_for(op)
         return tuple(
@@ -131,7 +132,7 @@ class GroupCost:
         pipelined one (tree, ring broadcast) is interpolated between the powers of two
         around each size (exact at a power of two), each evaluated once and cached."""
         if not pipelined(op, algorithm):
-            intercept, slope = self.affine(op, algorithm)
+            intercept, slope = self._graph_affine(op, algorithm)
             return intercept + slope * sizes
         out = np.empty(sizes.shape)
         tiny = sizes <= 1.0
@@ -146,11 +147,12 @@ class GroupCost:
         return out
 
     def _candidates(self, op: str, algorithm: str) -> tuple[str, ...]:
-        """What `algorithm` names: 'auto' every algorithm auto chooses among that runs on
-        this group; 'a|b' (a backend table's "the faster of") those of a, b that run on it
-        (algorithms.runs_on); else the one algorithm."""
-        if algorithm == "auto":
-            return self.algorithms(op)
+        """What `algorithm` names: 'auto' what the backend runs (under gloo its own
+        algorithm, backends.ALGORITHMS: ring all-reduce, binomial broadcast, ...); 'a|b' (a
+        backend table's "the faster of") those of a, b that run on it (algorithms.runs_on);
+        else the one algorithm."""
+        if algorithm == "auto":  # what NCCL's tuner prices never reaches here
+            algorithm = backends.ALGORITHMS[self.backend][op]
         names = tuple(algorithm.split("|"))
         for name in names:
             lookup(op, name)  # a ValueError naming the choices for an unknown one
@@ -203,7 +205,13 @@ class GroupCost:
         other = copy.copy(self)
         other.cluster = dataclasses.replace(self.cluster, spec=spec)
         other._comm, other._choices = None, {}
+        other.overhead = other._overhead(spec)
         return other
+
+    def _overhead(self, spec) -> float:
+        """Seconds every call of a collective on two or more ranks costs in software before
+        any data moves (ClusterSpec.call_overhead: a calibration fit's per-call term)."""
+        return float(spec.call_overhead) if self.n > 1 else 0.0
 
     def comm(self) -> nccl.CommModel:
         """NCCL's model of this group's communicator (ranks, nodes, GPUs per node)."""
@@ -223,9 +231,9 @@ class GroupCost:
         key = (op, algorithm)
         if key not in self._caps:
             if op == "broadcast":  # S through every GPU: the ring all-gather's (N-1)/N S links
-                slope = self.affine("all-gather", "ring")[1] * self.n / (self.n - 1)
+                slope = self._graph_affine("all-gather", "ring")[1] * self.n / (self.n - 1)
             else:
-                slope = self.affine(op, "ring")[1]
+                slope = self._graph_affine(op, "ring")[1]
             cap = 1.0 / slope if slope > 0 else np.inf
             switch = (NVLS, NVLS_TREE, COLLNET_DIRECT, COLLNET_CHAIN)
             if op == "all-reduce" and algorithm in switch:
@@ -305,10 +313,17 @@ class GroupCost:
     def time_and_choice(
         self, op: str, algorithm: str, sizes: np.ndarray | float
     ) -> tuple[np.ndarray, list[str]]:
-        """Seconds per size, and which algorithm ran: any registered one, 'auto' (the
-        fastest per size; NCCL's choice under NCCL), 'a|b' (the faster of those that run
-        here), 'nccl' (what NCCL's tuner picks)."""
+        """Seconds per size, and which algorithm ran: any registered one, 'auto' (what the
+        backend runs: NCCL's choice under NCCL, gloo's own algorithm under gloo), 'a|b' (the
+        faster of those that run here), 'nccl' (what NCCL's tuner picks)."""
         sizes = np.atleast_1d(np.asarray(sizes, dtype=float))
+        times, names = self._time_and_choice(op, algorithm, sizes)
+        return times + self.overhead, names
+
+    def _time_and_choice(
+        self, op: str, algorithm: str, sizes: np.ndarray
+    ) -> tuple[np.ndarray, list[str]]:
+        """time_and_choice without the per-call overhead."""
         only = self._nccl_priced(op, algorithm)
         if only == ALL:
             times, names, _ = self._nccl_price(op, sizes, ALL, detail=True)
@@ -326,9 +341,15 @@ class GroupCost:
         return table[best, np.arange(sizes.size)], [candidates[i] for i in best]
 
     def affine(self, op: str, algorithm: str) -> tuple[float, float]:
-        """(seconds, seconds per byte): the time as intercept + slope x size, from the graph
-        at 1 MiB and 256 MiB; exact for unpipelined algorithms (see the module docstring),
-        so a planner can price millions of sizes with one multiply-add."""
+        """(seconds, seconds per byte): the time as intercept + slope x size, the per-call
+        overhead in the intercept (see _graph_affine), so a planner can price millions of
+        sizes with one multiply-add."""
+        intercept, slope = self._graph_affine(op, algorithm)
+        return intercept + self.overhead, slope
+
+    def _graph_affine(self, op: str, algorithm: str) -> tuple[float, float]:
+        """The graph's time as intercept + slope x size, from 1 MiB and 256 MiB; exact for
+        unpipelined algorithms (see the module docstring)."""
         lo, hi = 2.0**20, 2.0**28
         t_lo, t_hi = self._graph_time(op, algorithm, lo), self._graph_time(op, algorithm, hi)
         slope = (t_hi - t_lo) / (hi - lo)
@@ -338,5 +359,6 @@ class GroupCost:
         """Seconds of `op` with `algorithm` (or 'auto', 'a|b', 'nccl') for each size in bytes."""
         only = self._nccl_priced(op, algorithm)
         if only is not None:  # the planner's path: no names
-            return self._nccl_price(op, np.atleast_1d(np.asarray(sizes, dtype=float)), only)[0]
+            sizes = np.atleast_1d(np.asarray(sizes, dtype=float))
+            return self._nccl_price(op, sizes, only)[0] + self.overhead
         return self.time_and_choice(op, algorithm, sizes)[0]

@@ -83,7 +83,8 @@ def size_clusters(
 
 def _fabric_spec(fabric: str, gpu: str | None, source: str):
     from commsim import catalog
-    from commsim.specs import ClusterSpec, load_spec
+    from commsim.spec_io import load_spec
+    from commsim.specs import ClusterSpec
 
     spec = load_spec(ClusterSpec, catalog.topology_path(fabric, source, "fabric"))
     if gpu:

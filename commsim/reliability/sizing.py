@@ -49,7 +49,7 @@ def grown_setup(scenario: Scenario, source: str, gpus: int) -> Setup:
     spec = scenario.cluster
     if not isinstance(spec, ClusterSpec):
         from commsim import catalog
-        from commsim.specs import load_spec
+        from commsim.spec_io import load_spec
 
         spec = load_spec(ClusterSpec, catalog.topology_path(spec, source))
     nodes = max(spec.nodes, -(-gpus // spec.node.gpus_per_node))

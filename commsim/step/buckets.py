@@ -16,7 +16,25 @@ from commsim.workload.model import Workload
 
 MIB = 2**20
 DDP_FIRST_BUCKET_BYTES = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+# From torch 2.4 a bucket_cap_mb the user gives also caps the first bucket (pytorch#121640,
+# "make first bucket size equal to bucket_cap_mb if it was set"; in torch 2.13 DDP's
+# _BucketCapacityConfig.create); before, the first bucket was always the 1 MiB default
+# (pytorch#62748 passes dist._DEFAULT_FIRST_BUCKET_BYTES to the Reducer).
+FIRST_BUCKET_FOLLOWS_CAP = (2, 4)
 STAGE_KINDS = ("only", "first", "middle", "last")  # a pipeline stage's place: what it holds
+
+
+def ddp_first_bucket_bytes(cap_bytes: float, cap_given: bool, torch_version: str = "") -> float:
+    """The first bucket's limit once DDP rebuilds its buckets: the cap itself when
+    bucket_cap_mb is given and torch is 2.4 or later (FIRST_BUCKET_FOLLOWS_CAP), else DDP's
+    1 MiB. torch_version as torch.__version__ spells it ("2.13.0+cpu"); "" is the newest."""
+    numbers = torch_version.split("+")[0].split(".")[:2]
+    try:
+        version = tuple(int(x) for x in numbers) if torch_version else FIRST_BUCKET_FOLLOWS_CAP
+    except ValueError:
+        raise ValueError(f"torch version {torch_version!r} is not MAJOR.MINOR[.PATCH]") from None
+    follows = cap_given and version >= FIRST_BUCKET_FOLLOWS_CAP
+    return float(cap_bytes if follows else DDP_FIRST_BUCKET_BYTES)
 
 
 def assign_buckets(

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from commsim.files import read_json_object
-from commsim.specs import ModelSpec, SpecError, parse_spec
+from commsim.spec_io import parse_spec
+from commsim.specs import ModelSpec, SpecError
 
 Config = dict[str, Any]
 Reader = Callable[[Config, str], dict[str, Any]]

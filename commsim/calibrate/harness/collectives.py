@@ -1,10 +1,13 @@
 """Every collective over the size sweep, on the world and on rank 0's rack and host.
 
-Timing, as nccl-tests does it but across processes: warm-up, then per repeat a barrier on
-the group and the op timed on every rank; a repeat's time is the slowest rank's (one
-all-reduce MAX of all repeats at the end); the record keeps the median and p10/p90. Besides
-the whole world, each op runs on the ranks of rank 0's rack and of rank 0's host where
-those are smaller groups, so a fit can tell the link tiers apart.
+Timing, as nccl-tests does it but across processes: each op's sweep starts with one
+untimed run at its largest size (nccl-tests' warm-up for the large size: a TCP connection's
+window and rate settle before the first size is timed), then per size a warm-up and per
+repeat a barrier on the group and the op timed on every rank; a repeat's time is the
+slowest rank's (every rank's times are all-gathered at the end); the record keeps the
+median, p10/p90, each repeat's time and each rank's median (timing "slowest-rank").
+Besides the whole world, each op runs on the ranks of rank 0's rack and of rank 0's host
+where those are smaller groups, so a fit can tell the link tiers apart.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from commsim.calibrate.harness.rank import Run, max_over_ranks
+from commsim.calibrate.harness.rank import Run, gather_over_ranks, max_over_ranks
 from commsim.collectives.algorithms import bus_factor
 from commsim.units import fmt_bytes
 
@@ -85,7 +88,8 @@ def _op(
 
 def _time_op(fn: Callable[[], None], run: Run, group) -> np.ndarray:
     """Warm up, pick the repeat count from the slowest warm-up (same on every rank), then
-    time each repeat after a barrier; the slowest rank's time per repeat."""
+    time each repeat after a barrier; every group rank's time of every repeat (a row a
+    rank)."""
     cfg = run.cfg
     for _ in range(cfg.warmup - 1):
         fn()
@@ -104,7 +108,7 @@ def _time_op(fn: Callable[[], None], run: Run, group) -> np.ndarray:
         fn()
         run.sync()
         times.append(time.perf_counter() - t0)
-    return max_over_ranks(times, run, group)
+    return gather_over_ranks(times, run, group)
 
 
 def _supported(op: str, group, members: list[int], me: int, run: Run) -> str | None:
@@ -143,13 +147,18 @@ def measure_collectives(run: Run, ranks: list[dict[str, Any]]) -> None:
                     | {"error": why}
                 )
                 continue
+            if inside:  # warm the group's connections at the largest size, as nccl-tests does
+                fn, _ = _op(op, grid[-1], group, members, me, run.device)
+                fn()
+                run.sync()
             for size in grid:
                 run.progress.tick(f"{op} of {fmt_bytes(size)} on the {name} group")
                 dist.barrier()
                 if not inside:
                     continue
                 fn, nbytes = _op(op, size, group, members, me, run.device)
-                t = _time_op(fn, run, group)
+                per_rank = _time_op(fn, run, group)
+                t = per_rank.max(axis=0)  # each repeat: the slowest rank's time
                 median = float(np.median(t))
                 algbw = nbytes / median
                 factor = 1.0 if op == "send-recv" else float(bus_factor(op, len(members)))
@@ -162,6 +171,9 @@ def measure_collectives(run: Run, ranks: list[dict[str, Any]]) -> None:
                         "bytes": nbytes,
                         "dtype": "float32",
                         "time_s": median,
+                        "timing": "slowest-rank",
+                        "times_s": [float(x) for x in t],
+                        "rank_times_s": [float(x) for x in np.median(per_rank, axis=1)],
                         "p10_s": float(np.percentile(t, 10)),
                         "p90_s": float(np.percentile(t, 90)),
                         "min_s": float(t.min()),

@@ -21,6 +21,7 @@ from torch import nn
 from commsim.calibrate.harness.config import HarnessConfig
 from commsim.calibrate.harness.profiled import profile_steps
 from commsim.calibrate.harness.rank import Run, max_over_ranks
+from commsim.step.buckets import ddp_first_bucket_bytes
 
 MIB = 2**20
 POWERSGD_START_ITER = 2  # vanilla all-reduce steps before PowerSGD (torch's minimum: 2)
@@ -182,7 +183,6 @@ def measure_ddp(run: Run) -> None:
     fwd, bwd = _layer_times(plain, run, max(3, cfg.ddp_repeats // 2))
     run.emit(_model_record(plain, fwd, bwd, cfg))
     x, y = _batch(cfg, run.device)
-    first_mb = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", MIB) / MIB
     for cap, hook in ((c, h) for c in cfg.bucket_mb for h in cfg.comm_hooks):
         run.progress.tick(f"DDP step with {cap:g} MiB buckets, comm hook {hook}")
         torch.manual_seed(0)
@@ -202,7 +202,6 @@ def measure_ddp(run: Run) -> None:
         s = max_over_ranks(full, run, None)
         if cfg.profile_dir:
             profile_steps(run, batch, _ddp_step, f"bucket{cap:g}mb-{hook.replace(':', '')}")
-        logged = ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")
         run.emit(
             {
                 "kind": "ddp",
@@ -210,7 +209,7 @@ def measure_ddp(run: Run) -> None:
                 "compression": hook,  # absent in older files: none
                 "error_feedback": hook.startswith("powersgd:"),
                 "overlap": overlap,
-                "first_bucket_mb": first_mb,
+                "first_bucket_mb": _first_bucket_bytes(ddp, cap) / MIB,
                 "compute_s": float(np.median(c)),
                 "compute_p10_s": float(np.percentile(c, 10)),
                 "compute_p90_s": float(np.percentile(c, 90)),
@@ -220,6 +219,28 @@ def measure_ddp(run: Run) -> None:
                 "step_p90_s": float(np.percentile(s, 90)),
                 "exposed_comm_s": float(np.median(s) - np.median(c)),
                 "repeats": cfg.ddp_repeats,
-                "buckets_bytes": [int(v) for v in str(logged).split(",") if v.strip()] or None,
             }
+            | _bucket_layout(ddp)
         )
+
+
+def _first_bucket_bytes(ddp, cap_mb: float) -> float:
+    """The first bucket's limit this torch's DDP uses: its own setting where it keeps one
+    (_bucket_config, in recent torch), else the rule for its version (commsim.step.buckets)."""
+    config = getattr(ddp, "_bucket_config", None)
+    if config is not None:
+        return float(config.first_bucket_bytes_cap)
+    return ddp_first_bucket_bytes(cap_mb * MIB, True, torch.__version__)
+
+
+def _bucket_layout(ddp) -> dict[str, Any]:
+    """The buckets DDP rebuilt after its first step, as its logger reports them: their
+    bytes and their parameters (indices in registration order), in launch order."""
+    logged = ddp._get_ddp_logging_data()
+    sizes = [int(v) for v in str(logged.get("rebuilt_bucket_sizes", "")).split(",") if v.strip()]
+    params = [
+        [int(i) for i in bucket.split()]
+        for bucket in str(logged.get("rebuilt_per_bucket_param_indices", "")).split(",")
+        if bucket.strip()
+    ]
+    return {"buckets_bytes": sizes or None, "buckets_params": params or None}

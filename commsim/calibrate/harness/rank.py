@@ -197,3 +197,11 @@ def max_over_ranks(values: Sequence[float], run: Run, group) -> np.ndarray:
     t = torch.tensor(list(values), dtype=torch.float64, device=run.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.cpu().numpy()
+
+
+def gather_over_ranks(values: Sequence[float], run: Run, group) -> np.ndarray:
+    """Every group rank's values (the same count on each), one row per group rank."""
+    t = torch.tensor(list(values), dtype=torch.float64, device=run.device)
+    rows = [torch.zeros_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(rows, t, group=group)
+    return torch.stack(rows).cpu().numpy()

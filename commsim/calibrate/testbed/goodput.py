@@ -100,26 +100,32 @@ def measure(
 
 def check(spec: TestbedSpec, seconds: float = 1.5) -> list[dict[str, Any]]:
     """Measure each link class with TCP streams; expected rates are per flow, shaped (line
-    rate, what htb enforces) and as TCP goodput; ratio is the flow farthest from goodput."""
+    rate, what htb enforces) and as TCP goodput; ratio is the flow farthest from goodput.
+    Each row names the tier its flows cross and how many share a rack uplink (a fit
+    compares its bandwidths with these; the all-hosts row checks the CPU, not a tier)."""
     names = [[f"r{r}h{h}" for h in range(spec.hosts_per_rack)] for r in range(spec.racks)]
     host, upl, per_rack = spec.host_rate, spec.uplink_rate, spec.hosts_per_rack
-    cases: list[tuple[str, list[tuple[str, str]], float]] = []
+    cases: list[tuple[str, list[tuple[str, str]], float, str | None]] = []
     if per_rack >= 2:
-        cases.append(("host link (same rack)", [(names[0][0], names[0][1])], host))
+        cases.append(("host link (same rack)", [(names[0][0], names[0][1])], host, "inter-node"))
     if spec.racks >= 2:
-        cases.append(("rack uplink, one flow", [(names[0][0], names[1][0])], min(host, upl)))
+        one = [(names[0][0], names[1][0])]
+        cases.append(("rack uplink, one flow", one, min(host, upl), "cross-rack"))
         if per_rack >= 2:
             shared = [(names[0][h], names[1][h]) for h in range(per_rack)]
-            cases.append((f"rack uplink shared by {per_rack}", shared, min(host, upl / per_rack)))
+            label = f"rack uplink shared by {per_rack}"
+            cases.append((label, shared, min(host, upl / per_rack), "cross-rack"))
         every = [(h.name, names[(h.rack + 1) % spec.racks][h.index]) for h in hosts(spec)]
-        cases.append(("all hosts at once (CPU load)", every, min(host, upl / per_rack)))
+        cases.append(("all hosts at once (CPU load)", every, min(host, upl / per_rack), None))
     rows = []
-    for label, flows, shaped in cases:
+    for label, flows, shaped, tier in cases:
         res = measure(spec, flows, seconds)
         ratios = [m / (shaped * GOODPUT) for m in res.rates]
         rows.append(
             {
                 "link": label,
+                "tier": tier,
+                "sharing": len(flows) if tier == "cross-rack" else 1,
                 "flows": [f"{s}->{d}" for s, d in flows],
                 "shaped_Bps": shaped,
                 "expected_goodput_Bps": shaped * GOODPUT,
