@@ -328,7 +328,8 @@ class Strategy(Spec):
     algorithm: Algorithm = "auto"
     placement: Placement = "blocked"
     bucket_mb: float = Field(default=25.0, gt=0)  # DDP bucket_cap_mb (MiB)
-    first_bucket_mb: float = Field(default=1.0, gt=0)  # DDP's small first bucket (MiB)
+    # DDP's first bucket (MiB); None: as torch >= 2.4 forms it (step.buckets.first_bucket_mb)
+    first_bucket_mb: float | None = Field(default=None, gt=0)
     overlap: bool = True
     grad_dtype: GradDtype = "fp32"  # DDP all-reduces fp32 grads by default
     ps_shards: int = Field(default=1, ge=1)

@@ -14,6 +14,7 @@ from typing import Any, get_args
 import numpy as np
 
 from commsim.specs import Algorithm, GradDtype, RankOrder, Strategy
+from commsim.step.buckets import first_bucket_mb
 from commsim.step.memory import RECOMPUTE
 from commsim.topology.placement import PLACEMENTS
 
@@ -125,7 +126,7 @@ class Layouts:
             first_layers=col(lambda s: s.split_layers[0]),
             last_layers=col(lambda s: s.split_layers[1]),
             bucket_mb=col(lambda s: s.bucket_mb),
-            first_bucket_mb=col(lambda s: s.first_bucket_mb),
+            first_bucket_mb=col(lambda s: float(first_bucket_mb(s.bucket_mb, s.first_bucket_mb))),
             overlap=col(lambda s: s.overlap),
             algorithm=col(lambda s: ALGORITHMS.index(s.algorithm)),
             placement=col(lambda s: PLACEMENTS.index(s.placement)),
