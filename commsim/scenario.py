@@ -177,15 +177,8 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
             f"{w.name} is not a transformer: only data "
             "parallelism (tp = pp = 1, zero 0, no recompute) applies",
         )
+    check_model_axes(w, strategy, src)
     blocks = sum(layer.name.startswith("block.") for layer in w.layers)
-    if w.heads % strategy.tp:
-        raise SpecError(
-            src,
-            "strategy.tp",
-            f"{strategy.tp} does not divide the model's {w.heads} attention heads",
-        )
-    if strategy.pp > blocks:
-        raise SpecError(src, "strategy.pp", f"{strategy.pp} pipeline stages for {blocks} layers")
     first, last = strategy.first_stage_layers, strategy.last_stage_layers
     uneven = first is not None or last is not None
     problem = split_problem(
@@ -207,27 +200,36 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
             f"it needs at least {strategy.pp} per step, this layout has "
             f"{setup.micro_batches(strategy)} (global_batch / (dp x micro_batch))",
         )
-    if strategy.ep > 1:
-        if not w.moe:
-            raise SpecError(
-                src, "strategy.ep", f"expert parallelism needs experts; {w.name} has none"
-            )
-        if w.experts % strategy.ep:
-            raise SpecError(
-                src,
-                "strategy.ep",
-                f"{strategy.ep} does not divide the model's {w.experts} experts",
-            )
-        if setup.dp(strategy) % strategy.ep:
-            raise SpecError(
-                src,
-                "strategy.ep",
-                f"{strategy.ep} does not divide the data-parallel degree {setup.dp(strategy)} "
-                "(expert-parallel ranks are taken from the data-parallel group)",
-            )
+    if strategy.ep > 1 and setup.dp(strategy) % strategy.ep:
+        raise SpecError(
+            src,
+            "strategy.ep",
+            f"{strategy.ep} does not divide the data-parallel degree {setup.dp(strategy)} "
+            "(expert-parallel ranks are taken from the data-parallel group)",
+        )
     if strategy.placement not in PLACEMENT_KINDS:
         raise SpecError(
             src, "strategy.placement", f"hybrid layouts take {' or '.join(PLACEMENT_KINDS)}"
+        )
+
+
+def check_model_axes(w: Workload, strategy: Strategy, src: str) -> None:
+    """The model's own limits on the degrees, whatever the GPU count: tp divides the attention
+    heads, pp at most the layers, ep divides the experts (SpecError)."""
+    blocks = sum(layer.name.startswith("block.") for layer in w.layers)
+    if w.heads is not None and w.heads % strategy.tp:
+        raise SpecError(
+            src,
+            "strategy.tp",
+            f"{strategy.tp} does not divide the model's {w.heads} attention heads",
+        )
+    if strategy.pp > max(blocks, 1):
+        raise SpecError(src, "strategy.pp", f"{strategy.pp} pipeline stages for {blocks} layers")
+    if strategy.ep > 1 and not w.moe:
+        raise SpecError(src, "strategy.ep", f"expert parallelism needs experts; {w.name} has none")
+    if strategy.ep > 1 and w.experts % strategy.ep:
+        raise SpecError(
+            src, "strategy.ep", f"{strategy.ep} does not divide the model's {w.experts} experts"
         )
 
 
