@@ -13,6 +13,7 @@ from commsim.step.memory import (
     MIB,
     RECOMPUTE,
     WORKSPACE_BYTES,
+    MemoryBreakdown,
     ParallelLayout,
     activation_bytes_per_layer,
     in_flight,
@@ -305,3 +306,11 @@ def test_a_hf_config_with_dropout_keeps_its_masks(tmp_path):
     )
     with pytest.raises(SpecError, match="attention_dropout: expected a probability"):
         read_config(bad)
+
+
+def test_a_near_miss_is_told_apart_from_the_room():
+    """A need just over the room gets the decimals that show it is over: never 72.0 of 72.0."""
+    h100 = gpu("h100")
+    room = 80e9 * 0.9
+    m = MemoryBreakdown(params=room + 3e6, grads=0.0, optimizer=0.0, activations=0.0, buffers=0.0)
+    assert "needs 72.003 GB of 72.000 GB usable" in m.reason(h100)

@@ -98,8 +98,11 @@ class MemoryBreakdown:
             f"{k} {v / 1e9:.1f} GB" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
         )
         usable = usable_bytes(gpu, reserve_fraction)
+        need, room = self.total / 1e9, usable / 1e9
+        # as many decimals as tell the need from the room: never "needs 72.0 GB of 72.0 GB"
+        d = next((d for d in (1, 2, 3) if f"{need:.{d}f}" != f"{room:.{d}f}"), 6)
         return (
-            f"needs {self.total / 1e9:.1f} GB of {usable / 1e9:.1f} GB usable on {gpu.name} "
+            f"needs {need:.{d}f} GB of {room:.{d}f} GB usable on {gpu.name} "
             f"({gpu.hbm_bytes / 1e9:.0f} GB less {reserve_fraction:.0%} reserve): {listed}"
         )
 
