@@ -178,6 +178,14 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
             "parallelism (tp = pp = 1, zero 0, no recompute) applies",
         )
     check_model_axes(w, strategy, src)
+    if strategy.recompute == "op" and (w.arch is None or w.arch.mla or w.arch.experts > 1):
+        has = "no transformer layers" if w.arch is None else "MLA or experts"
+        raise SpecError(
+            src,
+            "strategy.recompute",
+            f"op-level checkpointing is modelled for dense attention blocks (torchtitan's "
+            f"Llama); {w.name} has {has}",
+        )
     blocks = sum(layer.name.startswith("block.") for layer in w.layers)
     first, last = strategy.first_stage_layers, strategy.last_stage_layers
     uneven = first is not None or last is not None

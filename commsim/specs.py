@@ -317,7 +317,8 @@ class Strategy(Spec):
     tp: int = Field(default=1, ge=1)  # tensor-parallel degree
     pp: int = Field(default=1, ge=1)  # pipeline stages
     zero: Literal[0, 1, 2, 3] = 0  # ZeRO stage; 3 is FSDP full-shard
-    recompute: Literal["none", "selective", "full"] = "none"
+    # none; Megatron's selective (the attention core) or full; torchtitan's op-level ("op")
+    recompute: Literal["none", "selective", "full", "op"] = "none"
     interleave: int = Field(default=1, ge=1)  # virtual pipeline stages per rank
     # an uneven pipeline split, as Megatron-core's --decoder-first-pipeline-num-layers and
     # --decoder-last-pipeline-num-layers: the first / last stage's transformer layers, the

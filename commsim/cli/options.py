@@ -81,7 +81,7 @@ RecomputeOpt = Annotated[
     typer.Option(
         "--recompute",
         "--recompute-granularity",
-        help="Activation recomputation: none, selective, full.",
+        help="Activation recomputation: none, selective (Megatron's), full, op (torchtitan's).",
     ),
 ]
 InterleaveOpt = Annotated[

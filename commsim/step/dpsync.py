@@ -111,7 +111,7 @@ class DataParallel:
             g,
             r["bucket_mb"] * MIB,
             r["first_bucket_mb"] * MIB,
-            self.layer_weights(r["recompute"] == "selective"),
+            self.layer_weights(r["recompute"]),
         )
         costs = self.bucket_costs(r, buckets.bytes, buckets.expert, g)
         self._sync[key] = plan = SyncPlan(buckets, costs, tail(costs, buckets.ready))
@@ -157,10 +157,11 @@ class DataParallel:
         network = allreduce_costs(price, alg, nbytes, expert, r["zero"], grad_bytes)
         return BucketCosts(network, none, none)
 
-    def layer_weights(self, selective: bool) -> tuple[float, ...]:
+    def layer_weights(self, recompute: str) -> tuple[float, ...]:
         """Each workload layer's share of a backward (any scale): 2x its forward FLOPs, and
-        selective recomputation's attention replay in the blocks."""
-        core = self.shape.attention_core_flops if selective else 0.0
+        in the blocks what selective (the attention core) or op-level checkpointing replays."""
+        replays = {"selective": self.shape.attention_core_flops, "op": self.shape.op_replay_flops}
+        core = replays.get(recompute, 0.0)
         return tuple(
             BACKWARD_FACTOR * layer.forward_flops
             + (core if layer.name.startswith("block.") else 0.0)

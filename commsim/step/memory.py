@@ -32,7 +32,9 @@ RESERVE_FRACTION = 0.10  # HBM kept free for the caching allocator's fragmentati
 # output and the next layer the ReLU output, 2 bytes each, so 4 bytes per conv output value =
 # 44.46 MB per image over 8.178 GFLOP forward. Other models get the same ratio (a rough rule).
 ACTIVATION_BYTES_PER_FLOP = 4 * 11_113_984 / 8_178_368_512
-RECOMPUTE = ("none", "selective", "full")  # recompute codes 0, 1, 2 of the batch variant
+# recompute codes 0-3 of the batch variant: Megatron's selective (the attention core) and
+# full, and torchtitan's op-level selective checkpointing ("op", see ActivationWidths.of)
+RECOMPUTE = ("none", "selective", "full", "op")
 MIB = 2**20
 
 
@@ -48,7 +50,7 @@ class ParallelLayout:
     micro_batch: int = 1
     seq_len: int | None = None  # None: the workload's
     zero: Literal[0, 1, 2, 3] = 0  # 3 is also FSDP full shard
-    recompute: Literal["none", "selective", "full"] = "none"
+    recompute: Literal["none", "selective", "full", "op"] = "none"
     sequence_parallel: bool = False
     interleave: int = 1  # virtual pipeline stages (model chunks) per pipeline rank
     micro_batches: int | None = None  # per step; None: at least enough to fill the pipeline
@@ -123,6 +125,14 @@ class ActivationWidths:
     replicated: float = 10.0
     split: float = 24.0
     scores: float = 5.0
+    # op-level checkpointing keeps: `op_replicated` (the block's input), `op_split` (saved
+    # GEMM outputs over tp, the attention output), `op_whole` (a saved row-parallel GEMM's
+    # output: its partial sums are whole on every tp rank) and, when tp > 1,
+    # `op_scatters` (the saved outputs of the two sequence-parallel reduce-scatters)
+    op_replicated: float = 2.0
+    op_split: float = 0.0
+    op_whole: float = 0.0
+    op_scatters: float = 4.0
 
     @classmethod
     def of(cls, c) -> ActivationWidths:
@@ -158,7 +168,26 @@ class ActivationWidths:
             replicated=8.0 + 2.0 * d + latent / h,
             split=(attention + mlp) / h,
             scores=2.0 + 3.0 * d,
+            **_op_widths(c, q, k, v),
         )
+
+
+def _op_widths(c, q: float, k: float, v: float) -> dict[str, float]:
+    """What torchtitan's op-level selective checkpointing keeps of a dense block, per unit of
+    h (torchtitan parallelize_llama.py, _save_list and _get_custom_policy, 2024-25): the
+    outputs of the matmuls in odd places of the block's forward (q, k, v, o, then gate, up,
+    down or up, down: q, v, gate and down, or q, v and up), the attention kernel's output
+    and the tp reduce-scatters' outputs; everything else (k, o, the rest of the MLP, norms,
+    activations, rotary) is recomputed in the backward. Its block input is kept too."""
+    h, f = c.hidden, c.ffn_hidden
+    split, whole = (q, False), (h, True)  # column-parallel outputs split, row-parallel whole
+    mlp = [(f, False), (f, False), whole] if c.gated_mlp else [(f, False), whole]
+    matmuls = [split, (k, False), (v, False), whole, *mlp]
+    kept = matmuls[::2]  # the 1st, 3rd, 5th ... (every second one is recomputed)
+    return {
+        "op_split": 2.0 * (q + sum(w for w, row in kept if not row)) / h,
+        "op_whole": 2.0 * sum(w for w, row in kept if row) / h,
+    }
 
 
 def activation_bytes_per_layer(
@@ -174,11 +203,15 @@ def activation_bytes_per_layer(
     # splits the replicated part; selective recompute drops the scores; full recompute keeps
     # the 2sbh layer input, /t under sequence parallelism (Megatron stores it sharded)
     sbh = np.asarray(s, float) * b * h
-    no_scores = (np.asarray(recompute) != 0) | np.asarray(flash)
+    recompute = np.asarray(recompute)
+    no_scores = (recompute != 0) | np.asarray(flash)
     scores = np.where(no_scores, 0.0, widths.scores * a * s / h)
-    replicated = np.where(sequence_parallel, widths.replicated / t, widths.replicated)
-    kept = sbh * (replicated + (widths.split + scores) / t)
-    return np.where(np.asarray(recompute) == 2, 2.0 * sbh / np.where(sequence_parallel, t, 1), kept)
+    sp = np.where(sequence_parallel, t, 1)
+    kept = sbh * (widths.replicated / sp + (widths.split + scores) / t)
+    w = widths
+    op = w.op_whole + (w.op_replicated + np.where(t > 1, w.op_scatters, 0.0)) / sp
+    op = sbh * (op + w.op_split / t)
+    return np.select([recompute == 2, recompute == 3], [2.0 * sbh / sp, op], kept)
 
 
 def in_flight(stage, pp, interleave=1, micro_batches=np.inf, schedule="1f1b"):
@@ -363,8 +396,8 @@ def _check(c: dict[str, np.ndarray]) -> None:
         raise ValueError("ep must divide dp")
     if np.any((c["zero"] < 0) | (c["zero"] > 3)):
         raise ValueError("zero must be 0, 1, 2 or 3")
-    if np.any((c["recompute"] < 0) | (c["recompute"] > 2)):
-        raise ValueError(f"recompute codes are 0, 1, 2 for {RECOMPUTE}")
+    if np.any((c["recompute"] < 0) | (c["recompute"] >= len(RECOMPUTE))):
+        raise ValueError(f"recompute codes are 0-{len(RECOMPUTE) - 1} for {RECOMPUTE}")
 
 
 def _inputs(workload: Workload, **columns) -> dict[str, np.ndarray]:

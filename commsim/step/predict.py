@@ -100,7 +100,7 @@ def layouts_timeline(
     sync = model.dp.sync_plan(layouts, 0)
     c = model.compute(layouts)
     w = setup.workload
-    weights = np.array(model.dp.layer_weights(False))
+    weights = np.array(model.dp.layer_weights("none"))
     forward = float(c.forward[0]) * w.layer_flops / max(float(w.layer_flops.sum()), 1e-300)
     backward = float(c.backward[0]) * weights / max(float(weights.sum()), 1e-300)
     return ddp_timeline(
