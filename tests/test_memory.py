@@ -8,6 +8,7 @@ import pytest
 
 from commsim.catalog import gpu
 from commsim.specs import LayerSpec, ModelSpec, SpecError
+from commsim.step.inflight import in_flight
 from commsim.step.memory import (
     ACTIVATION_BYTES_PER_FLOP,
     MIB,
@@ -16,7 +17,6 @@ from commsim.step.memory import (
     MemoryBreakdown,
     ParallelLayout,
     activation_bytes_per_layer,
-    in_flight,
     memory_per_gpu,
     memory_per_gpu_batch,
     usable_bytes,

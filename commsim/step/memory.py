@@ -18,6 +18,7 @@ from typing import Literal
 import numpy as np
 
 from commsim.specs import GPUSpec
+from commsim.step.inflight import in_flight
 from commsim.step.shape import stage_layers
 from commsim.workload.model import Workload
 
@@ -212,27 +213,6 @@ def activation_bytes_per_layer(
     op = w.op_whole + (w.op_replicated + np.where(t > 1, w.op_scatters, 0.0)) / sp
     op = sbh * (op + w.op_split / t)
     return np.select([recompute == 2, recompute == 3], [2.0 * sbh / sp, op], kept)
-
-
-def in_flight(stage, pp, interleave=1, micro_batches=np.inf, schedule="1f1b"):
-    """Micro-batches whose activations pipeline rank `stage` holds at its peak, in whole passes
-    over the rank's layers; capped by the `micro_batches` there are."""
-    # 1F1B (Narayanan et al. 2021, arXiv:2104.04473, Sec. 2.2): rank r holds pp - r. Interleaved,
-    # v chunks a rank: Megatron's schedules.py warms up 2(pp - r - 1) + (v - 1)pp chunk passes and
-    # holds one more, /v in whole passes; on rank 0 pp(1 + (pp - 1)/(pp v)) (Korthikanti Sec. 4.2).
-    # GPipe (Huang et al. 2019, arXiv:1811.06965) holds all of a step's micro-batches if pp > 1.
-    stage, pp, v = np.asarray(stage), np.asarray(pp), np.asarray(interleave)
-    if schedule == "gpipe":
-        if np.any(v > 1):
-            raise ValueError("the GPipe schedule has no interleaving")
-        if np.any((pp > 1) & np.isinf(micro_batches)):
-            raise ValueError("the GPipe schedule needs micro_batches")
-        return np.where(pp > 1, micro_batches, 1.0)
-    if schedule != "1f1b":
-        raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {schedule!r}")
-    plain = np.minimum(pp - stage, micro_batches)
-    chunks = np.minimum(2 * (pp - stage - 1) + (v - 1) * pp + 1, micro_batches * v)
-    return np.where(v > 1, chunks / v, plain)
 
 
 @dataclass(frozen=True)
