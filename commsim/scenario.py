@@ -160,6 +160,10 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
             f"{s.global_batch} is not a multiple of "
             f"data-parallel degree x micro_batch = {per_step}",
         )
+    if strategy.states == "fsdp" and strategy.zero != 3:
+        raise SpecError(
+            src, "strategy.states", f"fsdp describes ZeRO-3's shards; zero is {strategy.zero}"
+        )
     if strategy.data_parallel_only:
         return
     _check_model_parallel(setup, strategy)

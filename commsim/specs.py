@@ -339,7 +339,12 @@ class Strategy(Spec):
     cp: int = Field(default=1, ge=1)  # context-parallel degree (Megatron-core ring attention)
     precision: Literal["bf16", "fp8"] = "bf16"  # the blocks' GEMMs (Transformer Engine FP8)
     flash_attention: bool = True  # fused attention: no s x s scores kept, causal half computed
-    tp_overlap: bool = False  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
+    tp_overlap: bool = False
+    # how ZeRO-3 keeps its shards: bf16 weights beside an fp32 master copy ("zero": DeepSpeed,
+    # Megatron) or fp32 weights that are the master ("fsdp": PyTorch FSDP, step.memory._states)
+    states: Literal["zero", "fsdp"] = (
+        "zero"  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
+    )
     fsdp_shard: int | None = Field(default=None, ge=1)  # hybrid sharding: ZeRO-3 groups (HSDP)
     order: RankOrder = "tp-cp-ep-dp-pp"  # how ranks map to GPUs, fastest-varying first
 

@@ -234,6 +234,7 @@ def enumerate_layouts(
         ps_shards=base.ps_shards,
         grad_dtype=GRAD_DTYPES.index(base.grad_dtype),
         flash=base.flash_attention,
+        fsdp_states=base.states == "fsdp",
     )
 
 

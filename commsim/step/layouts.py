@@ -50,6 +50,7 @@ _DEFAULTS: dict[str, Any] = {
     "tp_overlap": False,
     "fsdp_shard": 0,
     "order": 0,
+    "fsdp_states": False,
 }
 
 
@@ -84,6 +85,7 @@ class Layouts:
     tp_overlap: np.ndarray  # tensor-parallel collectives overlapped with the GEMMs
     fsdp_shard: np.ndarray  # ZeRO-3 shards over groups of this many dp ranks (0: all of dp)
     order: np.ndarray  # code into RANK_ORDERS
+    fsdp_states: np.ndarray  # ZeRO-3 shards kept as PyTorch FSDP keeps them (Strategy.states)
     compressions: tuple[str, ...] = field(default=("none",))
 
     def __len__(self) -> int:
@@ -100,7 +102,8 @@ class Layouts:
         values = [np.asarray(columns.get(n, _DEFAULTS[n])) for n in names]
         arrays = np.broadcast_arrays(*(np.atleast_1d(v) for v in values))
         types = {"bucket_mb": float, "first_bucket_mb": float}
-        types |= {k: bool for k in ("overlap", "error_feedback", "fp8", "flash", "tp_overlap")}
+        flags = ("overlap", "error_feedback", "fp8", "flash", "tp_overlap", "fsdp_states")
+        types |= {k: bool for k in flags}
         cast = {n: a.astype(types.get(n, np.int64)) for n, a in zip(names, arrays, strict=True)}
         return cls(**cast, compressions=tuple(compressions))
 
@@ -140,6 +143,7 @@ class Layouts:
             tp_overlap=col(lambda s: s.tp_overlap),
             fsdp_shard=col(lambda s: s.fsdp_shard or 0),
             order=col(lambda s: RANK_ORDERS.index(s.order)),
+            fsdp_states=col(lambda s: s.states == "fsdp"),
         )
 
     def take(self, index: np.ndarray) -> Layouts:
@@ -167,6 +171,7 @@ class Layouts:
             "precision": "fp8" if r["fp8"] else "bf16",
             "flash_attention": r["flash"],
             "fsdp_shard": r["fsdp_shard"] or None,
+            "states": "fsdp" if r["fsdp_states"] and r["zero"] == 3 else "zero",
         }
         return base.model_copy(update=update)
 

@@ -24,6 +24,7 @@ from commsim.workload.model import Workload
 
 PARAM_BYTES = 2  # fp16/bf16 weights (ZeRO Sec. 3.1)
 OPTIMIZER_BYTES = 12  # fp32 master weights, Adam momentum and variance: K = 12 (ZeRO Sec. 3.1)
+FP32_BYTES = 4
 # CUDA context, cuBLAS workspace and NCCL communicator buffers (NCCL_BUFFSIZE, 4 MiB per channel
 # and peer): an estimate, not a measurement; a few hundred MiB to over 1 GiB in practice.
 WORKSPACE_BYTES = 2**30
@@ -62,6 +63,7 @@ class ParallelLayout:
     cp: int = 1  # context-parallel degree: each GPU holds s / cp of every sequence
     flash: bool = True  # FlashAttention: no s x s attention scores kept
     shard: int = 0  # hybrid sharding (HSDP): ZeRO-3 groups of this many dp ranks (0: all)
+    fsdp_states: bool = False  # ZeRO-3 shards kept as PyTorch FSDP keeps them (fp32 weights)
     residual_bytes: int = 0  # error feedback: its residual's bytes a parameter (0: none)
 
     def __post_init__(self) -> None:
@@ -267,13 +269,19 @@ def _transformer_shape(workload: Workload) -> _Shape | None:
     )
 
 
-def _states(params, dp, zero, grad_bytes):
+def _states(params, dp, zero, grad_bytes, fsdp=False):
     """Weight, gradient and optimizer bytes of `params` parameters under a ZeRO stage."""
-    # ZeRO Sec. 5.1: P_os 4Ψ + KΨ/Nd, P_os+g 2Ψ + (2 + K)Ψ/Nd, P_os+g+p (2 + 2 + K)Ψ/Nd
+    # ZeRO Sec. 5.1: P_os 4Ψ + KΨ/Nd, P_os+g 2Ψ + (2 + K)Ψ/Nd, P_os+g+p (2 + 2 + K)Ψ/Nd.
+    # PyTorch FSDP keeps its shards in the parameters' own dtype, fp32, and casts them to bf16
+    # as it gathers them (Zhao et al. 2023, arXiv:2304.11277, Sec. 4.4; FSDP2's
+    # MixedPrecisionPolicy): the fp32 shard is the master, so 4 + 8 bytes where ZeRO keeps
+    # 2 + 12, and the gradient shard is fp32 (4)
+    fsdp = np.asarray(fsdp) & (np.asarray(zero) >= 3)
+    master = OPTIMIZER_BYTES - FP32_BYTES
     return (
-        PARAM_BYTES * params / np.where(zero >= 3, dp, 1),
-        grad_bytes * params / np.where(zero >= 2, dp, 1),
-        OPTIMIZER_BYTES * params / np.where(zero >= 1, dp, 1),
+        np.where(fsdp, FP32_BYTES, PARAM_BYTES) * params / np.where(zero >= 3, dp, 1),
+        np.where(fsdp, FP32_BYTES, grad_bytes) * params / np.where(zero >= 2, dp, 1),
+        np.where(fsdp, master, OPTIMIZER_BYTES) * params / np.where(zero >= 1, dp, 1),
     )
 
 
@@ -334,8 +342,8 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         ends = np.where(exists, np.where(pp == 1, first + last, extra), 0.0)
         params = held * block + ends
         expert = held * experts  # ZeRO shards these over the dp / ep expert replicas
-        dense = _states(params - expert, dp, zero, c["grad_bytes"])
-        sparse = _states(expert, dp / ep, zero, c["grad_bytes"])
+        dense = _states(params - expert, dp, zero, c["grad_bytes"], c["fsdp_states"])
+        sparse = _states(expert, dp / ep, zero, c["grad_bytes"], c["fsdp_states"])
         acts = in_flight(rank, pp, v, c["micro_batches"], schedule) * held * per_layer
         acts = acts + np.where(on_last, output, 0.0)
         largest = np.maximum(block, np.where(pp == 1, np.maximum(first, last), extra))
@@ -361,7 +369,7 @@ def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: st
     acts = in_flight(0, pp, c["interleave"], c["micro_batches"], schedule) * per_pass
     largest = workload.layer_params.max() / t
     return (
-        *_states(params / t, c["dp"], c["zero"], c["grad_bytes"]),
+        *_states(params / t, c["dp"], c["zero"], c["grad_bytes"], c["fsdp_states"]),
         acts,
         _buffers(c["zero"], c["bucket_mb"], c["grad_bytes"], largest, params / t, c["residual"]),
     )
@@ -415,6 +423,7 @@ def memory_per_gpu_batch(
     flash=True,
     shard=0,
     residual_bytes=0,
+    fsdp_states=False,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -440,6 +449,7 @@ def memory_per_gpu_batch(
         flash=flash,
         shard=shard,
         residual=residual_bytes,
+        fsdp_states=fsdp_states,
     )
     return sum(_components(workload, c, schedule))
 
@@ -473,5 +483,6 @@ def memory_per_gpu(
         flash=layout.flash,
         shard=layout.shard,
         residual=layout.residual_bytes,
+        fsdp_states=layout.fsdp_states,
     )
     return MemoryBreakdown(*(float(x) for x in _components(workload, c, schedule)))

@@ -318,5 +318,6 @@ class StepModel:
             cp=L.cp,
             flash=L.flash,
             shard=L.fsdp_shard,
+            fsdp_states=L.fsdp_states,
             residual_bytes=np.where(L.error_feedback & (L.compression != 0), L.grad_bytes, 0),
         )

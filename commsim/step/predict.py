@@ -139,6 +139,7 @@ def layout_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
         cp=strategy.cp,
         flash=strategy.flash_attention,
         shard=strategy.fsdp_shard or 0,
+        fsdp_states=strategy.states == "fsdp",
         residual_bytes=DTYPE_BYTES[strategy.grad_dtype] if _residual(strategy) else 0,
     )
     return memory_per_gpu(w, layout)
