@@ -14,6 +14,8 @@ about each.
 - Compute is every GPU kernel that is not a collective when the trace has GPU kernels;
   otherwise (CPU training) the main thread's ops, less the collectives' launch calls
   (c10d::*, record_param_comms).
+- The optimizer is torch.optim's `Optimizer.step#<class>.step` annotations on the main
+  thread (on GPU traces, the time spent launching its kernels).
 
 Sizes follow nccl-tests: all-gather counts its output, reduce-scatter its input, all-to-all
 what a rank sends, send-recv one message. Times are seconds from the first step's start.
@@ -36,6 +38,7 @@ from commsim.traces.intervals import difference, union
 
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 DDP_FORWARD = "DistributedDataParallel.forward"  # DDP's own annotation: one per micro-batch
+OPTIMIZER = "Optimizer.step#"  # torch.optim's annotation of every optimizer.step()
 LAUNCH_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:")
 # bytes per element of the dtype names PyTorch writes ("Float", "BFloat16") and gloo's
 # "Input type" strings ("float", "c10::Half")
@@ -109,6 +112,7 @@ class RankTrace:
     steps: tuple[Step, ...]
     compute: np.ndarray  # disjoint busy intervals, seconds
     launches: np.ndarray  # the main thread's collective launch calls (c10d::*, ...)
+    optimizer: np.ndarray  # the main thread's optimizer.step() annotations (disjoint)
     collectives: tuple[Collective, ...]
     metadata: dict[str, Any]  # the trace's other top-level fields (a harness's own timings)
 
@@ -274,7 +278,7 @@ def read_kineto(path: str | Path) -> RankTrace:
         for i, e in events
     }
     gpu = any(e.get("cat") == "kernel" for _, e in events)
-    compute, colls, forwards = [], [], []
+    compute, colls, forwards, optimizer = [], [], [], []
     for i, e in events:
         name, cat, args = str(e.get("name", "")), e.get("cat"), e.get("args") or {}
         t = spans[i]
@@ -290,6 +294,8 @@ def read_kineto(path: str | Path) -> RankTrace:
             compute.append(t)  # the launch calls are taken out below
         if name == DDP_FORWARD and e.get("tid") == main:
             forwards.append(t[0])
+        if name.startswith(OPTIMIZER) and e.get("tid") == main:
+            optimizer.append(t)
     launches = union(
         [
             spans[i]
@@ -315,6 +321,7 @@ def read_kineto(path: str | Path) -> RankTrace:
         tuple(steps),
         busy,
         launches,
+        union(optimizer),
         tuple(colls),
         extra,
     )
