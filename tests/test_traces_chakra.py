@@ -73,6 +73,27 @@ def test_exported_layout_reads_back_the_same(tmp_path, layout):
         assert written == pytest.approx(step, rel=0.01)
 
 
+@pytest.mark.parametrize(
+    "layout",
+    [dict(interleave=1), dict(interleave=2), dict(interleave=4), dict(interleave=2, zero=1)],
+)
+def test_pipeline_export_replays_the_schedule_exactly(layout):
+    """The replayed graph ends where step.pipeline's simulation of the same schedule ends,
+    plus the exposed sync and the optimizer: interleaved too, where the sync the model hides
+    under the last micro-batch's backward starts before that chunk's backward does."""
+    from commsim.step.pipeline import chunk_times, simulate
+    from commsim.step.predict import step_model, strategy_layouts
+
+    setup = setup_from_flags(None, **(LLAMA | dict(gpus=8, tp=2, pp=2, global_batch=16) | layout))
+    graph, _ = export_graph(setup)
+    L = strategy_layouts(setup, [setup.scenario.strategy])
+    row = L.row(0)
+    t = chunk_times(row, step_model(setup).evaluate(L).row(0))
+    assert t.dp_hidden > 0
+    end = max(op.end for op in simulate(row["pp"], row["micro_batches"], row["interleave"], t))
+    assert replay(graph).step_s == pytest.approx(end + t.dp_exposed + t.optimizer, rel=1e-13)
+
+
 def test_node_counts_are_the_layouts_collectives(tmp_path):
     """tp 2 x pp 2 x dp 4: every rank runs 2 all-reduces a block forward and 2 backward for
     each micro-batch on its stage's 16 blocks, sends and receives each micro-batch's

@@ -12,7 +12,9 @@ step model schedules it, so a user without GPUs can feed other simulators.
   model's size (step.model.tp_bytes, ep_bytes) and price, then the send to the next stage
   (send_bytes). After the stage's last backward, the gradient buckets (step.dpsync: an
   all-reduce each, or ZeRO's reduce-scatter and all-gather, step.sync.allreduce_costs)
-  run one after another from where the model's hidden part of the sync begins, then the
+  run one after another from where the model's hidden part of the sync begins (the
+  schedule's end less the hidden part, also before the last chunk's backward when
+  interleaved: the model hides it under the whole last micro-batch's backward), then the
   optimizer. Its replay is the step the pipeline schedule lays out (step.pipeline
   .pipeline_events); the closed form `predict` reports differs from it by the send
   accounting step.pipeline describes.
@@ -226,81 +228,84 @@ def _tag(kind: str, chunk: int, mb: int, m: int, v: int) -> int:
 
 
 def _stage_nodes(rank, k, ops, p, m, v, t, colls, full, send, sync, hidden, ranks) -> list[Node]:
+    """One rank's chain (receive, compute, tp/ep collectives, send per op, each node ending
+    when the schedule says), then its data-parallel sync from where it begins (_sync_start)
+    and the optimizer."""
     nodes: list[Node] = []
+    ends: list[float] = []  # each node's end in the schedule (step.pipeline.simulate)
 
-    def add(kind, name, duration, deps, **kw) -> int:
+    def add(kind, name, duration, deps, end, **kw) -> int:
         nodes.append(
             Node(len(nodes), kind, name, duration, tuple(d for d in deps if d is not None), **kw)
         )
+        ends.append(end)
         return len(nodes) - 1
 
+    begin = ops[-1].end - hidden  # the sync's start: the model hides `hidden` before the end
     last = None
     pp_pg = "pp" if p > 1 else None
-    for j, op in enumerate(ops):
+    for op in ops:
         kind, c, i = op.kind, op.chunk, op.mb
         fwd = kind == "F"
         src = (k - 1, c) if k > 0 else (p - 1, c - 1) if c > 0 else None
         dst = (k + 1, c) if k < p - 1 else (0, c + 1) if c < v - 1 else None
         if not fwd:
             src, dst = dst, src
+        pipe = dict(op="send-recv", bytes=send, pg=pp_pg)
         if src is not None:
+            peer, tag = ranks.stage_rank(rank, src[0]), _tag(kind, c, i, m, v)
             last = add(
-                "recv",
-                f"recv {kind}{i}.{c}",
-                0.0,
-                (last,),
-                op="send-recv",
-                bytes=send,
-                pg=pp_pg,
-                peer=ranks.stage_rank(rank, src[0]),
-                tag=_tag(kind, c, i, m, v),
+                "recv", f"recv {kind}{i}.{c}", 0.0, (last,), op.start, peer=peer, tag=tag, **pipe
             )
+        what = f"{'forward' if fwd else 'backward'} {i} chunk {c}"
         compute = t.forward if fwd else t.backward
-        split = None
-        if j == len(ops) - 1 and sync:  # the sync starts under the last backward
-            x = min(max(op.end - hidden - op.start, 0.0), compute)
-            if 0.0 < x < compute:
-                last = add("comp", f"{kind}{i}.{c} (before sync)", x, (last,))
-                compute -= x
-            split = last
-        last = add("comp", f"{'forward' if fwd else 'backward'} {i} chunk {c}", compute, (last,))
-        if split is None and j == len(ops) - 1:
-            split = last
+        if op.start < begin < op.compute_end:  # the sync starts inside this compute
+            last = add("comp", f"{what} (before sync)", begin - op.start, (last,), begin)
+            compute -= begin - op.start
+        last = add("comp", what, compute, (last,), op.compute_end)
         for op_name, size, seconds, group, count in colls:
             for _ in range(int(round(count * (2 if full and not fwd else 1)))):
+                pg = ranks.pg[(group, rank)]
                 last = add(
                     "coll",
                     f"{group} {op_name}",
                     seconds,
                     (last,),
+                    ends[-1] + seconds,
                     op=op_name,
                     bytes=size,
-                    pg=ranks.pg[(group, rank)],
+                    pg=pg,
                 )
         if dst is not None:
-            peer = ranks.stage_rank(rank, dst[0])
+            peer, tag = ranks.stage_rank(rank, dst[0]), _tag(kind, dst[1], i, m, v)
             last = add(
-                "send",
-                f"send {kind}{i}.{c}",
-                t.send,
-                (last,),
-                op="send-recv",
-                bytes=send,
-                pg=pp_pg,
-                peer=peer,
-                tag=_tag(kind, dst[1], i, m, v),
+                "send", f"send {kind}{i}.{c}", t.send, (last,), op.end, peer=peer, tag=tag, **pipe
             )
-    prev = None
+    prev = _sync_start(nodes, ends, begin, add) if sync else None
     for op_name, size, seconds, expert in sync:
         group = "edp" if expert else "dp"
         prev = add(
             "coll",
             f"dp {op_name}",
             seconds,
-            (split if prev is None else prev,),
+            (prev,),
+            0.0,
             op=op_name,
             bytes=size,
             pg=ranks.pg[(group, rank)],
         )
-    add("comp", "optimizer", t.optimizer, (last, prev))
+    add("comp", "optimizer", t.optimizer, (last, prev), 0.0)
     return nodes
+
+
+def _sync_start(nodes: list[Node], ends: list[float], begin: float, add) -> int:
+    """The node the sync's first collective waits for: the last that ends by `begin`, and,
+    where it ends earlier (the sync starts inside a collective, a send or an idle stretch:
+    interleaved schedules hide the sync across several chunks' backwards), a wait for the
+    rest, so the sync starts when the schedule has it start."""
+    eps = 1e-12 * max(abs(begin), 1.0)
+    anchor = max((j for j, e in enumerate(ends) if e <= begin + eps), default=None)
+    start = 0.0 if anchor is None else ends[anchor]
+    if begin - start <= eps:
+        return anchor
+    return add("comp", "idle (until the sync starts)", begin - start, (anchor,), begin)
