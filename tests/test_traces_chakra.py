@@ -50,7 +50,14 @@ MOE = dict(model="mixtral-8x7b", cluster="dgx-h100-ib", gpus=16, tp=2, pp=2, ep=
 
 @pytest.mark.parametrize(
     "layout",
-    [dict(gpus=8), dict(gpus=16, tp=2, pp=2), dict(gpus=16, tp=2, pp=2, zero=1), MOE],
+    [
+        dict(gpus=8),
+        dict(gpus=16, tp=2, pp=2),
+        dict(gpus=16, tp=2, pp=2, zero=1),
+        MOE,
+        dict(gpus=32, tp=2, pp=4, interleave=2, zero=1),
+        dict(gpus=32, tp=2, pp=4, order="tp-cp-ep-pp-dp"),
+    ],
 )
 def test_exported_layout_reads_back_the_same(tmp_path, layout):
     setup, graph, step, paths = _export(tmp_path, **layout)
@@ -75,7 +82,13 @@ def test_exported_layout_reads_back_the_same(tmp_path, layout):
 
 @pytest.mark.parametrize(
     "layout",
-    [dict(interleave=1), dict(interleave=2), dict(interleave=4), dict(interleave=2, zero=1)],
+    [
+        dict(interleave=1),
+        dict(interleave=2),
+        dict(interleave=4),
+        dict(interleave=2, zero=1),
+        dict(interleave=2, order="tp-cp-ep-pp-dp"),
+    ],
 )
 def test_pipeline_export_replays_the_schedule_exactly(layout):
     """The replayed graph ends where step.pipeline's simulation of the same schedule ends,
@@ -112,6 +125,18 @@ def test_node_counts_are_the_layouts_collectives(tmp_path):
     buckets = model.dp.sync_plan(strategy_layouts(setup, [setup.scenario.strategy]), 0).buckets
     dp = [n for n in rank0 if n.kind == "coll" and n.pg.startswith("dp")]
     assert [n.bytes for n in dp] == pytest.approx(list(buckets.bytes))
+
+
+def test_the_pipeline_inside_each_replica(tmp_path):
+    """Rank order tp-cp-ep-pp-dp, tp 2 x pp 4 x dp 4: a replica is 8 consecutive ranks (tp
+    fastest, then the stages), so data-parallel peers are 8 apart and rank 2 (stage 1)
+    receives from rank 0 and sends to rank 4."""
+    _, graph, _, _ = _export(tmp_path, gpus=32, tp=2, pp=4, order="tp-cp-ep-pp-dp")
+    dp = {ranks for kind, ranks in graph.groups.values() if kind == "dp"}
+    assert (0, 8, 16, 24) in dp and (3, 11, 19, 27) in dp
+    assert {n.peer for n in graph.ranks[2] if n.kind == "recv"} == {0, 4}
+    assert {n.peer for n in graph.ranks[2] if n.kind == "send"} == {0, 4}
+    assert {n.peer for n in graph.ranks[0] if n.kind == "send"} == {2}
 
 
 def test_gzip_and_int_types_are_read(tmp_path):

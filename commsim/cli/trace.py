@@ -19,6 +19,7 @@ from commsim.cli.options import (
     InterleaveOpt,
     MicroBatchOpt,
     ModelOpt,
+    OrderOpt,
     PlacementOpt,
     PpOpt,
     RecomputeOpt,
@@ -186,6 +187,7 @@ def export_cmd(
     zero: ZeroOpt = None,
     recompute: RecomputeOpt = None,
     interleave: InterleaveOpt = None,
+    order: OrderOpt = None,
     json_out: terminal.JsonOpt = False,
 ) -> None:
     """Write the Chakra execution trace (one .et file per rank) of a layout's step."""
@@ -215,6 +217,7 @@ def export_cmd(
             zero=zero,
             recompute=recompute,
             interleave=interleave,
+            order=order,
         )
         graph, predicted = export_graph(setup)
         files = chakra_files(graph, graph.metadata)  # all built before any is written

@@ -5,8 +5,9 @@ step model schedules it, so a user without GPUs can feed other simulators.
   micro-batch's forward and backward, the last backward layer by layer, each gradient
   bucket's all-reduce waiting for the layer that makes it ready and for the bucket before
   it, then the optimizer. Its replay is the predicted step time.
-- Tensor x pipeline x data (x expert) parallelism, ZeRO 0-2: each stage's 1F1B (or
-  interleaved) op order (step.pipeline.stage_order); an op is a receive from the previous
+- Tensor x pipeline x data (x expert) parallelism, ZeRO 0-2, in either rank order: each
+  stage's 1F1B (or interleaved) op order (step.pipeline.stage_order); an op is a receive
+  from the previous
   stage, its compute, its tensor-parallel all-reduces (2 a block forward, Shoeybi et al.;
   twice that backward under full recomputation) and expert all-to-alls, each of the
   model's size (step.model.tp_bytes, ep_bytes) and price, then the send to the next stage
@@ -29,7 +30,7 @@ import numpy as np
 
 from commsim.scenario import Setup, check_layout
 from commsim.specs import SpecError, Strategy
-from commsim.step.layouts import Layouts
+from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.model import (
     ALL_TO_ALLS_FORWARD,
     TP_ALLREDUCES_FORWARD,
@@ -40,7 +41,7 @@ from commsim.step.model import (
 from commsim.step.pipeline import chunk_times, simulate
 from commsim.step.predict import predict, step_model, strategy_layouts
 from commsim.step.sync import allreduce_costs
-from commsim.topology.placement import PLACEMENTS
+from commsim.topology.placement import PLACEMENTS, rank_grid
 from commsim.traces.graph import Graph, Node
 
 
@@ -48,7 +49,6 @@ def _refuse(strategy: Strategy) -> None:
     for flag, bad in (
         ("--zero 3 / --fsdp", strategy.zero == 3),
         ("--cp", strategy.cp > 1),
-        ("--order", strategy.order != "tp-cp-ep-dp-pp"),
         ("tp_overlap", bool(strategy.tp_overlap)),
         ("--compression", strategy.compression != "none"),
         ("--algorithm ps", strategy.algorithm == "ps"),
@@ -58,33 +58,39 @@ def _refuse(strategy: Strategy) -> None:
 
 
 class _Ranks:
-    """Rank ids of every group kind (Megatron order under the layout's placement) and the
+    """Rank ids of every group kind (the layout's rank order: Megatron's tp-cp-ep-dp-pp or
+    tp-cp-ep-pp-dp, under its placement: rank r runs on the placement's r-th GPU) and the
     process groups named after them."""
 
     def __init__(self, model, L: Layouts, n: int):
         r = L.row(0)
         self.placement = PLACEMENTS.index(r["placement"])
-        order = model.groups.orders[r["placement"]]
-        self.rank_of_gpu = np.argsort(order)
+        self.order = RANK_ORDERS.index(r["order"])
+        self.rank_of_gpu = np.argsort(model.groups.orders[r["placement"]])
         self.shape = (r["tp"], r["dp"], r["pp"], r["ep"], r["cp"])
+        tp, dp, pp, _, cp = self.shape
+        self.grid = rank_grid(np.arange(n), r["order"], tp, cp, dp, pp)  # [stage, dp, cp, tp]
+        self.at = np.argwhere(self.grid >= 0)[np.argsort(self.grid.ravel())]  # rank -> index
         self.model, self.n = model, n
         self.groups: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.pg: dict[tuple[str, int], str] = {}  # (kind, rank) -> process group name
 
     def kind(self, kind: str) -> None:
         tp, dp, pp, ep, cp = self.shape
-        gpus = self.model.groups.members(self.placement, kind, tp, dp, pp, ep, cp)
+        gpus = self.model.groups.members(self.placement, kind, tp, dp, pp, ep, cp, 1, self.order)
         for j, row in enumerate(self.rank_of_gpu[gpus].tolist()):
             name = f"{kind}{j}"
             self.groups[name] = (kind, tuple(row))
             for rank in row:
                 self.pg[(kind, rank)] = name
 
+    def stage(self, rank: int) -> int:
+        return int(self.at[rank][0])
+
     def stage_rank(self, rank: int, stage: int) -> int:
-        """The rank at the same (dp, tp) position on another stage (Megatron order)."""
-        tp, dp, pp, ep, cp = self.shape
-        per_stage = self.n // pp
-        return stage * per_stage + rank % per_stage
+        """The rank at the same (dp, cp, tp) position on another stage."""
+        _, d, c, t = self.at[rank]
+        return int(self.grid[stage, d, c, t])
 
 
 def export_graph(setup: Setup, strategy: Strategy | None = None) -> tuple[Graph, float]:
@@ -158,7 +164,16 @@ def _bucket_ops(model, L: Layouts) -> list[tuple[str, float, float, bool]]:
     r = L.row(0)
     sync = model.dp.sync_plan(L, 0)
     placement = PLACEMENTS.index(r["placement"])
-    shape = (r["tp"], r["dp"], r["pp"], r["ep"], r["ps_shards"], r["cp"])
+    shape = (
+        r["tp"],
+        r["dp"],
+        r["pp"],
+        r["ep"],
+        r["ps_shards"],
+        r["cp"],
+        1,
+        RANK_ORDERS.index(r["order"]),
+    )
     asked: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
 
     def price(op, algorithm, sizes, expert):
@@ -214,7 +229,7 @@ def _pipeline_graph(model, L: Layouts, ranks: _Ranks) -> Graph:
     ops = simulate(p, m, v, t)
     graph = Graph({}, ranks.groups)
     for rank in range(ranks.n):
-        k = rank // (ranks.n // p)
+        k = ranks.stage(rank)
         mine = [o for o in ops if o.stage == k]
         graph.ranks[rank] = _stage_nodes(
             rank, k, mine, p, m, v, t, colls, full, send, sync, hidden, ranks
