@@ -88,6 +88,8 @@ def test_exported_layout_reads_back_the_same(tmp_path, layout):
         dict(interleave=4),
         dict(interleave=2, zero=1),
         dict(interleave=2, order="tp-cp-ep-pp-dp"),
+        dict(tp_overlap=True),
+        dict(tp_overlap=True, interleave=2),
     ],
 )
 def test_pipeline_export_replays_the_schedule_exactly(layout):
@@ -125,6 +127,42 @@ def test_node_counts_are_the_layouts_collectives(tmp_path):
     buckets = model.dp.sync_plan(strategy_layouts(setup, [setup.scenario.strategy]), 0).buckets
     dp = [n for n in rank0 if n.kind == "coll" and n.pg.startswith("dp")]
     assert [n.bytes for n in dp] == pytest.approx(list(buckets.bytes))
+
+
+def test_tp_overlap_runs_the_same_collectives_beside_the_compute(tmp_path):
+    """tp_overlap: the same tensor-parallel all-reduces (count, size, price), each chunk's
+    off the compute chain, waited for by the op's next node; read back the same."""
+    _, plain, _, _ = _export(tmp_path, gpus=16, tp=2, pp=2)
+    setup, graph, _, paths = _export(tmp_path, gpus=16, tp=2, pp=2, tp_overlap=True)
+    assert graph.counts()["coll all-reduce"] == plain.counts()["coll all-reduce"]
+    tp = [n for n in graph.ranks[0] if n.kind == "coll" and n.pg.startswith("tp")]
+    assert {(n.bytes, n.duration) for n in tp} == {
+        (n.bytes, n.duration) for n in plain.ranks[0] if n.kind == "coll" and n.pg.startswith("tp")
+    }
+    sends = [n for n in graph.ranks[0] if n.kind == "send"]
+    assert all(len(n.deps) == 2 for n in sends)  # the compute and the last all-reduce
+    assert replay(import_chakra(paths)).step_s == replay(graph).step_s
+
+
+def test_tp_overlap_where_the_all_reduces_outlast_the_op():
+    """Communication-bound (tp 8 across nodes): a forward's all-reduces outlast its compute
+    plus the exposed share the schedule gives it; the replay is longer than the schedule,
+    never shorter (README, Limits)."""
+    from commsim.step.pipeline import chunk_times, simulate
+    from commsim.step.predict import step_model, strategy_layouts
+
+    setup = setup_from_flags(
+        None,
+        **(LLAMA | dict(gpus=64, tp=8, pp=4, cluster="roce-3tier-3to1", placement="interleaved"))
+        | dict(tp_overlap=True),
+    )
+    graph, _ = export_graph(setup)
+    L = strategy_layouts(setup, [setup.scenario.strategy])
+    row = L.row(0)
+    t = chunk_times(row, step_model(setup).evaluate(L).row(0))
+    end = max(op.end for op in simulate(row["pp"], row["micro_batches"], row["interleave"], t))
+    schedule = end + t.dp_exposed + t.optimizer
+    assert t.tp_forward > 0 and replay(graph).step_s > schedule * (1 + 1e-6)
 
 
 def test_the_pipeline_inside_each_replica(tmp_path):

@@ -26,6 +26,7 @@ from commsim.cli.options import (
     ScenarioArg,
     SeqLenOpt,
     TpOpt,
+    TpOverlapOpt,
     ZeroOpt,
 )
 from commsim.report import terminal
@@ -188,6 +189,7 @@ def export_cmd(
     recompute: RecomputeOpt = None,
     interleave: InterleaveOpt = None,
     order: OrderOpt = None,
+    tp_overlap: TpOverlapOpt = None,
     json_out: terminal.JsonOpt = False,
 ) -> None:
     """Write the Chakra execution trace (one .et file per rank) of a layout's step."""
@@ -218,6 +220,7 @@ def export_cmd(
             recompute=recompute,
             interleave=interleave,
             order=order,
+            tp_overlap=tp_overlap,
         )
         graph, predicted = export_graph(setup)
         files = chakra_files(graph, graph.metadata)  # all built before any is written

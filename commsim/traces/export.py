@@ -20,8 +20,11 @@ step model schedules it, so a user without GPUs can feed other simulators.
   .pipeline_events); the closed form `predict` reports differs from it by the send
   accounting step.pipeline describes.
 
-Not exported (one line each): ZeRO-3/FSDP, context parallelism, tp_overlap, compression,
-the parameter-server algorithm.
+  With tp_overlap an op's tensor-parallel all-reduces run beside its compute (_Writer
+  .collectives), as late as the schedule's exposed time for them allows.
+
+Not exported (one line each): ZeRO-3/FSDP, context parallelism, compression, the
+parameter-server algorithm.
 """
 
 from __future__ import annotations
@@ -49,7 +52,6 @@ def _refuse(strategy: Strategy) -> None:
     for flag, bad in (
         ("--zero 3 / --fsdp", strategy.zero == 3),
         ("--cp", strategy.cp > 1),
-        ("tp_overlap", bool(strategy.tp_overlap)),
         ("--compression", strategy.compression != "none"),
         ("--algorithm ps", strategy.algorithm == "ps"),
     ):
@@ -199,7 +201,6 @@ def _pipeline_graph(model, L: Layouts, ranks: _Ranks) -> Graph:
     t = chunk_times(row, b)
     sh = model.shape
     blocks = float(model.compute(L).blocks[0]) / v
-    full = row["recompute"] == "full"
     for kind, on in (("tp", row["tp"] > 1), ("dp", row["dp"] > 1), ("ep", row["ep"] > 1)):
         if on:
             ranks.kind(kind)
@@ -225,15 +226,12 @@ def _pipeline_graph(model, L: Layouts, ranks: _Ranks) -> Graph:
             raise SpecError("--pp", "", f"{count:g} {op}s a chunk is not whole: not exported")
     send = float(send_bytes(L, sh)[0])
     sync = _bucket_ops(model, L)
-    hidden = t.dp_hidden
     ops = simulate(p, m, v, t)
     graph = Graph({}, ranks.groups)
     for rank in range(ranks.n):
         k = ranks.stage(rank)
         mine = [o for o in ops if o.stage == k]
-        graph.ranks[rank] = _stage_nodes(
-            rank, k, mine, p, m, v, t, colls, full, send, sync, hidden, ranks
-        )
+        graph.ranks[rank] = _stage_nodes(rank, k, mine, row, t, colls, send, sync, ranks)
     return graph
 
 
@@ -242,22 +240,15 @@ def _tag(kind: str, chunk: int, mb: int, m: int, v: int) -> int:
     return ((kind == "B") * v + chunk) * m + mb
 
 
-def _stage_nodes(rank, k, ops, p, m, v, t, colls, full, send, sync, hidden, ranks) -> list[Node]:
+def _stage_nodes(rank, k, ops, row, t, colls, send, sync, ranks) -> list[Node]:
     """One rank's chain (receive, compute, tp/ep collectives, send per op, each node ending
     when the schedule says), then its data-parallel sync from where it begins (_sync_start)
     and the optimizer."""
-    nodes: list[Node] = []
-    ends: list[float] = []  # each node's end in the schedule (step.pipeline.simulate)
-
-    def add(kind, name, duration, deps, end, **kw) -> int:
-        nodes.append(
-            Node(len(nodes), kind, name, duration, tuple(d for d in deps if d is not None), **kw)
-        )
-        ends.append(end)
-        return len(nodes) - 1
-
-    begin = ops[-1].end - hidden  # the sync's start: the model hides `hidden` before the end
-    last = None
+    p, m, v = row["pp"], row["micro_batches"], row["interleave"]
+    full, overlap = row["recompute"] == "full", bool(row["tp_overlap"])
+    w = _Writer()
+    begin = ops[-1].end - t.dp_hidden  # the sync's start: the model hides that before the end
+    last: tuple[int, ...] = ()
     pp_pg = "pp" if p > 1 else None
     for op in ops:
         kind, c, i = op.kind, op.chunk, op.mb
@@ -269,58 +260,81 @@ def _stage_nodes(rank, k, ops, p, m, v, t, colls, full, send, sync, hidden, rank
         pipe = dict(op="send-recv", bytes=send, pg=pp_pg)
         if src is not None:
             peer, tag = ranks.stage_rank(rank, src[0]), _tag(kind, c, i, m, v)
-            last = add(
-                "recv", f"recv {kind}{i}.{c}", 0.0, (last,), op.start, peer=peer, tag=tag, **pipe
+            last = w.add(
+                "recv", f"recv {kind}{i}.{c}", 0.0, last, op.start, peer=peer, tag=tag, **pipe
             )
         what = f"{'forward' if fwd else 'backward'} {i} chunk {c}"
-        compute = t.forward if fwd else t.backward
+        before, compute = last, t.forward if fwd else t.backward
         if op.start < begin < op.compute_end:  # the sync starts inside this compute
-            last = add("comp", f"{what} (before sync)", begin - op.start, (last,), begin)
+            last = w.add("comp", f"{what} (before sync)", begin - op.start, last, begin)
             compute -= begin - op.start
-        last = add("comp", what, compute, (last,), op.compute_end)
-        for op_name, size, seconds, group, count in colls:
-            for _ in range(int(round(count * (2 if full and not fwd else 1)))):
-                pg = ranks.pg[(group, rank)]
-                last = add(
-                    "coll",
-                    f"{group} {op_name}",
-                    seconds,
-                    (last,),
-                    ends[-1] + seconds,
-                    op=op_name,
-                    bytes=size,
-                    pg=pg,
-                )
+        last = w.add("comp", what, compute, last, op.compute_end)
+        runs = [
+            (op_name, size, seconds, group, ranks.pg[(group, rank)], group == "tp" and overlap)
+            for op_name, size, seconds, group, count in colls
+            for _ in range(int(round(count * (2 if full and not fwd else 1))))
+        ]
+        last = w.collectives(runs, before, last, op.start, op.tp_end)
         if dst is not None:
             peer, tag = ranks.stage_rank(rank, dst[0]), _tag(kind, dst[1], i, m, v)
-            last = add(
-                "send", f"send {kind}{i}.{c}", t.send, (last,), op.end, peer=peer, tag=tag, **pipe
+            last = w.add(
+                "send", f"send {kind}{i}.{c}", t.send, last, op.end, peer=peer, tag=tag, **pipe
             )
-    prev = _sync_start(nodes, ends, begin, add) if sync else None
+    prev = _sync_start(w, begin) if sync else ()
     for op_name, size, seconds, expert in sync:
-        group = "edp" if expert else "dp"
-        prev = add(
-            "coll",
-            f"dp {op_name}",
-            seconds,
-            (prev,),
-            0.0,
-            op=op_name,
-            bytes=size,
-            pg=ranks.pg[(group, rank)],
-        )
-    add("comp", "optimizer", t.optimizer, (last, prev), 0.0)
-    return nodes
+        pg = ranks.pg[("edp" if expert else "dp", rank)]
+        prev = w.add("coll", f"dp {op_name}", seconds, prev, 0.0, op=op_name, bytes=size, pg=pg)
+    w.add("comp", "optimizer", t.optimizer, (*last, *prev), 0.0)
+    return w.nodes
 
 
-def _sync_start(nodes: list[Node], ends: list[float], begin: float, add) -> int:
+class _Writer:
+    """One rank's nodes as they are added, each with its end in the schedule."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.ends: list[float] = []  # each node's end in the schedule (step.pipeline.simulate)
+
+    def add(self, kind, name, duration, deps, end, **kw) -> tuple[int]:
+        self.nodes.append(Node(len(self.nodes), kind, name, duration, tuple(deps), **kw))
+        self.ends.append(end)
+        return (len(self.nodes) - 1,)
+
+    def collectives(self, runs, before, last, start: float, tp_end: float) -> tuple[int, ...]:
+        """An op's collectives after its compute (`last`), one after another; with tp_overlap
+        its tensor-parallel ones beside the compute instead, from the op's `start` (after
+        `before`), as late as the schedule's exposed time for them allows (an idle node
+        first): the op's next node waits for both (see README, Limits, where they outlast
+        it)."""
+        beside = [r for r in runs if r[5]]
+        after = sum(r[2] for r in runs if not r[5])
+        if beside:
+            lead = tp_end - after - start - sum(r[2] for r in beside)
+            branch, now = before, start + max(lead, 0.0)
+            if lead > 0:
+                branch = self.add("comp", "idle (tp all-reduces under compute)", lead, before, now)
+            for op_name, size, seconds, group, pg, _ in beside:
+                now += seconds
+                kw = dict(op=op_name, bytes=size, pg=pg)
+                branch = self.add("coll", f"{group} {op_name}", seconds, branch, now, **kw)
+            last = (*last, *branch)
+        now = tp_end - after
+        for op_name, size, seconds, group, pg, _ in (r for r in runs if not r[5]):
+            now += seconds
+            kw = dict(op=op_name, bytes=size, pg=pg)
+            last = self.add("coll", f"{group} {op_name}", seconds, last, now, **kw)
+        return last
+
+
+def _sync_start(w: _Writer, begin: float) -> tuple[int, ...]:
     """The node the sync's first collective waits for: the last that ends by `begin`, and,
     where it ends earlier (the sync starts inside a collective, a send or an idle stretch:
     interleaved schedules hide the sync across several chunks' backwards), a wait for the
     rest, so the sync starts when the schedule has it start."""
     eps = 1e-12 * max(abs(begin), 1.0)
-    anchor = max((j for j, e in enumerate(ends) if e <= begin + eps), default=None)
-    start = 0.0 if anchor is None else ends[anchor]
-    if begin - start <= eps:
-        return anchor
-    return add("comp", "idle (until the sync starts)", begin - start, (anchor,), begin)
+    anchor = max((j for j, e in enumerate(w.ends) if e <= begin + eps), default=None)
+    if anchor is None:
+        return w.add("comp", "idle (until the sync starts)", begin, (), begin)
+    if begin - w.ends[anchor] <= eps:
+        return (anchor,)
+    return w.add("comp", "idle (until the sync starts)", begin - w.ends[anchor], (anchor,), begin)
