@@ -165,6 +165,52 @@ def test_tp_overlap_where_the_all_reduces_outlast_the_op():
     assert t.tp_forward > 0 and replay(graph).step_s > schedule * (1 + 1e-6)
 
 
+@pytest.mark.parametrize("layout", [dict(tp=2), dict(), dict(tp=2, overlap=False)])
+def test_zero3_one_stage_replays_predict_exactly(tmp_path, layout):
+    """ZeRO-3 on one stage, where compute hides the prefetched gathers (and without
+    overlap, where nothing hides): the unit graph replays step.fsdp's closed form exactly:
+    2 first gathers and the last reduce-scatter a micro-batch exposed, or all of it; the
+    same re-priced and read back from the files."""
+    setup, graph, step, paths = _export(tmp_path, gpus=8, global_batch=16, zero=3, **layout)
+    written = replay(graph).step_s
+    assert written == pytest.approx(step, rel=1e-12)
+    back = import_chakra(paths)
+    assert replay(back).step_s == written
+    s = setup.scenario.strategy
+    priced = ClusterPricer(back, setup.cluster, setup.n_gpus, s.algorithm, s.placement)
+    assert replay(back, priced).step_s == pytest.approx(written, rel=1e-12)
+
+
+def test_zero3_node_counts_by_hand(tmp_path):
+    """Llama 2 7B, tp 2 x dp 4, ZeRO-3, 4 micro-batches of 32 blocks: per micro-batch 32
+    units gathered forward and backward plus the end layers each way, 32 reduce-scatters,
+    each of a unit's parameters per GPU (bf16 gathered, fp32 gradients) on its dp group."""
+    setup, graph, _, _ = _export(tmp_path, gpus=8, tp=2, global_batch=16, zero=3)
+    rank0 = graph.ranks[0]
+    z3 = [n for n in rank0 if n.name.startswith("zero3")]
+    gathers = [n for n in z3 if n.op == "all-gather" and "unit" in n.name]
+    scatters = [n for n in z3 if n.op == "reduce-scatter"]
+    assert (len(gathers), len(scatters)) == (4 * 2 * 32, 4 * 32)
+    assert sum("end layers" in n.name for n in z3) == 4 * 2
+    block = setup.workload.layers[1].params  # block 0 (after the embedding)
+    assert gathers[0].bytes == block / 2 * 2 and scatters[0].bytes == block / 2 * 4
+    assert {n.pg for n in z3} == {"dp0"} and graph.groups["dp0"] == ("dp", (0, 2, 4, 6))
+
+
+def test_zero3_where_the_stream_is_busier_than_the_units():
+    """Gathers and reduce-scatters outlast the units' compute (10 GbE): the unit graph
+    replays at most the closed form (which charges a gather and a reduce-scatter under
+    every backward unit but the first; the last has no gather left to hide) and at least
+    the ZeRO-3 traffic itself."""
+    setup = setup_from_flags(
+        None, **(LLAMA | dict(gpus=16, cluster="ethernet-10g", global_batch=16, zero=3))
+    )
+    graph, step = export_graph(setup)
+    written = replay(graph).step_s
+    traffic = sum(n.duration for n in graph.ranks[0] if n.name.startswith("zero3"))
+    assert traffic < written <= step
+
+
 def test_the_pipeline_inside_each_replica(tmp_path):
     """Rank order tp-cp-ep-pp-dp, tp 2 x pp 4 x dp 4: a replica is 8 consecutive ranks (tp
     fastest, then the stages), so data-parallel peers are 8 apart and rank 2 (stage 1)

@@ -23,11 +23,18 @@ step model schedules it, so a user without GPUs can feed other simulators.
   With tp_overlap an op's tensor-parallel all-reduces run beside its compute (_Writer
   .collectives), as late as the schedule's exposed time for them allows.
 
-Not exported (one line each): ZeRO-3/FSDP, context parallelism, compression, the
-parameter-server algorithm.
+  ZeRO-3 / FSDP: each op's compute as its chunk's units with their gathers and reduce-
+  scatters (_Writer.units, as step.fsdp runs them); its replay follows those units, not
+  the schedule (which has no ZeRO-3 inside its ops): on one stage it is `predict`'s step
+  where compute hides the gathers, or nothing is overlapped.
+
+Not exported (one line each): context parallelism, ZeRO-3 of expert parameters, hybrid
+sharding, compression, the parameter-server algorithm.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,14 +50,14 @@ from commsim.step.model import (
 )
 from commsim.step.pipeline import chunk_times, simulate
 from commsim.step.predict import predict, step_model, strategy_layouts
-from commsim.step.sync import allreduce_costs
+from commsim.step.sync import PARAM_WIRE_BYTES, allreduce_costs
 from commsim.topology.placement import PLACEMENTS, rank_grid
 from commsim.traces.graph import Graph, Node
 
 
 def _refuse(strategy: Strategy) -> None:
     for flag, bad in (
-        ("--zero 3 / --fsdp", strategy.zero == 3),
+        ("--fsdp-shard", strategy.zero == 3 and bool(strategy.fsdp_shard)),
         ("--cp", strategy.cp > 1),
         ("--compression", strategy.compression != "none"),
         ("--algorithm ps", strategy.algorithm == "ps"),
@@ -226,13 +233,50 @@ def _pipeline_graph(model, L: Layouts, ranks: _Ranks) -> Graph:
             raise SpecError("--pp", "", f"{count:g} {op}s a chunk is not whole: not exported")
     send = float(send_bytes(L, sh)[0])
     sync = _bucket_ops(model, L)
+    z3 = _zero3(model, L, blocks) if row["zero"] == 3 and row["dp"] > 1 else None
     ops = simulate(p, m, v, t)
     graph = Graph({}, ranks.groups)
     for rank in range(ranks.n):
         k = ranks.stage(rank)
         mine = [o for o in ops if o.stage == k]
-        graph.ranks[rank] = _stage_nodes(rank, k, mine, row, t, colls, send, sync, ranks)
+        stage = _stage_nodes(rank, k, mine, row, t, colls, send, sync, ranks, z3)
+        graph.ranks[rank] = stage
     return graph
+
+
+@dataclass(frozen=True)
+class _Zero3:
+    """A chunk's ZeRO-3 units (step.fsdp): each gathers its parameters before its forward
+    and its backward and reduce-scatters its gradients after its backward; one stage
+    (pp 1) gathers the end layers with its first unit. (op, bytes, seconds) of each."""
+
+    units: int
+    gather: tuple[str, float, float]
+    scatter: tuple[str, float, float]
+    ends: tuple[str, float, float] | None
+    overlap: bool
+
+
+def _zero3(model, L: Layouts, blocks: float) -> _Zero3:
+    """A dense model's ZeRO-3 units, sized and priced as step.fsdp does."""
+    sh, r = model.shape, L.row(0)
+    if sh.expert_params:
+        raise SpecError("--zero 3", "", "ZeRO-3 of expert parameters: not exported to Chakra")
+    if abs(blocks - round(blocks)) > 1e-9 or blocks < 1:
+        raise SpecError("--zero 3", "", f"{blocks:g} ZeRO-3 units a chunk: not exported")
+
+    def priced(op: str, nbytes: float) -> tuple[str, float, float]:
+        return op, nbytes, float(model.groups.price(op, "dp", L, np.array([nbytes]))[0])
+
+    unit = sh.block_params / r["tp"]  # parameters per GPU of one block (a unit)
+    ends = (sh.pre_params + sh.post_params) / r["tp"] if r["pp"] == 1 else 0.0
+    return _Zero3(
+        int(round(blocks)),
+        priced("all-gather", unit * PARAM_WIRE_BYTES),
+        priced("reduce-scatter", unit * float(L.grad_bytes[0])),
+        priced("all-gather", ends * PARAM_WIRE_BYTES) if ends else None,
+        bool(r["overlap"]),
+    )
 
 
 def _tag(kind: str, chunk: int, mb: int, m: int, v: int) -> int:
@@ -240,7 +284,7 @@ def _tag(kind: str, chunk: int, mb: int, m: int, v: int) -> int:
     return ((kind == "B") * v + chunk) * m + mb
 
 
-def _stage_nodes(rank, k, ops, row, t, colls, send, sync, ranks) -> list[Node]:
+def _stage_nodes(rank, k, ops, row, t, colls, send, sync, ranks, z3=None) -> list[Node]:
     """One rank's chain (receive, compute, tp/ep collectives, send per op, each node ending
     when the schedule says), then its data-parallel sync from where it begins (_sync_start)
     and the optimizer."""
@@ -265,10 +309,13 @@ def _stage_nodes(rank, k, ops, row, t, colls, send, sync, ranks) -> list[Node]:
             )
         what = f"{'forward' if fwd else 'backward'} {i} chunk {c}"
         before, compute = last, t.forward if fwd else t.backward
-        if op.start < begin < op.compute_end:  # the sync starts inside this compute
-            last = w.add("comp", f"{what} (before sync)", begin - op.start, last, begin)
-            compute -= begin - op.start
-        last = w.add("comp", what, compute, last, op.compute_end)
+        if z3 is not None:
+            last = w.units(what, fwd, compute, z3, ranks.pg[("dp", rank)], last)
+        else:
+            if op.start < begin < op.compute_end:  # the sync starts inside this compute
+                last = w.add("comp", f"{what} (before sync)", begin - op.start, last, begin)
+                compute -= begin - op.start
+            last = w.add("comp", what, compute, last, op.compute_end)
         runs = [
             (op_name, size, seconds, group, ranks.pg[(group, rank)], group == "tp" and overlap)
             for op_name, size, seconds, group, count in colls
@@ -294,6 +341,49 @@ class _Writer:
     def __init__(self) -> None:
         self.nodes: list[Node] = []
         self.ends: list[float] = []  # each node's end in the schedule (step.pipeline.simulate)
+        self.stream: tuple[int, ...] = ()  # the last ZeRO-3 collective (one stream, in order)
+
+    def units(self, what, fwd: bool, compute: float, z3: _Zero3, pg: str, before):
+        """An op's compute as ZeRO-3 units of equal compute (step.fsdp): unit j waits for
+        its gather and unit j - 1; with overlap the gather of unit j + 1 is issued when
+        unit j starts (after unit j - 1), else after unit j (and its reduce-scatter); each
+        backward unit's reduce-scatter follows it; the op ends with its last unit and, in
+        backward, that unit's reduce-scatter. The schedule has no ZeRO-3 inside its ops, so
+        their `ends` are 0 (only the ZeRO 0-2 sync's start reads them)."""
+        side = "forward" if fwd else "backward"
+
+        def coll(name, spec, deps):
+            op, nbytes, seconds = spec
+            self.stream = self.add(
+                "coll",
+                f"zero3 {name}",
+                seconds,
+                (*deps, *self.stream),
+                0.0,
+                op=op,
+                bytes=nbytes,
+                pg=pg,
+            )
+            return self.stream
+
+        if z3.ends is not None:
+            coll(f"all-gather end layers ({side})", z3.ends, before)
+        gathers = {0: coll(f"all-gather unit 0 ({side})", z3.gather, before)}
+        previous, unit, scatter = before, (), ()
+        for j in range(z3.units):
+            if z3.overlap and j + 1 < z3.units:  # prefetched when unit j starts
+                gathers[j + 1] = coll(f"all-gather unit {j + 1} ({side})", z3.gather, previous)
+            unit = self.add(
+                "comp", f"{what} unit {j}", compute / z3.units, (*previous, *gathers[j]), 0.0
+            )
+            if not fwd:
+                scatter = coll(f"reduce-scatter unit {j}", z3.scatter, unit)
+            if not z3.overlap and j + 1 < z3.units:
+                gathers[j + 1] = coll(
+                    f"all-gather unit {j + 1} ({side})", z3.gather, (*unit, *scatter)
+                )
+            previous = unit
+        return (*unit, *scatter)
 
     def add(self, kind, name, duration, deps, end, **kw) -> tuple[int]:
         self.nodes.append(Node(len(self.nodes), kind, name, duration, tuple(deps), **kw))
