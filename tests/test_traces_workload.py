@@ -186,3 +186,17 @@ def test_harness_traces_give_the_workload(tmp_path):
     assert w.optimizer_s > 0 and w.micro_batches == 1 and t["traced_gpus"] == 2
     assert not any("is it the model traced" in a for a in t["assumed"])
     assert pred["forward_s"] + pred["backward_s"] == pytest.approx(w.compute_s, rel=1e-12)
+    # the kernel classes split the busy time: the MLP's GEMMs (aten::addmm/mm) and the rest
+    from commsim.traces.intervals import measure
+    from commsim.traces.kineto import read_kineto
+
+    t = read_kineto(sorted((tmp_path / "prof").glob("*-rank*.json"))[0])
+    parts = {c: measure(v) for c, v in t.classes.items()}
+    assert parts["gemm"] > parts["other"] > 0 and parts["attention"] == 0
+    assert sum(parts.values()) == pytest.approx(measure(t.compute), rel=1e-9)
+    paths = [str(p) for p in sorted((tmp_path / "prof").glob("*-rank*.json"))]
+    scenario = ["--scenario", str(tmp_path / "s.yaml"), "--json"]
+    kernels = runner.invoke(app, ["trace", "kernels", *paths, *scenario])
+    assert kernels.exit_code == 0, kernels.output
+    gemm = json.loads(kernels.output)["classes"][0]
+    assert gemm["class"] == "gemm" and 0 < gemm["fitted"] < gemm["catalog"]

@@ -30,13 +30,13 @@ from commsim.cli.options import (
     TpOverlapOpt,
     ZeroOpt,
 )
+from commsim.cli.trace_kernels import Traces, kernels_cmd
 from commsim.report import terminal
 
 if TYPE_CHECKING:
     from commsim.traces.graph import Graph
 
 trace_app = typer.Typer(no_args_is_help=True, help="Profiler and Chakra traces in and out.")
-Traces = Annotated[list[str], typer.Argument(help="One torch.profiler trace (JSON) per rank.")]
 StepOpt = Annotated[int | None, typer.Option(help="ProfilerStep number (default: the median).")]
 ProfOpt = Annotated[str | None, typer.Option("--profile", help="Calibration profile YAML.")]
 
@@ -305,3 +305,6 @@ def calibrate_cmd(
         append_records(out, records)
     points = sum(r["kind"] == "collective" for r in records)
     terminal.err_console.print(f"{points} measured collectives appended to {out}")
+
+
+trace_app.command("kernels")(kernels_cmd)
