@@ -45,6 +45,15 @@ def _export(tmp_path, **kw):
     return setup, graph, step, paths
 
 
+def _reads_back_the_same(setup, paths, written):
+    """The files replay the step exactly as recorded, and re-priced on the same cluster."""
+    back = import_chakra(paths)
+    assert replay(back).step_s == written
+    s = setup.scenario.strategy
+    priced = ClusterPricer(back, setup.cluster, setup.n_gpus, s.algorithm, s.placement)
+    assert replay(back, priced).step_s == pytest.approx(written, rel=1e-12)
+
+
 MOE = dict(model="mixtral-8x7b", cluster="dgx-h100-ib", gpus=16, tp=2, pp=2, ep=2)
 
 
@@ -174,11 +183,7 @@ def test_zero3_one_stage_replays_predict_exactly(tmp_path, layout):
     setup, graph, step, paths = _export(tmp_path, gpus=8, global_batch=16, zero=3, **layout)
     written = replay(graph).step_s
     assert written == pytest.approx(step, rel=1e-12)
-    back = import_chakra(paths)
-    assert replay(back).step_s == written
-    s = setup.scenario.strategy
-    priced = ClusterPricer(back, setup.cluster, setup.n_gpus, s.algorithm, s.placement)
-    assert replay(back, priced).step_s == pytest.approx(written, rel=1e-12)
+    _reads_back_the_same(setup, paths, written)
 
 
 def test_zero3_node_counts_by_hand(tmp_path):
@@ -209,6 +214,44 @@ def test_zero3_where_the_stream_is_busier_than_the_units():
     written = replay(graph).step_s
     traffic = sum(n.duration for n in graph.ranks[0] if n.name.startswith("zero3"))
     assert traffic < written <= step
+
+
+CP = dict(global_batch=16, seq_len=4096)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(gpus=8, cp=2),
+        dict(gpus=16, cp=4, tp=2, global_batch=2),
+        dict(gpus=8, cp=2, recompute="selective"),
+        dict(gpus=8, cp=4, seq_len=8192, cluster="pcie-4gpu", global_batch=2),  # ring shows
+    ],
+)
+def test_context_parallel_one_stage_replays_predict_exactly(tmp_path, layout):
+    """Ring attention on one stage: per block cp - 1 steps of max(transfer, attention
+    share), the step model's closed form, exactly; re-priced and read back the same."""
+    setup, graph, step, paths = _export(tmp_path, **(CP | layout))
+    written = replay(graph).step_s
+    assert written == pytest.approx(step, rel=1e-12)
+    if "cluster" in layout:
+        from commsim.step.predict import predict
+
+        assert predict(setup).to_dict()["cp_comm_s"] > 0.02 * step
+    _reads_back_the_same(setup, paths, written)
+
+
+def test_context_parallel_node_counts_by_hand(tmp_path):
+    """Llama 2 7B, cp 2 x dp 4, 4 micro-batches of 32 blocks: a ring step a block, one
+    K/V send forward, two backward (K/V, then their gradients), each b s / cp x 2 x 32 kv
+    heads x 128 x 2 bytes, to the other rank of the cp group (ranks 0 and 1: cp after tp)."""
+    _, graph, _, _ = _export(tmp_path, gpus=8, cp=2, **CP)
+    rank0 = graph.ranks[0]
+    sends = [n for n in rank0 if n.kind == "send"]
+    recvs = [n for n in rank0 if n.kind == "recv"]
+    assert len(sends) == len(recvs) == 4 * 32 * (1 + 2)
+    assert {n.bytes for n in sends} == {4096 / 2 * 2 * 32 * 128 * 2}
+    assert {n.peer for n in sends + recvs} == {1} and graph.groups["cp0"] == ("cp", (0, 1))
 
 
 def test_the_pipeline_inside_each_replica(tmp_path):

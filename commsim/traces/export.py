@@ -20,21 +20,23 @@ step model schedules it, so a user without GPUs can feed other simulators.
   .pipeline_events); the closed form `predict` reports differs from it by the send
   accounting step.pipeline describes.
 
-  With tp_overlap an op's tensor-parallel all-reduces run beside its compute (_Writer
+  With tp_overlap an op's tensor-parallel all-reduces run beside its compute (Writer
   .collectives), as late as the schedule's exposed time for them allows.
 
   ZeRO-3 / FSDP: each op's compute as its chunk's units with their gathers and reduce-
-  scatters (_Writer.units, as step.fsdp runs them); its replay follows those units, not
+  scatters (Writer.units, as step.fsdp runs them); its replay follows those units, not
   the schedule (which has no ZeRO-3 inside its ops): on one stage it is `predict`'s step
   where compute hides the gathers, or nothing is overlapped.
 
-Not exported (one line each): context parallelism, ZeRO-3 of expert parameters, hybrid
-sharding, compression, the parameter-server algorithm.
+  Context parallelism: each op's compute as its chunk's blocks with their ring-attention
+  steps (Writer.ring, as step.model._context_parallel prices them); on one stage its
+  replay is `predict`'s step.
+
+Not exported (one line each): context parallelism with full recomputation or ZeRO-3,
+ZeRO-3 of expert parameters, hybrid sharding, compression, the parameter-server algorithm.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -44,6 +46,7 @@ from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.model import (
     ALL_TO_ALLS_FORWARD,
     TP_ALLREDUCES_FORWARD,
+    cp_bytes,
     ep_bytes,
     send_bytes,
     tp_bytes,
@@ -53,12 +56,14 @@ from commsim.step.predict import predict, step_model, strategy_layouts
 from commsim.step.sync import PARAM_WIRE_BYTES, allreduce_costs
 from commsim.topology.placement import PLACEMENTS, rank_grid
 from commsim.traces.graph import Graph, Node
+from commsim.traces.writer import Ring, Writer, Zero3, sync_start
 
 
 def _refuse(strategy: Strategy) -> None:
     for flag, bad in (
         ("--fsdp-shard", strategy.zero == 3 and bool(strategy.fsdp_shard)),
-        ("--cp", strategy.cp > 1),
+        ("--cp with --recompute full", strategy.cp > 1 and strategy.recompute == "full"),
+        ("--cp with --zero 3", strategy.cp > 1 and strategy.zero == 3),
         ("--compression", strategy.compression != "none"),
         ("--algorithm ps", strategy.algorithm == "ps"),
     ):
@@ -208,8 +213,9 @@ def _pipeline_graph(model, L: Layouts, ranks: _Ranks) -> Graph:
     t = chunk_times(row, b)
     sh = model.shape
     blocks = float(model.compute(L).blocks[0]) / v
-    for kind, on in (("tp", row["tp"] > 1), ("dp", row["dp"] > 1), ("ep", row["ep"] > 1)):
-        if on:
+    on = (("tp", row["tp"]), ("dp", row["dp"] * row["cp"]), ("ep", row["ep"]), ("cp", row["cp"]))
+    for kind, n in on:
+        if n > 1:
             ranks.kind(kind)
     if row["ep"] > 1 and row["dp"] // row["ep"] > 1:
         ranks.kind("edp")
@@ -234,30 +240,28 @@ def _pipeline_graph(model, L: Layouts, ranks: _Ranks) -> Graph:
     send = float(send_bytes(L, sh)[0])
     sync = _bucket_ops(model, L)
     z3 = _zero3(model, L, blocks) if row["zero"] == 3 and row["dp"] > 1 else None
+    ring = _ring(model, L, blocks) if row["cp"] > 1 else None
     ops = simulate(p, m, v, t)
     graph = Graph({}, ranks.groups)
     for rank in range(ranks.n):
         k = ranks.stage(rank)
         mine = [o for o in ops if o.stage == k]
-        stage = _stage_nodes(rank, k, mine, row, t, colls, send, sync, ranks, z3)
+        stage = _stage_nodes(rank, k, mine, row, t, colls, send, sync, ranks, z3 or ring)
         graph.ranks[rank] = stage
     return graph
 
 
-@dataclass(frozen=True)
-class _Zero3:
-    """A chunk's ZeRO-3 units (step.fsdp): each gathers its parameters before its forward
-    and its backward and reduce-scatters its gradients after its backward; one stage
-    (pp 1) gathers the end layers with its first unit. (op, bytes, seconds) of each."""
-
-    units: int
-    gather: tuple[str, float, float]
-    scatter: tuple[str, float, float]
-    ends: tuple[str, float, float] | None
-    overlap: bool
+def _ring(model, L: Layouts, blocks: float) -> Ring:
+    """The ring of a layout, sized and priced as the step model does."""
+    if abs(blocks - round(blocks)) > 1e-9 or blocks < 1:
+        raise SpecError("--cp", "", f"{blocks:g} blocks a chunk: not exported")
+    nbytes = float(cp_bytes(L, model.shape, model.workload.arch)[0])
+    step = float(model.groups.price("send-recv", "cp", L, np.array([nbytes]))[0])
+    core = float(model.compute(L).core_fwd[0]) / int(L.cp[0])
+    return Ring(int(round(blocks)), nbytes, step, core, int(L.cp[0]))
 
 
-def _zero3(model, L: Layouts, blocks: float) -> _Zero3:
+def _zero3(model, L: Layouts, blocks: float) -> Zero3:
     """A dense model's ZeRO-3 units, sized and priced as step.fsdp does."""
     sh, r = model.shape, L.row(0)
     if sh.expert_params:
@@ -270,7 +274,7 @@ def _zero3(model, L: Layouts, blocks: float) -> _Zero3:
 
     unit = sh.block_params / r["tp"]  # parameters per GPU of one block (a unit)
     ends = (sh.pre_params + sh.post_params) / r["tp"] if r["pp"] == 1 else 0.0
-    return _Zero3(
+    return Zero3(
         int(round(blocks)),
         priced("all-gather", unit * PARAM_WIRE_BYTES),
         priced("reduce-scatter", unit * float(L.grad_bytes[0])),
@@ -284,13 +288,13 @@ def _tag(kind: str, chunk: int, mb: int, m: int, v: int) -> int:
     return ((kind == "B") * v + chunk) * m + mb
 
 
-def _stage_nodes(rank, k, ops, row, t, colls, send, sync, ranks, z3=None) -> list[Node]:
+def _stage_nodes(rank, k, ops, row, t, colls, send, sync, ranks, split=None) -> list[Node]:
     """One rank's chain (receive, compute, tp/ep collectives, send per op, each node ending
-    when the schedule says), then its data-parallel sync from where it begins (_sync_start)
+    when the schedule says), then its data-parallel sync from where it begins (sync_start)
     and the optimizer."""
     p, m, v = row["pp"], row["micro_batches"], row["interleave"]
     full, overlap = row["recompute"] == "full", bool(row["tp_overlap"])
-    w = _Writer()
+    w = Writer()
     begin = ops[-1].end - t.dp_hidden  # the sync's start: the model hides that before the end
     last: tuple[int, ...] = ()
     pp_pg = "pp" if p > 1 else None
@@ -305,17 +309,26 @@ def _stage_nodes(rank, k, ops, row, t, colls, send, sync, ranks, z3=None) -> lis
         if src is not None:
             peer, tag = ranks.stage_rank(rank, src[0]), _tag(kind, c, i, m, v)
             last = w.add(
-                "recv", f"recv {kind}{i}.{c}", 0.0, last, op.start, peer=peer, tag=tag, **pipe
+                "recv",
+                f"recv {kind}{i}.{c}",
+                0.0,
+                last,
+                w.landed(last, op.start),
+                peer=peer,
+                tag=tag,
+                **pipe,
             )
         what = f"{'forward' if fwd else 'backward'} {i} chunk {c}"
         before, compute = last, t.forward if fwd else t.backward
-        if z3 is not None:
-            last = w.units(what, fwd, compute, z3, ranks.pg[("dp", rank)], last)
+        if isinstance(split, Ring):
+            last = w.ring(what, fwd, compute, split, ranks, rank, last)
+        elif split is not None:  # ZeRO-3's units
+            last = w.units(what, fwd, compute, split, ranks.pg[("dp", rank)], last)
         else:
             if op.start < begin < op.compute_end:  # the sync starts inside this compute
-                last = w.add("comp", f"{what} (before sync)", begin - op.start, last, begin)
+                last = w.add("comp", f"{what} (before sync)", begin - op.start, last)
                 compute -= begin - op.start
-            last = w.add("comp", what, compute, last, op.compute_end)
+            last = w.add("comp", what, compute, last)
         runs = [
             (op_name, size, seconds, group, ranks.pg[(group, rank)], group == "tp" and overlap)
             for op_name, size, seconds, group, count in colls
@@ -324,107 +337,12 @@ def _stage_nodes(rank, k, ops, row, t, colls, send, sync, ranks, z3=None) -> lis
         last = w.collectives(runs, before, last, op.start, op.tp_end)
         if dst is not None:
             peer, tag = ranks.stage_rank(rank, dst[0]), _tag(kind, dst[1], i, m, v)
-            last = w.add(
-                "send", f"send {kind}{i}.{c}", t.send, last, op.end, peer=peer, tag=tag, **pipe
-            )
-    prev = _sync_start(w, begin) if sync else ()
+            last = w.add("send", f"send {kind}{i}.{c}", t.send, last, peer=peer, tag=tag, **pipe)
+    # where the ops ran as the schedule says, this is `begin`; with ring attention or ZeRO-3
+    # units inside them, the hidden part before their own end
+    prev = sync_start(w, w.landed(last) - t.dp_hidden) if sync else ()
     for op_name, size, seconds, expert in sync:
         pg = ranks.pg[("edp" if expert else "dp", rank)]
-        prev = w.add("coll", f"dp {op_name}", seconds, prev, 0.0, op=op_name, bytes=size, pg=pg)
-    w.add("comp", "optimizer", t.optimizer, (*last, *prev), 0.0)
+        prev = w.add("coll", f"dp {op_name}", seconds, prev, op=op_name, bytes=size, pg=pg)
+    w.add("comp", "optimizer", t.optimizer, (*last, *prev))
     return w.nodes
-
-
-class _Writer:
-    """One rank's nodes as they are added, each with its end in the schedule."""
-
-    def __init__(self) -> None:
-        self.nodes: list[Node] = []
-        self.ends: list[float] = []  # each node's end in the schedule (step.pipeline.simulate)
-        self.stream: tuple[int, ...] = ()  # the last ZeRO-3 collective (one stream, in order)
-
-    def units(self, what, fwd: bool, compute: float, z3: _Zero3, pg: str, before):
-        """An op's compute as ZeRO-3 units of equal compute (step.fsdp): unit j waits for
-        its gather and unit j - 1; with overlap the gather of unit j + 1 is issued when
-        unit j starts (after unit j - 1), else after unit j (and its reduce-scatter); each
-        backward unit's reduce-scatter follows it; the op ends with its last unit and, in
-        backward, that unit's reduce-scatter. The schedule has no ZeRO-3 inside its ops, so
-        their `ends` are 0 (only the ZeRO 0-2 sync's start reads them)."""
-        side = "forward" if fwd else "backward"
-
-        def coll(name, spec, deps):
-            op, nbytes, seconds = spec
-            self.stream = self.add(
-                "coll",
-                f"zero3 {name}",
-                seconds,
-                (*deps, *self.stream),
-                0.0,
-                op=op,
-                bytes=nbytes,
-                pg=pg,
-            )
-            return self.stream
-
-        if z3.ends is not None:
-            coll(f"all-gather end layers ({side})", z3.ends, before)
-        gathers = {0: coll(f"all-gather unit 0 ({side})", z3.gather, before)}
-        previous, unit, scatter = before, (), ()
-        for j in range(z3.units):
-            if z3.overlap and j + 1 < z3.units:  # prefetched when unit j starts
-                gathers[j + 1] = coll(f"all-gather unit {j + 1} ({side})", z3.gather, previous)
-            unit = self.add(
-                "comp", f"{what} unit {j}", compute / z3.units, (*previous, *gathers[j]), 0.0
-            )
-            if not fwd:
-                scatter = coll(f"reduce-scatter unit {j}", z3.scatter, unit)
-            if not z3.overlap and j + 1 < z3.units:
-                gathers[j + 1] = coll(
-                    f"all-gather unit {j + 1} ({side})", z3.gather, (*unit, *scatter)
-                )
-            previous = unit
-        return (*unit, *scatter)
-
-    def add(self, kind, name, duration, deps, end, **kw) -> tuple[int]:
-        self.nodes.append(Node(len(self.nodes), kind, name, duration, tuple(deps), **kw))
-        self.ends.append(end)
-        return (len(self.nodes) - 1,)
-
-    def collectives(self, runs, before, last, start: float, tp_end: float) -> tuple[int, ...]:
-        """An op's collectives after its compute (`last`), one after another; with tp_overlap
-        its tensor-parallel ones beside the compute instead, from the op's `start` (after
-        `before`), as late as the schedule's exposed time for them allows (an idle node
-        first): the op's next node waits for both (see README, Limits, where they outlast
-        it)."""
-        beside = [r for r in runs if r[5]]
-        after = sum(r[2] for r in runs if not r[5])
-        if beside:
-            lead = tp_end - after - start - sum(r[2] for r in beside)
-            branch, now = before, start + max(lead, 0.0)
-            if lead > 0:
-                branch = self.add("comp", "idle (tp all-reduces under compute)", lead, before, now)
-            for op_name, size, seconds, group, pg, _ in beside:
-                now += seconds
-                kw = dict(op=op_name, bytes=size, pg=pg)
-                branch = self.add("coll", f"{group} {op_name}", seconds, branch, now, **kw)
-            last = (*last, *branch)
-        now = tp_end - after
-        for op_name, size, seconds, group, pg, _ in (r for r in runs if not r[5]):
-            now += seconds
-            kw = dict(op=op_name, bytes=size, pg=pg)
-            last = self.add("coll", f"{group} {op_name}", seconds, last, now, **kw)
-        return last
-
-
-def _sync_start(w: _Writer, begin: float) -> tuple[int, ...]:
-    """The node the sync's first collective waits for: the last that ends by `begin`, and,
-    where it ends earlier (the sync starts inside a collective, a send or an idle stretch:
-    interleaved schedules hide the sync across several chunks' backwards), a wait for the
-    rest, so the sync starts when the schedule has it start."""
-    eps = 1e-12 * max(abs(begin), 1.0)
-    anchor = max((j for j, e in enumerate(w.ends) if e <= begin + eps), default=None)
-    if anchor is None:
-        return w.add("comp", "idle (until the sync starts)", begin, (), begin)
-    if begin - w.ends[anchor] <= eps:
-        return (anchor,)
-    return w.add("comp", "idle (until the sync starts)", begin - w.ends[anchor], (anchor,), begin)
