@@ -6,10 +6,13 @@
     whatif.predict(oversub).step_time_s
     sweep = whatif.sweep(base, "gpus", [16, 32, 64])
     sweep.plot(["step_time_s", "exposed_comm_s"])
+    traced = whatif.traced(["rank0.json", "rank1.json"])      # a profiled run's compute
+    whatif.predict(whatif.change(base, gpus=1024), traced)     # ... on 1,024 GPUs
 
 Changes name scenario fields (`gpus`, `model`), strategy fields (`compression`, `tp`) as
 the CLI flags do, or a dotted path into the cluster (`cluster.node.nics.bandwidth`), which
 copies the named topology into the scenario first. Every change is validated like a file.
+A traced workload (traces.workload) computes at the rate its profiler traces measured.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from commsim.spec_io import load_spec
 from commsim.specs import ClusterSpec, Scenario, SpecError
 from commsim.step.predict import predict as predict_setup
 from commsim.step.prediction import Prediction
+from commsim.traces.kineto import read_kineto
+from commsim.traces.workload import TracedWorkload, apply, read_workload
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -64,9 +69,19 @@ def _set(tree: dict[str, Any], path: list[str], value: Any, key: str) -> None:
     tree[path[-1]] = value
 
 
-def predict(scenario: Scenario) -> Prediction:
-    """Predict one step of the scenario (its layout checked as `commsim predict` does)."""
-    return predict_setup(resolve(scenario, SOURCE))
+def traced(
+    paths: Sequence[str], tp: int = 1, pp: int = 1, micro_batch: int | None = None
+) -> TracedWorkload:
+    """The workload of a run's profiler traces (one per rank), traced at tp x pp and
+    `micro_batch` (None: each scenario's own)."""
+    return read_workload([read_kineto(p) for p in paths], tp, pp, micro_batch)
+
+
+def predict(scenario: Scenario, trace: TracedWorkload | None = None) -> Prediction:
+    """Predict one step of the scenario (its layout checked as `commsim predict` does),
+    computing at a traced workload's measured rate when given one."""
+    setup = resolve(scenario, SOURCE)
+    return predict_setup(apply(setup, trace)[0] if trace is not None else setup)
 
 
 def figures(prediction: Prediction) -> dict[str, float]:
@@ -126,7 +141,10 @@ class Sweep:
         return fig
 
 
-def sweep(scenario: Scenario, field: str, values: Sequence[Any]) -> Sweep:
-    """Predict the scenario with `field` set to each value in turn."""
+def sweep(
+    scenario: Scenario, field: str, values: Sequence[Any], trace: TracedWorkload | None = None
+) -> Sweep:
+    """Predict the scenario with `field` set to each value in turn (at a traced workload's
+    rate when given one)."""
     values = list(values)
-    return Sweep(field, values, [predict(change(scenario, {field: v})) for v in values])
+    return Sweep(field, values, [predict(change(scenario, {field: v}), trace) for v in values])

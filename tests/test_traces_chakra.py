@@ -45,12 +45,28 @@ def _export(tmp_path, **kw):
     return setup, graph, step, paths
 
 
+def _reads_back_the_same(setup, paths, written):
+    """The files replay the step exactly as recorded, and re-priced on the same cluster."""
+    back = import_chakra(paths)
+    assert replay(back).step_s == written
+    s = setup.scenario.strategy
+    priced = ClusterPricer(back, setup.cluster, setup.n_gpus, s.algorithm, s.placement)
+    assert replay(back, priced).step_s == pytest.approx(written, rel=1e-12)
+
+
 MOE = dict(model="mixtral-8x7b", cluster="dgx-h100-ib", gpus=16, tp=2, pp=2, ep=2)
 
 
 @pytest.mark.parametrize(
     "layout",
-    [dict(gpus=8), dict(gpus=16, tp=2, pp=2), dict(gpus=16, tp=2, pp=2, zero=1), MOE],
+    [
+        dict(gpus=8),
+        dict(gpus=16, tp=2, pp=2),
+        dict(gpus=16, tp=2, pp=2, zero=1),
+        MOE,
+        dict(gpus=32, tp=2, pp=4, interleave=2, zero=1),
+        dict(gpus=32, tp=2, pp=4, order="tp-cp-ep-pp-dp"),
+    ],
 )
 def test_exported_layout_reads_back_the_same(tmp_path, layout):
     setup, graph, step, paths = _export(tmp_path, **layout)
@@ -73,6 +89,35 @@ def test_exported_layout_reads_back_the_same(tmp_path, layout):
         assert written == pytest.approx(step, rel=0.01)
 
 
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(interleave=1),
+        dict(interleave=2),
+        dict(interleave=4),
+        dict(interleave=2, zero=1),
+        dict(interleave=2, order="tp-cp-ep-pp-dp"),
+        dict(tp_overlap=True),
+        dict(tp_overlap=True, interleave=2),
+    ],
+)
+def test_pipeline_export_replays_the_schedule_exactly(layout):
+    """The replayed graph ends where step.pipeline's simulation of the same schedule ends,
+    plus the exposed sync and the optimizer: interleaved too, where the sync the model hides
+    under the last micro-batch's backward starts before that chunk's backward does."""
+    from commsim.step.pipeline import chunk_times, simulate
+    from commsim.step.predict import step_model, strategy_layouts
+
+    setup = setup_from_flags(None, **(LLAMA | dict(gpus=8, tp=2, pp=2, global_batch=16) | layout))
+    graph, _ = export_graph(setup)
+    L = strategy_layouts(setup, [setup.scenario.strategy])
+    row = L.row(0)
+    t = chunk_times(row, step_model(setup).evaluate(L).row(0))
+    assert t.dp_hidden > 0
+    end = max(op.end for op in simulate(row["pp"], row["micro_batches"], row["interleave"], t))
+    assert replay(graph).step_s == pytest.approx(end + t.dp_exposed + t.optimizer, rel=1e-13)
+
+
 def test_node_counts_are_the_layouts_collectives(tmp_path):
     """tp 2 x pp 2 x dp 4: every rank runs 2 all-reduces a block forward and 2 backward for
     each micro-batch on its stage's 16 blocks, sends and receives each micro-batch's
@@ -91,6 +136,134 @@ def test_node_counts_are_the_layouts_collectives(tmp_path):
     buckets = model.dp.sync_plan(strategy_layouts(setup, [setup.scenario.strategy]), 0).buckets
     dp = [n for n in rank0 if n.kind == "coll" and n.pg.startswith("dp")]
     assert [n.bytes for n in dp] == pytest.approx(list(buckets.bytes))
+
+
+def test_tp_overlap_runs_the_same_collectives_beside_the_compute(tmp_path):
+    """tp_overlap: the same tensor-parallel all-reduces (count, size, price), each chunk's
+    off the compute chain, waited for by the op's next node; read back the same."""
+    _, plain, _, _ = _export(tmp_path, gpus=16, tp=2, pp=2)
+    setup, graph, _, paths = _export(tmp_path, gpus=16, tp=2, pp=2, tp_overlap=True)
+    assert graph.counts()["coll all-reduce"] == plain.counts()["coll all-reduce"]
+    tp = [n for n in graph.ranks[0] if n.kind == "coll" and n.pg.startswith("tp")]
+    assert {(n.bytes, n.duration) for n in tp} == {
+        (n.bytes, n.duration) for n in plain.ranks[0] if n.kind == "coll" and n.pg.startswith("tp")
+    }
+    sends = [n for n in graph.ranks[0] if n.kind == "send"]
+    assert all(len(n.deps) == 2 for n in sends)  # the compute and the last all-reduce
+    assert replay(import_chakra(paths)).step_s == replay(graph).step_s
+
+
+def test_tp_overlap_where_the_all_reduces_outlast_the_op():
+    """Communication-bound (tp 8 across nodes): a forward's all-reduces outlast its compute
+    plus the exposed share the schedule gives it; the replay is longer than the schedule,
+    never shorter (README, Limits)."""
+    from commsim.step.pipeline import chunk_times, simulate
+    from commsim.step.predict import step_model, strategy_layouts
+
+    setup = setup_from_flags(
+        None,
+        **(LLAMA | dict(gpus=64, tp=8, pp=4, cluster="roce-3tier-3to1", placement="interleaved"))
+        | dict(tp_overlap=True),
+    )
+    graph, _ = export_graph(setup)
+    L = strategy_layouts(setup, [setup.scenario.strategy])
+    row = L.row(0)
+    t = chunk_times(row, step_model(setup).evaluate(L).row(0))
+    end = max(op.end for op in simulate(row["pp"], row["micro_batches"], row["interleave"], t))
+    schedule = end + t.dp_exposed + t.optimizer
+    assert t.tp_forward > 0 and replay(graph).step_s > schedule * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("layout", [dict(tp=2), dict(), dict(tp=2, overlap=False)])
+def test_zero3_one_stage_replays_predict_exactly(tmp_path, layout):
+    """ZeRO-3 on one stage, where compute hides the prefetched gathers (and without
+    overlap, where nothing hides): the unit graph replays step.fsdp's closed form exactly:
+    2 first gathers and the last reduce-scatter a micro-batch exposed, or all of it; the
+    same re-priced and read back from the files."""
+    setup, graph, step, paths = _export(tmp_path, gpus=8, global_batch=16, zero=3, **layout)
+    written = replay(graph).step_s
+    assert written == pytest.approx(step, rel=1e-12)
+    _reads_back_the_same(setup, paths, written)
+
+
+def test_zero3_node_counts_by_hand(tmp_path):
+    """Llama 2 7B, tp 2 x dp 4, ZeRO-3, 4 micro-batches of 32 blocks: per micro-batch 32
+    units gathered forward and backward plus the end layers each way, 32 reduce-scatters,
+    each of a unit's parameters per GPU (bf16 gathered, fp32 gradients) on its dp group."""
+    setup, graph, _, _ = _export(tmp_path, gpus=8, tp=2, global_batch=16, zero=3)
+    rank0 = graph.ranks[0]
+    z3 = [n for n in rank0 if n.name.startswith("zero3")]
+    gathers = [n for n in z3 if n.op == "all-gather" and "unit" in n.name]
+    scatters = [n for n in z3 if n.op == "reduce-scatter"]
+    assert (len(gathers), len(scatters)) == (4 * 2 * 32, 4 * 32)
+    assert sum("end layers" in n.name for n in z3) == 4 * 2
+    block = setup.workload.layers[1].params  # block 0 (after the embedding)
+    assert gathers[0].bytes == block / 2 * 2 and scatters[0].bytes == block / 2 * 4
+    assert {n.pg for n in z3} == {"dp0"} and graph.groups["dp0"] == ("dp", (0, 2, 4, 6))
+
+
+def test_zero3_where_the_stream_is_busier_than_the_units():
+    """Gathers and reduce-scatters outlast the units' compute (10 GbE): the unit graph
+    replays at most the closed form (which charges a gather and a reduce-scatter under
+    every backward unit but the first; the last has no gather left to hide) and at least
+    the ZeRO-3 traffic itself."""
+    setup = setup_from_flags(
+        None, **(LLAMA | dict(gpus=16, cluster="ethernet-10g", global_batch=16, zero=3))
+    )
+    graph, step = export_graph(setup)
+    written = replay(graph).step_s
+    traffic = sum(n.duration for n in graph.ranks[0] if n.name.startswith("zero3"))
+    assert traffic < written <= step
+
+
+CP = dict(global_batch=16, seq_len=4096)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(gpus=8, cp=2),
+        dict(gpus=16, cp=4, tp=2, global_batch=2),
+        dict(gpus=8, cp=2, recompute="selective"),
+        dict(gpus=8, cp=4, seq_len=8192, cluster="pcie-4gpu", global_batch=2),  # ring shows
+    ],
+)
+def test_context_parallel_one_stage_replays_predict_exactly(tmp_path, layout):
+    """Ring attention on one stage: per block cp - 1 steps of max(transfer, attention
+    share), the step model's closed form, exactly; re-priced and read back the same."""
+    setup, graph, step, paths = _export(tmp_path, **(CP | layout))
+    written = replay(graph).step_s
+    assert written == pytest.approx(step, rel=1e-12)
+    if "cluster" in layout:
+        from commsim.step.predict import predict
+
+        assert predict(setup).to_dict()["cp_comm_s"] > 0.02 * step
+    _reads_back_the_same(setup, paths, written)
+
+
+def test_context_parallel_node_counts_by_hand(tmp_path):
+    """Llama 2 7B, cp 2 x dp 4, 4 micro-batches of 32 blocks: a ring step a block, one
+    K/V send forward, two backward (K/V, then their gradients), each b s / cp x 2 x 32 kv
+    heads x 128 x 2 bytes, to the other rank of the cp group (ranks 0 and 1: cp after tp)."""
+    _, graph, _, _ = _export(tmp_path, gpus=8, cp=2, **CP)
+    rank0 = graph.ranks[0]
+    sends = [n for n in rank0 if n.kind == "send"]
+    recvs = [n for n in rank0 if n.kind == "recv"]
+    assert len(sends) == len(recvs) == 4 * 32 * (1 + 2)
+    assert {n.bytes for n in sends} == {4096 / 2 * 2 * 32 * 128 * 2}
+    assert {n.peer for n in sends + recvs} == {1} and graph.groups["cp0"] == ("cp", (0, 1))
+
+
+def test_the_pipeline_inside_each_replica(tmp_path):
+    """Rank order tp-cp-ep-pp-dp, tp 2 x pp 4 x dp 4: a replica is 8 consecutive ranks (tp
+    fastest, then the stages), so data-parallel peers are 8 apart and rank 2 (stage 1)
+    receives from rank 0 and sends to rank 4."""
+    _, graph, _, _ = _export(tmp_path, gpus=32, tp=2, pp=4, order="tp-cp-ep-pp-dp")
+    dp = {ranks for kind, ranks in graph.groups.values() if kind == "dp"}
+    assert (0, 8, 16, 24) in dp and (3, 11, 19, 27) in dp
+    assert {n.peer for n in graph.ranks[2] if n.kind == "recv"} == {0, 4}
+    assert {n.peer for n in graph.ranks[2] if n.kind == "send"} == {0, 4}
+    assert {n.peer for n in graph.ranks[0] if n.kind == "send"} == {2}
 
 
 def test_gzip_and_int_types_are_read(tmp_path):

@@ -31,7 +31,18 @@ def test_export_then_import_gives_the_same_step(tmp_path):
 
 def test_export_refuses_what_it_cannot_write(tmp_path):
     out = runner.invoke(
-        app, ["trace", "export", "--out", str(tmp_path / "t"), *LAYOUT, "--zero", "3"]
+        app,
+        [
+            "trace",
+            "export",
+            "--out",
+            str(tmp_path / "t"),
+            *LAYOUT,
+            "--cp",
+            "2",
+            "--recompute",
+            "full",
+        ],
     )
     assert out.exit_code == 2
     assert "not exported to Chakra yet" in out.output and "Traceback" not in out.output

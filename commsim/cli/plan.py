@@ -65,6 +65,14 @@ from commsim.cli.plan_options import (
     TopOpt,
 )
 from commsim.cli.sizing import size_clusters_cmd
+from commsim.cli.traced import (
+    TraceMbOpt,
+    TraceOpt,
+    TracePpOpt,
+    TraceTpOpt,
+    print_trace,
+    with_trace,
+)
 from commsim.report import terminal
 
 if TYPE_CHECKING:
@@ -95,6 +103,10 @@ def plan_cmd(
     profile: ProfileOpt = None,
     nccl_version: NcclVersionOpt = None,
     backend: BackendOpt = None,
+    trace: TraceOpt = None,
+    trace_tp: TraceTpOpt = None,
+    trace_pp: TracePpOpt = None,
+    trace_micro_batch: TraceMbOpt = None,
     tp: OnlyTpOpt = None,
     pp: OnlyPpOpt = None,
     ep: OnlyEpOpt = None,
@@ -171,6 +183,10 @@ def plan_cmd(
         nccl_version=nccl_version,
         deepspeed=deepspeed,
         num_layers_per_virtual_pipeline_stage=layers_per_virtual_stage,
+        trace=trace,
+        trace_tp=trace_tp,
+        trace_pp=trace_pp,
+        trace_micro_batch=trace_micro_batch,
     )
     sizing = fabric is not None or ":" in (gpus or "") or deadline is not None or budget is not None
     with terminal.user_errors():
@@ -209,9 +225,10 @@ def plan_cmd(
             backend=backend,
             **given | {"gpus": gpu_count(gpus)},
         )
+        setup, traced = with_trace(setup, trace, trace_tp, trace_pp, trace_micro_batch)
         pinned = pins | ({"interleave"} if layers_per_virtual_stage else set())
         result, sweep = _search(setup, pinned, plot)
-        doc = plan_show.plan_doc(setup, result, sweep)
+        doc = plan_show.plan_doc(setup, result, sweep) | ({"trace": traced} if traced else {})
         if not doc["candidates"]:
             plan_show.explain_empty(setup, pinned)
         terminal.require_finite(doc, "--tokens and --price-per-gpu-hour")
@@ -221,6 +238,7 @@ def plan_cmd(
         terminal.print_json(doc)
         return
     plan_show.show(setup, doc, top, sweep, plot)
+    print_trace(doc.get("trace"))
     if html or csv:
         terminal.console.print(f"written: {', '.join(p for p in (html, csv) if p)}")
 

@@ -48,6 +48,14 @@ from commsim.cli.options import (
     refuse_ignored,
     setup_from_flags,
 )
+from commsim.cli.traced import (
+    TraceMbOpt,
+    TraceOpt,
+    TracePpOpt,
+    TraceTpOpt,
+    print_trace,
+    with_trace,
+)
 from commsim.report import terminal
 
 if TYPE_CHECKING:
@@ -93,6 +101,10 @@ def predict_cmd(
     profile: ProfileOpt = None,
     nccl_version: NcclVersionOpt = None,
     backend: BackendOpt = None,
+    trace: TraceOpt = None,
+    trace_tp: TraceTpOpt = None,
+    trace_pp: TracePpOpt = None,
+    trace_micro_batch: TraceMbOpt = None,
     plot: Annotated[
         str | None, typer.Option(help="Write the step's Gantt chart to this image (PNG, SVG).")
     ] = None,
@@ -152,11 +164,13 @@ def predict_cmd(
             **flags,
         )
         refuse_ignored(setup.scenario.strategy, flags)
+        setup, traced = with_trace(setup, trace, trace_tp, trace_pp, trace_micro_batch)
         pred = predict(setup)
         doc = (
             {"scenario": setup.scenario.name, "gpus": setup.n_gpus}
             | pred.to_dict()
             | {"batch": batch_arithmetic(setup, pred.strategy)}
+            | ({"trace": traced} if traced else {})
         )
         terminal.require_finite(doc, "--tokens, --price-per-gpu-hour and the sizes given")
         if plot:
@@ -171,6 +185,7 @@ def predict_cmd(
         return
     for table in _tables(setup, doc):
         terminal.console.print(table)
+    print_trace(doc.get("trace"))
     if plot:
         terminal.console.print(f"timeline written to {plot}", highlight=False)
     if html:

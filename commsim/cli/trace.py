@@ -13,27 +13,30 @@ from commsim.cli.options import (
     AlgorithmOpt,
     BucketOpt,
     ClusterOpt,
+    CpOpt,
     EpOpt,
     GlobalBatchOpt,
     GpusOpt,
     InterleaveOpt,
     MicroBatchOpt,
     ModelOpt,
+    OrderOpt,
     PlacementOpt,
     PpOpt,
     RecomputeOpt,
     ScenarioArg,
     SeqLenOpt,
     TpOpt,
+    TpOverlapOpt,
     ZeroOpt,
 )
+from commsim.cli.trace_kernels import Traces, kernels_cmd
 from commsim.report import terminal
 
 if TYPE_CHECKING:
     from commsim.traces.graph import Graph
 
 trace_app = typer.Typer(no_args_is_help=True, help="Profiler and Chakra traces in and out.")
-Traces = Annotated[list[str], typer.Argument(help="One torch.profiler trace (JSON) per rank.")]
 StepOpt = Annotated[int | None, typer.Option(help="ProfilerStep number (default: the median).")]
 ProfOpt = Annotated[str | None, typer.Option("--profile", help="Calibration profile YAML.")]
 
@@ -183,9 +186,12 @@ def export_cmd(
     tp: TpOpt = None,
     pp: PpOpt = None,
     ep: EpOpt = None,
+    cp: CpOpt = None,
     zero: ZeroOpt = None,
     recompute: RecomputeOpt = None,
     interleave: InterleaveOpt = None,
+    order: OrderOpt = None,
+    tp_overlap: TpOverlapOpt = None,
     json_out: terminal.JsonOpt = False,
 ) -> None:
     """Write the Chakra execution trace (one .et file per rank) of a layout's step."""
@@ -212,9 +218,12 @@ def export_cmd(
             tp=tp,
             pp=pp,
             ep=ep,
+            cp=cp,
             zero=zero,
             recompute=recompute,
             interleave=interleave,
+            order=order,
+            tp_overlap=tp_overlap,
         )
         graph, predicted = export_graph(setup)
         files = chakra_files(graph, graph.metadata)  # all built before any is written
@@ -296,3 +305,6 @@ def calibrate_cmd(
         append_records(out, records)
     points = sum(r["kind"] == "collective" for r in records)
     terminal.err_console.print(f"{points} measured collectives appended to {out}")
+
+
+trace_app.command("kernels")(kernels_cmd)

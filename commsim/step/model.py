@@ -48,6 +48,13 @@ def ep_bytes(L: Layouts, sh: Shape) -> np.ndarray:
     return tp_bytes(L, sh) * sh.routed / L.tp
 
 
+def cp_bytes(L: Layouts, sh: Shape, arch) -> np.ndarray:
+    """Bytes of one ring-attention step: this rank's K and V chunk (b s / cp tokens, the kv
+    heads' width split over tp, bf16) to its next context-parallel rank."""
+    kv = 2 * arch.kv_heads * arch.head_width
+    return L.micro_batch * sh.seq_len / L.cp * kv / L.tp * ACT_BYTES
+
+
 def send_bytes(L: Layouts, sh: Shape) -> np.ndarray:
     """Bytes of one stage hand-off: the activations split over the tp ranks."""
     return tp_bytes(L, sh) / L.tp
@@ -257,9 +264,7 @@ class StepModel:
         if arch is None:
             zero = np.zeros(len(L))
             return zero, zero
-        kv = 2 * arch.kv_heads * arch.head_width
-        chunk = L.micro_batch * self.shape.seq_len / L.cp * kv / L.tp * ACT_BYTES
-        step = self.groups.price("send-recv", "cp", L, chunk)  # ring neighbours: direct
+        step = self.groups.price("send-recv", "cp", L, cp_bytes(L, self.shape, arch))
         core = c.core_fwd / L.cp
         fwd = (L.cp - 1) * np.maximum(step - core, 0.0)
         bwd = (L.cp - 1) * np.maximum(2.0 * step - 2.5 * core, 0.0)

@@ -5,20 +5,35 @@ step model schedules it, so a user without GPUs can feed other simulators.
   micro-batch's forward and backward, the last backward layer by layer, each gradient
   bucket's all-reduce waiting for the layer that makes it ready and for the bucket before
   it, then the optimizer. Its replay is the predicted step time.
-- Tensor x pipeline x data (x expert) parallelism, ZeRO 0-2: each stage's 1F1B (or
-  interleaved) op order (step.pipeline.stage_order); an op is a receive from the previous
+- Tensor x pipeline x data (x expert) parallelism, ZeRO 0-2, in either rank order: each
+  stage's 1F1B (or interleaved) op order (step.pipeline.stage_order); an op is a receive
+  from the previous
   stage, its compute, its tensor-parallel all-reduces (2 a block forward, Shoeybi et al.;
   twice that backward under full recomputation) and expert all-to-alls, each of the
   model's size (step.model.tp_bytes, ep_bytes) and price, then the send to the next stage
   (send_bytes). After the stage's last backward, the gradient buckets (step.dpsync: an
   all-reduce each, or ZeRO's reduce-scatter and all-gather, step.sync.allreduce_costs)
-  run one after another from where the model's hidden part of the sync begins, then the
+  run one after another from where the model's hidden part of the sync begins (the
+  schedule's end less the hidden part, also before the last chunk's backward when
+  interleaved: the model hides it under the whole last micro-batch's backward), then the
   optimizer. Its replay is the step the pipeline schedule lays out (step.pipeline
   .pipeline_events); the closed form `predict` reports differs from it by the send
   accounting step.pipeline describes.
 
-Not exported (one line each): ZeRO-3/FSDP, context parallelism, tp_overlap, compression,
-the parameter-server algorithm.
+  With tp_overlap an op's tensor-parallel all-reduces run beside its compute (Writer
+  .collectives), as late as the schedule's exposed time for them allows.
+
+  ZeRO-3 / FSDP: each op's compute as its chunk's units with their gathers and reduce-
+  scatters (Writer.units, as step.fsdp runs them); its replay follows those units, not
+  the schedule (which has no ZeRO-3 inside its ops): on one stage it is `predict`'s step
+  where compute hides the gathers, or nothing is overlapped.
+
+  Context parallelism: each op's compute as its chunk's blocks with their ring-attention
+  steps (Writer.ring, as step.model._context_parallel prices them); on one stage its
+  replay is `predict`'s step.
+
+Not exported (one line each): context parallelism with full recomputation or ZeRO-3,
+ZeRO-3 of expert parameters, hybrid sharding, compression, the parameter-server algorithm.
 """
 
 from __future__ import annotations
@@ -27,27 +42,28 @@ import numpy as np
 
 from commsim.scenario import Setup, check_layout
 from commsim.specs import SpecError, Strategy
-from commsim.step.layouts import Layouts
+from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.model import (
     ALL_TO_ALLS_FORWARD,
     TP_ALLREDUCES_FORWARD,
+    cp_bytes,
     ep_bytes,
     send_bytes,
     tp_bytes,
 )
 from commsim.step.pipeline import chunk_times, simulate
 from commsim.step.predict import predict, step_model, strategy_layouts
-from commsim.step.sync import allreduce_costs
-from commsim.topology.placement import PLACEMENTS
+from commsim.step.sync import PARAM_WIRE_BYTES, allreduce_costs
+from commsim.topology.placement import PLACEMENTS, rank_grid
 from commsim.traces.graph import Graph, Node
+from commsim.traces.writer import Ring, Writer, Zero3, sync_start
 
 
 def _refuse(strategy: Strategy) -> None:
     for flag, bad in (
-        ("--zero 3 / --fsdp", strategy.zero == 3),
-        ("--cp", strategy.cp > 1),
-        ("--order", strategy.order != "tp-cp-ep-dp-pp"),
-        ("tp_overlap", bool(strategy.tp_overlap)),
+        ("--fsdp-shard", strategy.zero == 3 and bool(strategy.fsdp_shard)),
+        ("--cp with --recompute full", strategy.cp > 1 and strategy.recompute == "full"),
+        ("--cp with --zero 3", strategy.cp > 1 and strategy.zero == 3),
         ("--compression", strategy.compression != "none"),
         ("--algorithm ps", strategy.algorithm == "ps"),
     ):
@@ -56,33 +72,39 @@ def _refuse(strategy: Strategy) -> None:
 
 
 class _Ranks:
-    """Rank ids of every group kind (Megatron order under the layout's placement) and the
+    """Rank ids of every group kind (the layout's rank order: Megatron's tp-cp-ep-dp-pp or
+    tp-cp-ep-pp-dp, under its placement: rank r runs on the placement's r-th GPU) and the
     process groups named after them."""
 
     def __init__(self, model, L: Layouts, n: int):
         r = L.row(0)
         self.placement = PLACEMENTS.index(r["placement"])
-        order = model.groups.orders[r["placement"]]
-        self.rank_of_gpu = np.argsort(order)
+        self.order = RANK_ORDERS.index(r["order"])
+        self.rank_of_gpu = np.argsort(model.groups.orders[r["placement"]])
         self.shape = (r["tp"], r["dp"], r["pp"], r["ep"], r["cp"])
+        tp, dp, pp, _, cp = self.shape
+        self.grid = rank_grid(np.arange(n), r["order"], tp, cp, dp, pp)  # [stage, dp, cp, tp]
+        self.at = np.argwhere(self.grid >= 0)[np.argsort(self.grid.ravel())]  # rank -> index
         self.model, self.n = model, n
         self.groups: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.pg: dict[tuple[str, int], str] = {}  # (kind, rank) -> process group name
 
     def kind(self, kind: str) -> None:
         tp, dp, pp, ep, cp = self.shape
-        gpus = self.model.groups.members(self.placement, kind, tp, dp, pp, ep, cp)
+        gpus = self.model.groups.members(self.placement, kind, tp, dp, pp, ep, cp, 1, self.order)
         for j, row in enumerate(self.rank_of_gpu[gpus].tolist()):
             name = f"{kind}{j}"
             self.groups[name] = (kind, tuple(row))
             for rank in row:
                 self.pg[(kind, rank)] = name
 
+    def stage(self, rank: int) -> int:
+        return int(self.at[rank][0])
+
     def stage_rank(self, rank: int, stage: int) -> int:
-        """The rank at the same (dp, tp) position on another stage (Megatron order)."""
-        tp, dp, pp, ep, cp = self.shape
-        per_stage = self.n // pp
-        return stage * per_stage + rank % per_stage
+        """The rank at the same (dp, cp, tp) position on another stage."""
+        _, d, c, t = self.at[rank]
+        return int(self.grid[stage, d, c, t])
 
 
 def export_graph(setup: Setup, strategy: Strategy | None = None) -> tuple[Graph, float]:
@@ -156,7 +178,16 @@ def _bucket_ops(model, L: Layouts) -> list[tuple[str, float, float, bool]]:
     r = L.row(0)
     sync = model.dp.sync_plan(L, 0)
     placement = PLACEMENTS.index(r["placement"])
-    shape = (r["tp"], r["dp"], r["pp"], r["ep"], r["ps_shards"], r["cp"])
+    shape = (
+        r["tp"],
+        r["dp"],
+        r["pp"],
+        r["ep"],
+        r["ps_shards"],
+        r["cp"],
+        1,
+        RANK_ORDERS.index(r["order"]),
+    )
     asked: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
 
     def price(op, algorithm, sizes, expert):
@@ -182,9 +213,9 @@ def _pipeline_graph(model, L: Layouts, ranks: _Ranks) -> Graph:
     t = chunk_times(row, b)
     sh = model.shape
     blocks = float(model.compute(L).blocks[0]) / v
-    full = row["recompute"] == "full"
-    for kind, on in (("tp", row["tp"] > 1), ("dp", row["dp"] > 1), ("ep", row["ep"] > 1)):
-        if on:
+    on = (("tp", row["tp"]), ("dp", row["dp"] * row["cp"]), ("ep", row["ep"]), ("cp", row["cp"]))
+    for kind, n in on:
+        if n > 1:
             ranks.kind(kind)
     if row["ep"] > 1 and row["dp"] // row["ep"] > 1:
         ranks.kind("edp")
@@ -208,16 +239,48 @@ def _pipeline_graph(model, L: Layouts, ranks: _Ranks) -> Graph:
             raise SpecError("--pp", "", f"{count:g} {op}s a chunk is not whole: not exported")
     send = float(send_bytes(L, sh)[0])
     sync = _bucket_ops(model, L)
-    hidden = t.dp_hidden
+    z3 = _zero3(model, L, blocks) if row["zero"] == 3 and row["dp"] > 1 else None
+    ring = _ring(model, L, blocks) if row["cp"] > 1 else None
     ops = simulate(p, m, v, t)
     graph = Graph({}, ranks.groups)
     for rank in range(ranks.n):
-        k = rank // (ranks.n // p)
+        k = ranks.stage(rank)
         mine = [o for o in ops if o.stage == k]
-        graph.ranks[rank] = _stage_nodes(
-            rank, k, mine, p, m, v, t, colls, full, send, sync, hidden, ranks
-        )
+        stage = _stage_nodes(rank, k, mine, row, t, colls, send, sync, ranks, z3 or ring)
+        graph.ranks[rank] = stage
     return graph
+
+
+def _ring(model, L: Layouts, blocks: float) -> Ring:
+    """The ring of a layout, sized and priced as the step model does."""
+    if abs(blocks - round(blocks)) > 1e-9 or blocks < 1:
+        raise SpecError("--cp", "", f"{blocks:g} blocks a chunk: not exported")
+    nbytes = float(cp_bytes(L, model.shape, model.workload.arch)[0])
+    step = float(model.groups.price("send-recv", "cp", L, np.array([nbytes]))[0])
+    core = float(model.compute(L).core_fwd[0]) / int(L.cp[0])
+    return Ring(int(round(blocks)), nbytes, step, core, int(L.cp[0]))
+
+
+def _zero3(model, L: Layouts, blocks: float) -> Zero3:
+    """A dense model's ZeRO-3 units, sized and priced as step.fsdp does."""
+    sh, r = model.shape, L.row(0)
+    if sh.expert_params:
+        raise SpecError("--zero 3", "", "ZeRO-3 of expert parameters: not exported to Chakra")
+    if abs(blocks - round(blocks)) > 1e-9 or blocks < 1:
+        raise SpecError("--zero 3", "", f"{blocks:g} ZeRO-3 units a chunk: not exported")
+
+    def priced(op: str, nbytes: float) -> tuple[str, float, float]:
+        return op, nbytes, float(model.groups.price(op, "dp", L, np.array([nbytes]))[0])
+
+    unit = sh.block_params / r["tp"]  # parameters per GPU of one block (a unit)
+    ends = (sh.pre_params + sh.post_params) / r["tp"] if r["pp"] == 1 else 0.0
+    return Zero3(
+        int(round(blocks)),
+        priced("all-gather", unit * PARAM_WIRE_BYTES),
+        priced("reduce-scatter", unit * float(L.grad_bytes[0])),
+        priced("all-gather", ends * PARAM_WIRE_BYTES) if ends else None,
+        bool(r["overlap"]),
+    )
 
 
 def _tag(kind: str, chunk: int, mb: int, m: int, v: int) -> int:
@@ -225,82 +288,61 @@ def _tag(kind: str, chunk: int, mb: int, m: int, v: int) -> int:
     return ((kind == "B") * v + chunk) * m + mb
 
 
-def _stage_nodes(rank, k, ops, p, m, v, t, colls, full, send, sync, hidden, ranks) -> list[Node]:
-    nodes: list[Node] = []
-
-    def add(kind, name, duration, deps, **kw) -> int:
-        nodes.append(
-            Node(len(nodes), kind, name, duration, tuple(d for d in deps if d is not None), **kw)
-        )
-        return len(nodes) - 1
-
-    last = None
+def _stage_nodes(rank, k, ops, row, t, colls, send, sync, ranks, split=None) -> list[Node]:
+    """One rank's chain (receive, compute, tp/ep collectives, send per op, each node ending
+    when the schedule says), then its data-parallel sync from where it begins (sync_start)
+    and the optimizer."""
+    p, m, v = row["pp"], row["micro_batches"], row["interleave"]
+    full, overlap = row["recompute"] == "full", bool(row["tp_overlap"])
+    w = Writer()
+    begin = ops[-1].end - t.dp_hidden  # the sync's start: the model hides that before the end
+    last: tuple[int, ...] = ()
     pp_pg = "pp" if p > 1 else None
-    for j, op in enumerate(ops):
+    for op in ops:
         kind, c, i = op.kind, op.chunk, op.mb
         fwd = kind == "F"
         src = (k - 1, c) if k > 0 else (p - 1, c - 1) if c > 0 else None
         dst = (k + 1, c) if k < p - 1 else (0, c + 1) if c < v - 1 else None
         if not fwd:
             src, dst = dst, src
+        pipe = dict(op="send-recv", bytes=send, pg=pp_pg)
         if src is not None:
-            last = add(
+            peer, tag = ranks.stage_rank(rank, src[0]), _tag(kind, c, i, m, v)
+            last = w.add(
                 "recv",
                 f"recv {kind}{i}.{c}",
                 0.0,
-                (last,),
-                op="send-recv",
-                bytes=send,
-                pg=pp_pg,
-                peer=ranks.stage_rank(rank, src[0]),
-                tag=_tag(kind, c, i, m, v),
-            )
-        compute = t.forward if fwd else t.backward
-        split = None
-        if j == len(ops) - 1 and sync:  # the sync starts under the last backward
-            x = min(max(op.end - hidden - op.start, 0.0), compute)
-            if 0.0 < x < compute:
-                last = add("comp", f"{kind}{i}.{c} (before sync)", x, (last,))
-                compute -= x
-            split = last
-        last = add("comp", f"{'forward' if fwd else 'backward'} {i} chunk {c}", compute, (last,))
-        if split is None and j == len(ops) - 1:
-            split = last
-        for op_name, size, seconds, group, count in colls:
-            for _ in range(int(round(count * (2 if full and not fwd else 1)))):
-                last = add(
-                    "coll",
-                    f"{group} {op_name}",
-                    seconds,
-                    (last,),
-                    op=op_name,
-                    bytes=size,
-                    pg=ranks.pg[(group, rank)],
-                )
-        if dst is not None:
-            peer = ranks.stage_rank(rank, dst[0])
-            last = add(
-                "send",
-                f"send {kind}{i}.{c}",
-                t.send,
-                (last,),
-                op="send-recv",
-                bytes=send,
-                pg=pp_pg,
+                last,
+                w.landed(last, op.start),
                 peer=peer,
-                tag=_tag(kind, dst[1], i, m, v),
+                tag=tag,
+                **pipe,
             )
-    prev = None
+        what = f"{'forward' if fwd else 'backward'} {i} chunk {c}"
+        before, compute = last, t.forward if fwd else t.backward
+        if isinstance(split, Ring):
+            last = w.ring(what, fwd, compute, split, ranks, rank, last)
+        elif split is not None:  # ZeRO-3's units
+            last = w.units(what, fwd, compute, split, ranks.pg[("dp", rank)], last)
+        else:
+            if op.start < begin < op.compute_end:  # the sync starts inside this compute
+                last = w.add("comp", f"{what} (before sync)", begin - op.start, last)
+                compute -= begin - op.start
+            last = w.add("comp", what, compute, last)
+        runs = [
+            (op_name, size, seconds, group, ranks.pg[(group, rank)], group == "tp" and overlap)
+            for op_name, size, seconds, group, count in colls
+            for _ in range(int(round(count * (2 if full and not fwd else 1))))
+        ]
+        last = w.collectives(runs, before, last, op.start, op.tp_end)
+        if dst is not None:
+            peer, tag = ranks.stage_rank(rank, dst[0]), _tag(kind, dst[1], i, m, v)
+            last = w.add("send", f"send {kind}{i}.{c}", t.send, last, peer=peer, tag=tag, **pipe)
+    # where the ops ran as the schedule says, this is `begin`; with ring attention or ZeRO-3
+    # units inside them, the hidden part before their own end
+    prev = sync_start(w, w.landed(last) - t.dp_hidden) if sync else ()
     for op_name, size, seconds, expert in sync:
-        group = "edp" if expert else "dp"
-        prev = add(
-            "coll",
-            f"dp {op_name}",
-            seconds,
-            (split if prev is None else prev,),
-            op=op_name,
-            bytes=size,
-            pg=ranks.pg[(group, rank)],
-        )
-    add("comp", "optimizer", t.optimizer, (last, prev))
-    return nodes
+        pg = ranks.pg[("edp" if expert else "dp", rank)]
+        prev = w.add("coll", f"dp {op_name}", seconds, prev, op=op_name, bytes=size, pg=pg)
+    w.add("comp", "optimizer", t.optimizer, (*last, *prev))
+    return w.nodes

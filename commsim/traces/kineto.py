@@ -14,6 +14,11 @@ about each.
 - Compute is every GPU kernel that is not a collective when the trace has GPU kernels;
   otherwise (CPU training) the main thread's ops, less the collectives' launch calls
   (c10d::*, record_param_comms).
+- Kernel classes (the roofline's, step.compute): the busy time under attention kernels or
+  ops, under GEMMs outside them, and the rest (element-wise), by kernel or op names (CPU
+  ops nest: aten::linear holds aten::addmm, which names the GEMM).
+- The optimizer is torch.optim's `Optimizer.step#<class>.step` annotations on the main
+  thread (on GPU traces, the time spent launching its kernels).
 
 Sizes follow nccl-tests: all-gather counts its output, reduce-scatter its input, all-to-all
 what a rank sends, send-recv one message. Times are seconds from the first step's start.
@@ -36,6 +41,7 @@ from commsim.traces.intervals import difference, union
 
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 DDP_FORWARD = "DistributedDataParallel.forward"  # DDP's own annotation: one per micro-batch
+OPTIMIZER = "Optimizer.step#"  # torch.optim's annotation of every optimizer.step()
 LAUNCH_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:")
 # bytes per element of the dtype names PyTorch writes ("Float", "BFloat16") and gloo's
 # "Input type" strings ("float", "c10::Half")
@@ -64,6 +70,30 @@ DTYPE_BYTES = {
     "float8_e4m3fn": 1,
     "float8_e5m2": 1,
 }
+# kernel classes of the compute roofline (step.compute), by words in a kernel's or op's name:
+# FlashAttention / fused attention kernels, then GEMMs (cuBLAS, CUTLASS, Hopper's nvjet and
+# wgmma kernels, aten's matmuls on CPU); the rest is element-wise, bound by memory
+KERNEL_CLASSES = (
+    ("attention", ("flash", "fmha", "attention", "attn", "scaled_dot_product", "sdpa")),
+    (
+        "gemm",
+        (
+            "gemm",
+            "cutlass",
+            "cublas",
+            "xmma",
+            "nvjet",
+            "wgmma",
+            "hmma",
+            "aten::mm",
+            "aten::addmm",
+            "aten::bmm",
+            "aten::baddbmm",
+            "aten::matmul",
+            "aten::_scaled_mm",
+        ),
+    ),
+)
 # which size nccl-tests reports: the input's or the output's element count
 _SIZE_SIDE = {"all-gather": "out"}
 
@@ -109,6 +139,8 @@ class RankTrace:
     steps: tuple[Step, ...]
     compute: np.ndarray  # disjoint busy intervals, seconds
     launches: np.ndarray  # the main thread's collective launch calls (c10d::*, ...)
+    optimizer: np.ndarray  # the main thread's optimizer.step() annotations (disjoint)
+    classes: dict[str, np.ndarray]  # kernel class -> busy intervals (kernel_class)
     collectives: tuple[Collective, ...]
     metadata: dict[str, Any]  # the trace's other top-level fields (a harness's own timings)
 
@@ -124,6 +156,29 @@ class RankTrace:
         if k + 1 < len(self.steps):
             end = min(end, max(s.end, self.steps[k + 1].start))
         return s.start, end
+
+
+def kernel_class(name: str) -> str:
+    """ "attention", "gemm" or "other" (element-wise) for a compute kernel's or op's name."""
+    key = name.lower()
+    for cls, words in KERNEL_CLASSES:
+        if any(w in key for w in words):
+            return cls
+    return "other"
+
+
+def _classes(named: list[tuple[float, float, str]], busy: np.ndarray) -> dict[str, np.ndarray]:
+    """Busy intervals of each kernel class: attention's kernels or ops (with what runs
+    inside them), GEMMs' outside attention, the rest of the busy time as other."""
+    spans: dict[str, list] = {cls: [] for cls, _ in KERNEL_CLASSES}
+    for a, b, name in named:
+        cls = kernel_class(name)
+        if cls != "other":
+            spans[cls].append((a, b))
+    attention = difference(busy, difference(busy, union(spans["attention"])))  # in both
+    gemm = difference(difference(busy, difference(busy, union(spans["gemm"]))), attention)
+    other = difference(difference(busy, attention), gemm)
+    return {"attention": attention, "gemm": gemm, "other": other}
 
 
 def op_of(name: str) -> str:
@@ -274,7 +329,7 @@ def read_kineto(path: str | Path) -> RankTrace:
         for i, e in events
     }
     gpu = any(e.get("cat") == "kernel" for _, e in events)
-    compute, colls, forwards = [], [], []
+    compute, colls, forwards, optimizer, named = [], [], [], [], []
     for i, e in events:
         name, cat, args = str(e.get("name", "")), e.get("cat"), e.get("args") or {}
         t = spans[i]
@@ -284,12 +339,17 @@ def read_kineto(path: str | Path) -> RankTrace:
                 colls.append(_nccl(e, args, t, source, i, lane))
             else:
                 compute.append(t)
+                named.append((*t, name))
         elif name.startswith("gloo:"):
             colls.append(_gloo(e, args, t, source, i, f"thread {e.get('tid')}", groups, world))
         elif e.get("tid") == main and not gpu and not STEP.match(name):
             compute.append(t)  # the launch calls are taken out below
+            if not name.startswith(LAUNCH_PREFIXES):
+                named.append((*t, name))
         if name == DDP_FORWARD and e.get("tid") == main:
             forwards.append(t[0])
+        if name.startswith(OPTIMIZER) and e.get("tid") == main:
+            optimizer.append(t)
     launches = union(
         [
             spans[i]
@@ -315,6 +375,8 @@ def read_kineto(path: str | Path) -> RankTrace:
         tuple(steps),
         busy,
         launches,
+        union(optimizer),
+        _classes(named, busy),
         tuple(colls),
         extra,
     )

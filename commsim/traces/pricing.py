@@ -55,13 +55,20 @@ class ClusterPricer:
         return self._costs[(desc, size)]
 
     def _send_pairs(self, desc: str) -> tuple[np.ndarray, np.ndarray]:
-        """Every pair of ranks that sends within groups of one description, once each."""
+        """Every pair of ranks that sends within groups of one description, once each, in the
+        direction its sender sends first (a pipeline's warm-up forwards: the step model
+        prices every stage's hand-off one way at once, interleaved schedules' last-to-first
+        stage hand-off too, which a lower-to-higher rule would turn against the others)."""
         if desc not in self._pairs:
+            first: dict[tuple[int, int], int] = {}  # (src, dst) -> sender's node index
+            for r, nodes in self.graph.ranks.items():
+                for j, n in enumerate(nodes):
+                    if n.kind == "send" and n.peer is not None and self._desc(n) == desc:
+                        first.setdefault((r, n.peer), j)
             pairs = {
-                (min(r, n.peer), max(r, n.peer))
-                for r, nodes in self.graph.ranks.items()
-                for n in nodes
-                if n.kind == "send" and n.peer is not None and self._desc(n) == desc
+                (a, b)
+                for (a, b), j in first.items()
+                if (j, a) < (first.get((b, a), np.inf), b)  # the pair's first direction
             }
             src, dst = (np.array(x, dtype=np.int64) for x in zip(*sorted(pairs), strict=True))
             self._pairs[desc] = (self._gpus(src), self._gpus(dst))
