@@ -207,27 +207,41 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
             f"it needs at least {strategy.pp} per step, this layout has "
             f"{setup.micro_batches(strategy)} (global_batch / (dp x micro_batch))",
         )
-    if strategy.ep > 1:
-        if not w.moe:
-            raise SpecError(
-                src, "strategy.ep", f"expert parallelism needs experts; {w.name} has none"
-            )
-        if w.experts % strategy.ep:
-            raise SpecError(
-                src,
-                "strategy.ep",
-                f"{strategy.ep} does not divide the model's {w.experts} experts",
-            )
-        if setup.dp(strategy) % strategy.ep:
-            raise SpecError(
-                src,
-                "strategy.ep",
-                f"{strategy.ep} does not divide the data-parallel degree {setup.dp(strategy)} "
-                "(expert-parallel ranks are taken from the data-parallel group)",
-            )
+    _check_experts(setup, strategy)
     if strategy.placement not in PLACEMENT_KINDS:
         raise SpecError(
             src, "strategy.placement", f"hybrid layouts take {' or '.join(PLACEMENT_KINDS)}"
+        )
+
+
+def _check_experts(setup: Setup, strategy: Strategy) -> None:
+    """MoE parallel folding (Megatron-core, arXiv:2504.14960): the expert grid etp x ep x
+    edp covers each stage's tp x cp x dp ranks, ep divides the experts; with the pipeline
+    inside data parallelism (tp-cp-ep-pp-dp) Megatron-core needs the two grids' data-
+    parallel degrees equal (etp x ep = tp x cp) so that both keep the same pipeline groups
+    (a dense model has no expert grid)."""
+    src, w = setup.source, setup.workload
+    ep, etp = strategy.ep, strategy.expert_tp
+    if (ep > 1 or etp != strategy.tp) and not w.moe:
+        field = "strategy.ep" if ep > 1 else "strategy.etp"
+        raise SpecError(src, field, f"expert parallelism needs experts; {w.name} has none")
+    if w.moe and w.experts % ep:
+        raise SpecError(src, "strategy.ep", f"{ep} does not divide the model's {w.experts} experts")
+    ranks = strategy.tp * strategy.cp * setup.dp(strategy)
+    if ranks % (ep * etp):
+        raise SpecError(
+            src,
+            "strategy.ep",
+            f"ep x etp = {ep} x {etp} does not divide a stage's tp x cp x dp = {ranks} ranks "
+            "(the expert grid folds over them)",
+        )
+    folded = w.moe and ep * etp != strategy.tp * strategy.cp
+    if strategy.order == "tp-cp-ep-pp-dp" and strategy.pp > 1 and folded:
+        raise SpecError(
+            src,
+            "strategy.order",
+            f"tp-cp-ep-pp-dp with pp > 1 needs ep x etp = tp x cp ({ep} x {etp} is not "
+            f"{strategy.tp} x {strategy.cp}): Megatron-core keeps one pipeline grid for both",
         )
 
 
@@ -249,12 +263,13 @@ def _check_kernels(setup: Setup, strategy: Strategy) -> None:
                 f"{strategy.fsdp_shard} does not divide the data-parallel degree "
                 f"{setup.dp(strategy)}",
             )
-        if strategy.fsdp_shard % strategy.ep:
+        held = strategy.fsdp_shard * strategy.cp * strategy.tp
+        if held % (strategy.ep * strategy.expert_tp):
             raise SpecError(
                 src,
                 "strategy.fsdp_shard",
-                f"{strategy.fsdp_shard} is not a multiple of ep = {strategy.ep}: each shard group "
-                "must hold whole expert-parallel groups",
+                f"a shard group's {held} ranks (fsdp_shard x cp x tp) do not hold whole expert "
+                f"grids of ep x etp = {strategy.ep} x {strategy.expert_tp}",
             )
 
 

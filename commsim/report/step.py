@@ -107,7 +107,13 @@ def _batch_rows(b: dict[str, Any]) -> list[tuple[str, str, str]]:
         ("GPUs", f"{b['dp'] * b['tp'] * b['pp'] * b['cp']:,}", f"= {degrees}"),
     ]
     if b["ep"] > 1:
-        rows.append(("expert parallel", f"ep {b['ep']}", "experts split over ep ranks of dp"))
+        rows.append(
+            (
+                "expert parallel",
+                f"ep {b['ep']}, etp {b['etp']}",
+                "experts over ep ranks, each over etp, folded over tp x cp x dp",
+            )
+        )
     per = "stage" if b["pp"] > 1 else "GPU"
     rows += [
         (f"layers per {per}", _spread(b["stage_layers"], str), "transformer layers held"),

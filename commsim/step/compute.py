@@ -120,7 +120,8 @@ def stage_times(workload: Workload, gpu: GPUSpec, L) -> StageTimes:
         zero = np.zeros(len(L))
         return StageTimes(zero, zero, zero, fwd, BACKWARD_FACTOR * fwd, zero, zero)
     tokens = b * workload.seq_len / cp  # a GEMM's rows: the whole sequence (SP gathers it)
-    block = _Block(arch, rates, tokens, tp, L.ep.astype(float), fp8, flash, workload)
+    ep, etp = L.ep.astype(float), L.expert_tp.astype(float)
+    block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload)
     fwd, bwd, core = block.times(b, cp)
     pre_fwd, pre_bwd, post_fwd, post_bwd = _ends(arch, rates, tokens, tp)
     return StageTimes(fwd, bwd, core, pre_fwd, pre_bwd, post_fwd, post_bwd)
@@ -135,6 +136,7 @@ class _Block:
     tokens: np.ndarray
     tp: np.ndarray
     ep: np.ndarray
+    etp: np.ndarray  # expert tensor-parallel degree
     fp8: np.ndarray
     flash: np.ndarray
     workload: Workload
@@ -184,26 +186,27 @@ class _Block:
         qw, kvw = c.heads * hd, c.kv_heads * hd
         return [(t, (qw + 2 * kvw) / tp, h, 1.0), (t, h, qw / tp, 1.0)]
 
-    def _mlp_gemms(self, width, rows_scale, count):
-        """An MLP of `width` split over tp: up (and gate, fused), down."""
+    def _mlp_gemms(self, width, rows_scale, count, split=None):
+        """An MLP of `width` split over tp (or `split` ranks): up (and gate, fused), down."""
         c, t = self.arch, self.tokens * rows_scale
-        up = (2 if c.gated_mlp else 1) * width / self.tp
-        return [(t, up, c.hidden, count), (t, c.hidden, width / self.tp, count)]
+        split = self.tp if split is None else split
+        up = (2 if c.gated_mlp else 1) * width / split
+        return [(t, up, c.hidden, count), (t, c.hidden, width / split, count)]
 
     def _moe(self):
         """(seconds, cast bytes, HBM bytes) of an MoE MLP: the router, the shared experts,
-        and the routed experts as grouped GEMMs: each of the E / ep local experts gets the
-        ep group's ep x tokens x top_k x capacity / E tokens (Megatron's expert tensor
-        parallelism splits them over tp), plus permuting each routed copy of a token to its
-        expert and back (read and write h, twice)."""
+        and the routed experts as grouped GEMMs: the all-to-all over ep and the all-gather
+        over etp give each of the E / ep local experts etp x ep / (tp E) x tokens x top_k x
+        capacity rows of width / etp (MoE parallel folding), plus permuting each routed copy
+        of a token to its expert and back (read and write h, twice)."""
         c, t = self.arch, self.tokens
         width = c.moe_ffn_hidden or c.ffn_hidden
         routed = c.top_k * c.capacity_factor
-        per_expert = self.ep * routed / c.experts  # rows per local expert, per token
+        per_expert = self.etp * self.ep * routed / (self.tp * c.experts)  # rows, per token
         shapes = [(t, c.experts, c.hidden, 1.0)]  # router (replicated)
         if c.shared_experts:
             shapes += self._mlp_gemms(width * c.shared_experts, 1.0, 1.0)
-        shapes += self._mlp_gemms(width, per_expert, c.experts / self.ep)
+        shapes += self._mlp_gemms(width, per_expert, c.experts / self.ep, self.etp)
         seconds, cast = self._gemms(shapes)
         act = (3 if c.gated_mlp else 2) * width / self.tp * ACT  # the activation, per copy
         permute = 4 * c.hidden * ACT

@@ -34,7 +34,6 @@ from commsim.topology.build import Cluster
 from commsim.workload.model import BACKWARD_FACTOR, Workload
 
 ACT_BYTES = 2  # bf16 activations on the wire (tensor-parallel collectives, pipeline sends)
-TP_ALLREDUCES_FORWARD = 2  # per layer: after attention, after the MLP (Shoeybi et al. 2019)
 ALL_TO_ALLS_FORWARD = 2  # per MoE layer: dispatch tokens to experts, combine them back (GShard)
 
 
@@ -46,6 +45,12 @@ def tp_bytes(L: Layouts, sh: Shape) -> np.ndarray:
 def ep_bytes(L: Layouts, sh: Shape) -> np.ndarray:
     """Bytes one GPU sends in an expert all-to-all (_expert_parallel's formula)."""
     return tp_bytes(L, sh) * sh.routed / L.tp
+
+
+def etp_bytes(L: Layouts, sh: Shape) -> np.ndarray:
+    """Bytes of the expert tensor-parallel all-gather's output (and the reduce-scatter's
+    input) around the experts: the etp ranks' received token copies (_expert_parallel)."""
+    return ep_bytes(L, sh) * L.expert_tp
 
 
 def send_bytes(L: Layouts, sh: Shape) -> np.ndarray:
@@ -235,7 +240,7 @@ class StepModel:
         Sec. 4.2.2). With tp_overlap (Transformer Engine's userbuffers, Megatron-core
         --tp-comm-overlap) they run under the block's compute: only what exceeds it shows."""
         ar = self.groups.price("all-reduce", "tp", L, tp_bytes(L, self.shape))
-        fwd = TP_ALLREDUCES_FORWARD * ar
+        fwd = self.shape.tp_collectives * ar
         bwd = fwd * np.where(L.recompute == 2, 2.0, 1.0)
         fwd = np.where(L.tp_overlap, np.maximum(fwd - c.block_fwd, 0.0), fwd)
         bwd = np.where(L.tp_overlap, np.maximum(bwd - c.block_bwd, 0.0), bwd)
@@ -261,21 +266,23 @@ class StepModel:
         return c.blocks * fwd, c.blocks * bwd * np.where(L.recompute == 2, 1.5, 1.0)
 
     def _expert_parallel(self, L: Layouts, blocks: np.ndarray):
-        """Seconds of expert-parallel all-to-alls per micro-batch, forward and backward: per
-        MoE layer one dispatches tokens to their experts and one combines them back, again
-        backward (and with a full recompute's replayed forward). Each GPU sends b (s / tp) h
-        x 2 bytes x top_k x capacity factor in each: every expert's buffer holds capacity
-        factor x its even share of the top_k-routed tokens (GShard, Lepikhin et al. 2020,
-        arXiv:2006.16668; DeepSpeed-MoE); sequence parallelism splits the tokens over tp.
-        ep = 1: all experts are local."""
+        """Seconds of the expert layers' collectives per micro-batch, forward and backward:
+        per MoE layer one all-to-all dispatches tokens to their experts and one combines
+        them back, again backward (and with a full recompute's replayed forward). Each GPU
+        sends b (s / cp / tp) h x 2 bytes x top_k x capacity factor in each: every expert's
+        buffer holds capacity factor x its even share of the top_k-routed tokens (GShard,
+        Lepikhin et al. 2020, arXiv:2006.16668; DeepSpeed-MoE); sequence parallelism splits
+        the tokens over tp. With expert tensor parallelism (etp > 1) the received copies are
+        all-gathered over the etp group before the experts and reduce-scattered after them
+        (Megatron-core's all-to-all dispatcher), priced as an all-reduce of the gathered
+        bytes as tensor parallelism's are. ep = etp = 1: all experts are local."""
         sh = self.shape
         if not sh.routed:
             zero = np.zeros(len(L))
             return zero, zero
-        arch = self.workload.arch
-        moe = (arch.layers - arch.dense_layers) / arch.layers if arch is not None else 1.0
         a2a = self.groups.price("all-to-all", "ep", L, ep_bytes(L, sh))
-        forward = ALL_TO_ALLS_FORWARD * moe * blocks * a2a
+        gather = self.groups.price("all-reduce", "etp", L, etp_bytes(L, sh))
+        forward = sh.moe_share * blocks * (ALL_TO_ALLS_FORWARD * a2a + gather)
         return forward, forward * np.where(L.recompute == 2, 2.0, 1.0)
 
     def _sends(self, L: Layouts) -> np.ndarray:
@@ -308,6 +315,7 @@ class StepModel:
             grad_bytes=state_grad_bytes(L.plain, L.grad_bytes),
             bucket_mb=L.bucket_mb,
             ep=L.ep,
+            etp=L.etp,
             first_layers=L.first_layers,
             last_layers=L.last_layers,
             cp=L.cp,
