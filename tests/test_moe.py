@@ -11,10 +11,20 @@ import pytest
 from conftest import make_cluster
 from typer.testing import CliRunner
 
+from commsim import catalog
 from commsim.cli.app import app
 from commsim.planner.search import enumerate_layouts, search
 from commsim.scenario import load_scenario, resolve
 from commsim.specs import ModelSpec
+from commsim.step.compute import (
+    GROUPED_GEMM_STREAMS,
+    PERMUTE_PASS,
+    ROUTER_BYTES,
+    Rates,
+    _Block,
+    gemm_seconds,
+    tile_utilisation,
+)
 from commsim.step.groups import Groups
 from commsim.step.layouts import RANK_ORDERS
 from commsim.step.memory import ParallelLayout, memory_per_gpu
@@ -35,6 +45,7 @@ MOE = ModelSpec(
     capacity_factor=1.0,
     moe_ffn_hidden=512,
 )
+H100 = catalog.GPUS["h100"]
 
 
 def megatron_groups(kind, tp, cp, dp, pp, ep, etp, order):
@@ -103,6 +114,55 @@ def test_experts_shard_over_ep_times_etp():
     assert carved.optimizer == pytest.approx(folded.optimizer)
     # fp32 main gradients (unsharded under ZeRO-1): 4 bytes x (1/4 - 1/8)
     assert carved.grads - folded.grads == pytest.approx(4 * 4 * expert * (1 / 4 - 1 / 8))
+
+
+def test_tile_utilisation_of_concurrent_gemms_by_hand():
+    # 1024 x 5760 output: 4 x 45 = 180 whole tiles; alone 2 waves on 132 SMs (180 / 264),
+    # four at once 720 tiles in 6 waves (720 / 792)
+    assert float(tile_utilisation(1024, 5760, 132)) == pytest.approx(180 / 264)
+    assert float(tile_utilisation(1024, 5760, 132, 4)) == pytest.approx(720 / 792)
+    # the four take 4 x flops / (rate x 720 / 792)
+    t = gemm_seconds(1024, 5760, 2880, 1e15, 132, 4, 4)
+    assert float(t) == pytest.approx(4 * 2 * 1024 * 5760 * 2880 / (1e15 * 720 / 792))
+
+
+def _block(tp, ep, etp, tokens=4096.0, fp8=False):
+    w = build_workload(MOE)
+    arr = lambda x: np.array([float(x)])  # noqa: E731
+    return _Block(
+        w.arch, Rates.of(H100), arr(tokens), arr(tp), arr(ep), arr(etp), np.array([fp8]),
+        np.array([True]), w,
+    )  # fmt: skip
+
+
+def test_moe_layer_kernels_by_hand():
+    # t = 4096 tokens, tp 2: 2048 on this GPU, 2 copies each (top 2): 4096 copies; ep 4,
+    # etp 1: 2 local experts of 8 x 2 / (2 x 8) x 4096 = 2048 rows each, width 512
+    rates = Rates.of(H100)
+    seconds, cast, elementwise, moved = (float(x[0]) for x in _block(2, 4, 1)._moe())
+    assert cast == 0.0  # BF16
+    util = 128 / 132  # 2 experts x 8 x 8 tiles of 256 x 128 at once: one wave
+    up = 2 * 2048 * 1024 * 1024 * 2 / (rates.gemm * util)  # gate + up: 2 x 512 columns
+    down = 2 * 2048 * 1024 * 512 * 2 / (rates.gemm * util)
+    router = 2 * 2048 * 8 * 1024 / (rates.gemm * (8 / 128) * (8 / 132))  # 8 tiles of 8 columns
+    assert seconds == pytest.approx(up + down + router)
+    # SwiGLU reads gate and up, writes their product (3 x 512 x 2 bytes) per copy; the
+    # router's 21 bytes per token and expert
+    assert elementwise == pytest.approx(4096 * 3 * 512 * 2 + 2048 * 8 * ROUTER_BYTES)
+    # permute and unpermute the 4096 copies, sort and unsort them by local expert: 4 passes
+    # reading and writing h = 1024 bf16 values
+    assert moved == pytest.approx(2 * PERMUTE_PASS * (4096 + 4096) * 1024 * 2)
+    assert GROUPED_GEMM_STREAMS == 4
+
+
+@pytest.mark.parametrize("tp,ep,etp", [(1, 1, 1), (2, 4, 1), (2, 2, 2), (4, 8, 1), (4, 2, 4)])
+def test_expert_flops_do_not_depend_on_the_fold(tp, ep, etp):
+    # whatever the grid, a GPU's expert GEMMs do its own tokens' share: t / tp tokens x top
+    # 2 x 3 matrices of 1024 x 512 x 2 FLOPs (an independent count from the workload's side)
+    b = _block(tp, ep, etp)
+    shapes = b._mlp_gemms(512, b.etp * b.ep * 2 / (b.tp * 8), 8 / b.ep, b.etp)
+    flops = sum(2 * m * n * k * count for m, n, k, count in shapes)
+    assert float(flops[0]) == pytest.approx(4096 / tp * 2 * 3 * 1024 * 512 * 2)
 
 
 def _predict(*args):
