@@ -125,7 +125,7 @@ def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
                 ("compute_s", "compute"),
                 ("bubble_s", "pipeline bubble"),
                 ("tp_comm_s", "tensor-parallel comm"),
-                ("ep_comm_s", "expert-parallel all-to-all"),
+                ("ep_comm_s", "expert-parallel comm"),
                 ("pp_comm_s", "pipeline sends"),
                 ("dp_exposed_s", "exposed data-parallel comm"),
                 ("exposed_comm_s", "exposed comm"),

@@ -33,7 +33,7 @@ def step_table(title: str, pred: dict[str, Any]) -> Table:
                 ("bubble_s", "pipeline bubble", "(p - 1) / v idle ticks"),
                 ("tp_comm_s", "tensor-parallel comm", "on the critical path"),
                 ("cp_comm_s", "context-parallel comm", "K/V exchange not hidden"),
-                ("ep_comm_s", "expert-parallel all-to-all", "on the critical path"),
+                ("ep_comm_s", "expert-parallel comm", "all-to-alls, etp gathers: critical path"),
                 ("pp_comm_s", "pipeline sends", "on the critical path"),
                 ("dp_comm_s", "data-parallel comm", "gradient sync / ZeRO collectives"),
                 ("dp_exposed_s", "  of it exposed", "not hidden under backward"),

@@ -78,7 +78,7 @@ class StepBreakdown:
     bubble: np.ndarray  # pipeline fill and drain: (p - 1) / v ticks, comm included
     tp_comm: np.ndarray  # tensor-parallel collectives on the critical path (after overlap)
     cp_comm: np.ndarray  # context-parallel K/V exchange not hidden under attention
-    ep_comm: np.ndarray  # expert-parallel all-to-alls (MoE), on the critical path
+    ep_comm: np.ndarray  # expert all-to-alls and etp gathers (MoE), on the critical path
     pp_comm: np.ndarray  # pipeline sends between stages, on the critical path
     dp_comm: np.ndarray  # data-parallel / ZeRO collectives in all
     dp_exposed: np.ndarray  # the data-parallel sync (and a comm hook's codec) not hidden
