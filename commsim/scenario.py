@@ -160,6 +160,7 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
             f"{s.global_batch} is not a multiple of "
             f"data-parallel degree x micro_batch = {per_step}",
         )
+    _check_experts(setup, strategy)
     if strategy.data_parallel_only:
         return
     _check_model_parallel(setup, strategy)
@@ -207,7 +208,6 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
             f"it needs at least {strategy.pp} per step, this layout has "
             f"{setup.micro_batches(strategy)} (global_batch / (dp x micro_batch))",
         )
-    _check_experts(setup, strategy)
     if strategy.placement not in PLACEMENT_KINDS:
         raise SpecError(
             src, "strategy.placement", f"hybrid layouts take {' or '.join(PLACEMENT_KINDS)}"
@@ -222,7 +222,7 @@ def _check_experts(setup: Setup, strategy: Strategy) -> None:
     (a dense model has no expert grid)."""
     src, w = setup.source, setup.workload
     ep, etp = strategy.ep, strategy.expert_tp
-    if (ep > 1 or etp != strategy.tp) and not w.moe:
+    if (ep > 1 or strategy.etp is not None) and not w.moe:
         field = "strategy.ep" if ep > 1 else "strategy.etp"
         raise SpecError(src, field, f"expert parallelism needs experts; {w.name} has none")
     if w.moe and w.experts % ep:

@@ -210,3 +210,12 @@ def test_the_search_and_predict_agree_on_folded_layouts():
         variant = type(setup)(sc, setup.source, setup.cluster, setup.gpu, setup.workload)
         predicted = predict(variant, strategy).step_time_s
         assert predicted == pytest.approx(float(found.breakdown.step[row[i]]), rel=1e-9)
+
+
+@pytest.mark.parametrize("command", ["predict", "plan"])
+@pytest.mark.parametrize("flag", [("--ep", "4"), ("--etp", "1")])
+def test_expert_flags_on_a_dense_model_are_refused(command, flag):
+    args = ["--model", "llama2-7b", "--cluster", "dgx-h100-ib", "--gpus", "16"]
+    result = CliRunner().invoke(app, [command, *args, "--global-batch", "64", *flag])
+    assert result.exit_code == 2, result.output
+    assert f"{' '.join(flag)}: expert parallelism needs experts" in result.output

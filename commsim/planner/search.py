@@ -87,10 +87,11 @@ def context_parallel_choices(seq_len: int) -> list[int]:
 
 
 def expert_grids(setup: Setup, pins: dict[str, Any], tp: int, cp: int, dp: int) -> list:
-    """(ep, etp) expert grids folded over a stage's tp x cp x dp ranks (etp 0: tp)."""
+    """(ep, etp) expert grids folded over a stage's tp x cp x dp ranks (etp 0: tp); none
+    where a pinned ep or etp cannot apply (a dense model has no expert grid)."""
     w = setup.workload
     if not w.moe:
-        return [(1, 0)]
+        return [(1, 0)] if pins.get("ep", 1) == 1 and "etp" not in pins else []
     eps = [e for e in _choices(pins, "ep", EXPERT_PARALLEL) if w.experts % e == 0]
     etps = _choices(pins, "etp", sorted({tp, 1}))
     return [
