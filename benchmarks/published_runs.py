@@ -189,9 +189,8 @@ def setup_of(
 def layout(s: Strategy, dp: int, micro_batch: int, micro_batches: int) -> str:
     """The layout as commsim's tables label it, with the micro-batch count and recompute."""
     doc = {"strategy": s.model_dump(), "layout": {"dp": dp, "micro_batch": micro_batch}}
-    return f"{layout_label(doc)}x{micro_batches} {s.recompute}".replace(" sel ", " ").replace(
-        " ful ", " "
-    )
+    label = f"{layout_label(doc)}x{micro_batches} {s.recompute}"
+    return label.replace(f" {s.recompute[:3]} ", " ", 1) if s.recompute != "none" else label
 
 
 def compare(

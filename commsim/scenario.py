@@ -160,7 +160,14 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
             f"{s.global_batch} is not a multiple of "
             f"data-parallel degree x micro_batch = {per_step}",
         )
-    _check_experts(setup, strategy)
+    if strategy.states == "fsdp" and strategy.zero != 3:
+        raise SpecError(
+            src, "strategy.states", f"fsdp describes ZeRO-3's shards; zero is {strategy.zero}"
+        )
+    if strategy.etp is not None and not w.moe:  # before the plain-DDP shortcut: etp 1 is plain
+        raise SpecError(
+            src, "strategy.etp", f"expert tensor parallelism needs experts; {w.name} has none"
+        )
     if strategy.data_parallel_only:
         return
     _check_model_parallel(setup, strategy)
@@ -178,15 +185,16 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
             f"{w.name} is not a transformer: only data "
             "parallelism (tp = pp = 1, zero 0, no recompute) applies",
         )
-    blocks = sum(layer.name.startswith("block.") for layer in w.layers)
-    if w.heads % strategy.tp:
+    check_model_axes(w, strategy, src)
+    if strategy.recompute == "op" and (w.arch is None or w.arch.mla or w.arch.experts > 1):
+        has = "no transformer layers" if w.arch is None else "MLA or experts"
         raise SpecError(
             src,
-            "strategy.tp",
-            f"{strategy.tp} does not divide the model's {w.heads} attention heads",
+            "strategy.recompute",
+            f"op-level checkpointing is modelled for dense attention blocks (torchtitan's "
+            f"Llama); {w.name} has {has}",
         )
-    if strategy.pp > blocks:
-        raise SpecError(src, "strategy.pp", f"{strategy.pp} pipeline stages for {blocks} layers")
+    blocks = sum(layer.name.startswith("block.") for layer in w.layers)
     first, last = strategy.first_stage_layers, strategy.last_stage_layers
     uneven = first is not None or last is not None
     problem = split_problem(
@@ -208,6 +216,7 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
             f"it needs at least {strategy.pp} per step, this layout has "
             f"{setup.micro_batches(strategy)} (global_batch / (dp x micro_batch))",
         )
+    _check_experts(setup, strategy)
     if strategy.placement not in PLACEMENT_KINDS:
         raise SpecError(
             src, "strategy.placement", f"hybrid layouts take {' or '.join(PLACEMENT_KINDS)}"
@@ -216,17 +225,14 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
 
 def _check_experts(setup: Setup, strategy: Strategy) -> None:
     """MoE parallel folding (Megatron-core, arXiv:2504.14960): the expert grid etp x ep x
-    edp covers each stage's tp x cp x dp ranks, ep divides the experts; with the pipeline
-    inside data parallelism (tp-cp-ep-pp-dp) Megatron-core needs the two grids' data-
-    parallel degrees equal (etp x ep = tp x cp) so that both keep the same pipeline groups
-    (a dense model has no expert grid)."""
+    edp covers each stage's tp x cp x dp ranks; with the pipeline inside data parallelism
+    (tp-cp-ep-pp-dp) Megatron-core needs the two grids' data-parallel degrees equal (etp x
+    ep = tp x cp) so that both keep the same pipeline groups (a dense model has no expert
+    grid; check_model_axes says so)."""
     src, w = setup.source, setup.workload
+    if not w.moe:
+        return
     ep, etp = strategy.ep, strategy.expert_tp
-    if (ep > 1 or strategy.etp is not None) and not w.moe:
-        field = "strategy.ep" if ep > 1 else "strategy.etp"
-        raise SpecError(src, field, f"expert parallelism needs experts; {w.name} has none")
-    if w.moe and w.experts % ep:
-        raise SpecError(src, "strategy.ep", f"{ep} does not divide the model's {w.experts} experts")
     ranks = strategy.tp * strategy.cp * setup.dp(strategy)
     if ranks % (ep * etp):
         raise SpecError(
@@ -235,13 +241,36 @@ def _check_experts(setup: Setup, strategy: Strategy) -> None:
             f"ep x etp = {ep} x {etp} does not divide a stage's tp x cp x dp = {ranks} ranks "
             "(the expert grid folds over them)",
         )
-    folded = w.moe and ep * etp != strategy.tp * strategy.cp
-    if strategy.order == "tp-cp-ep-pp-dp" and strategy.pp > 1 and folded:
+    if (
+        strategy.order == "tp-cp-ep-pp-dp"
+        and strategy.pp > 1
+        and ep * etp != strategy.tp * strategy.cp
+    ):
         raise SpecError(
             src,
             "strategy.order",
             f"tp-cp-ep-pp-dp with pp > 1 needs ep x etp = tp x cp ({ep} x {etp} is not "
             f"{strategy.tp} x {strategy.cp}): Megatron-core keeps one pipeline grid for both",
+        )
+
+
+def check_model_axes(w: Workload, strategy: Strategy, src: str) -> None:
+    """The model's own limits on the degrees, whatever the GPU count: tp divides the attention
+    heads, pp at most the layers, ep divides the experts (SpecError)."""
+    blocks = sum(layer.name.startswith("block.") for layer in w.layers)
+    if w.heads is not None and w.heads % strategy.tp:
+        raise SpecError(
+            src,
+            "strategy.tp",
+            f"{strategy.tp} does not divide the model's {w.heads} attention heads",
+        )
+    if strategy.pp > max(blocks, 1):
+        raise SpecError(src, "strategy.pp", f"{strategy.pp} pipeline stages for {blocks} layers")
+    if strategy.ep > 1 and not w.moe:
+        raise SpecError(src, "strategy.ep", f"expert parallelism needs experts; {w.name} has none")
+    if strategy.ep > 1 and w.experts % strategy.ep:
+        raise SpecError(
+            src, "strategy.ep", f"{strategy.ep} does not divide the model's {w.experts} experts"
         )
 
 

@@ -61,5 +61,17 @@ def read_yaml(path: str | Path) -> Any:
 
 
 def load_spec(cls: type[Spec], path: str | Path) -> Any:
-    """Read and validate one YAML spec file."""
-    return parse_spec(cls, read_yaml(path), str(path))
+    """Read and validate one YAML spec file; a GPU file a cluster file names (node.gpu) by a
+    relative path is found beside the cluster file when it is there."""
+    data = read_yaml(path)
+    node = data.get("node") if isinstance(data, dict) else None
+    gpu = node.get("gpu") if isinstance(node, dict) else None
+    if (
+        isinstance(gpu, str)
+        and Path(gpu).suffix in (".yaml", ".yml")
+        and not Path(gpu).is_absolute()
+    ):
+        beside = (Path(path).parent / gpu).resolve()
+        if beside.exists():
+            node["gpu"] = str(beside)
+    return parse_spec(cls, data, str(path))

@@ -317,7 +317,8 @@ class Strategy(Spec):
     tp: int = Field(default=1, ge=1)  # tensor-parallel degree
     pp: int = Field(default=1, ge=1)  # pipeline stages
     zero: Literal[0, 1, 2, 3] = 0  # ZeRO stage; 3 is FSDP full-shard
-    recompute: Literal["none", "selective", "full"] = "none"
+    # none; Megatron's selective (the attention core) or full; torchtitan's op-level ("op")
+    recompute: Literal["none", "selective", "full", "op"] = "none"
     interleave: int = Field(default=1, ge=1)  # virtual pipeline stages per rank
     # an uneven pipeline split, as Megatron-core's --decoder-first-pipeline-num-layers and
     # --decoder-last-pipeline-num-layers: the first / last stage's transformer layers, the
@@ -333,7 +334,8 @@ class Strategy(Spec):
     algorithm: Algorithm = "auto"
     placement: Placement = "blocked"
     bucket_mb: float = Field(default=25.0, gt=0)  # DDP bucket_cap_mb (MiB)
-    first_bucket_mb: float = Field(default=1.0, gt=0)  # DDP's small first bucket (MiB)
+    # DDP's first bucket (MiB); None: as torch >= 2.4 forms it (step.buckets.first_bucket_mb)
+    first_bucket_mb: float | None = Field(default=None, gt=0)
     overlap: bool = True
     grad_dtype: GradDtype = "fp32"  # DDP all-reduces fp32 grads by default
     ps_shards: int = Field(default=1, ge=1)
@@ -342,7 +344,12 @@ class Strategy(Spec):
     cp: int = Field(default=1, ge=1)  # context-parallel degree (Megatron-core ring attention)
     precision: Literal["bf16", "fp8"] = "bf16"  # the blocks' GEMMs (Transformer Engine FP8)
     flash_attention: bool = True  # fused attention: no s x s scores kept, causal half computed
-    tp_overlap: bool = False  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
+    tp_overlap: bool = False
+    # how ZeRO-3 keeps its shards: bf16 weights beside an fp32 master copy ("zero": DeepSpeed,
+    # Megatron) or fp32 weights that are the master ("fsdp": PyTorch FSDP, step.memory._states)
+    states: Literal["zero", "fsdp"] = (
+        "zero"  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
+    )
     fsdp_shard: int | None = Field(default=None, ge=1)  # hybrid sharding: ZeRO-3 groups (HSDP)
     order: RankOrder = "tp-cp-ep-dp-pp"  # how ranks map to GPUs, fastest-varying first
 

@@ -268,3 +268,24 @@ def test_a_gpu_without_a_compute_capability_under_nccl_names_the_field(tmp_path)
     result = CliRunner().invoke(app, ["collective", "all-reduce", "--cluster", str(cluster)])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "node.gpu: mygpu has no compute_capability" in result.output
+
+
+def test_a_gpu_file_beside_the_cluster_file_is_found_from_anywhere(tmp_path, monkeypatch):
+    """A cluster file naming its GPU file by a relative path finds it beside itself, from any
+    working directory; a relative path that is not beside it stays the user's path."""
+    from commsim.spec_io import load_spec
+    from commsim.specs import ClusterSpec
+
+    home = tmp_path / "clusters"
+    home.mkdir()
+    (home / "mygpu.yaml").write_text(
+        "name: mygpu\npeak_flops: 5e14\nhbm_bytes: 96GB\nhbm_bandwidth: 2TB/s\n"
+        "nvlink_bandwidth: 300GB/s\nsource: a test\ncompute_capability: 9.0\n"
+    )
+    text = Path("topologies/dgx-a100-ib.yaml").read_text()
+    (home / "c.yaml").write_text(re.sub(r"gpu: \S+", "gpu: mygpu.yaml", text, count=1))
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(ClusterSpec, "clusters/c.yaml")
+    assert Path(spec.node.gpu) == home / "mygpu.yaml"
+    (home / "d.yaml").write_text(re.sub(r"gpu: \S+", "gpu: elsewhere.yaml", text, count=1))
+    assert load_spec(ClusterSpec, "clusters/d.yaml").node.gpu == "elsewhere.yaml"

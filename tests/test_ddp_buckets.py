@@ -3,9 +3,15 @@ cases from torch's history, and the installed torch's own setting."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from commsim.step.buckets import DDP_FIRST_BUCKET_BYTES, MIB, ddp_first_bucket_bytes
+from commsim.step.buckets import (
+    DDP_FIRST_BUCKET_BYTES,
+    MIB,
+    ddp_first_bucket_bytes,
+    first_bucket_mb,
+)
 
 
 @pytest.mark.parametrize(
@@ -43,3 +49,26 @@ def test_the_installed_torch_agrees(cap_mb):
     assert config.first_bucket_bytes_cap == ours
     if cap_mb is None:
         assert ours == DDP_FIRST_BUCKET_BYTES
+
+
+def test_a_strategy_first_bucket_as_torch_forms_it():
+    """Hand cases: DDP's default 25 MiB cap reads as no bucket_cap_mb (1 MiB first bucket),
+    any other cap as passed (the cap), a first bucket the strategy sets wins."""
+    got = first_bucket_mb(np.array([25.0, 100.0, 1.0, 25.0]))
+    assert got.tolist() == [1.0, 100.0, 1.0, 1.0]
+    assert first_bucket_mb(np.array([25.0, 100.0]), 4.0).tolist() == [4.0, 4.0]
+    assert float(first_bucket_mb(50.0)) == 50.0
+
+
+def test_predict_and_search_form_the_same_first_bucket():
+    """The one model: a searched row and the same strategy predicted alone agree."""
+    from commsim.planner.search import enumerate_layouts
+    from commsim.scenario import load_scenario, resolve
+    from commsim.step.layouts import Layouts
+
+    spec, source = load_scenario(None, {"bucket_mb": 100.0})
+    setup = resolve(spec, source)
+    searched = enumerate_layouts(setup, {"bucket_mb": 100.0, "tp": 1, "pp": 1})
+    assert set(searched.first_bucket_mb.tolist()) == {100.0}
+    alone = Layouts.of([setup.scenario.strategy], 1, lambda s: 1, lambda s: 1)
+    assert alone.first_bucket_mb.tolist() == [100.0]

@@ -8,14 +8,15 @@ import pytest
 
 from commsim.catalog import gpu
 from commsim.specs import LayerSpec, ModelSpec, SpecError
+from commsim.step.inflight import in_flight
 from commsim.step.memory import (
     ACTIVATION_BYTES_PER_FLOP,
     MIB,
     RECOMPUTE,
     WORKSPACE_BYTES,
+    MemoryBreakdown,
     ParallelLayout,
     activation_bytes_per_layer,
-    in_flight,
     memory_per_gpu,
     memory_per_gpu_batch,
     usable_bytes,
@@ -305,3 +306,55 @@ def test_a_hf_config_with_dropout_keeps_its_masks(tmp_path):
     )
     with pytest.raises(SpecError, match="attention_dropout: expected a probability"):
         read_config(bad)
+
+
+def test_a_near_miss_is_told_apart_from_the_room():
+    """A need just over the room gets the decimals that show it is over: never 72.0 of 72.0."""
+    h100 = gpu("h100")
+    room = 80e9 * 0.9
+    m = MemoryBreakdown(params=room + 3e6, grads=0.0, optimizer=0.0, activations=0.0, buffers=0.0)
+    assert "needs 72.003 GB of 72.000 GB usable" in m.reason(h100)
+
+
+def test_fsdp_keeps_fp32_shards_that_are_the_master():
+    """ZeRO-3 as DeepSpeed keeps it: 2 (bf16 weights) + 4 (fp32 grads) + 12 (master, m, v);
+    as PyTorch FSDP keeps it: 4 (fp32 weights, the master) + 4 (fp32 grads) + 8 (m, v)."""
+    w = one_layer(1e9)
+    zero = memory_per_gpu(w, ParallelLayout(dp=8, zero=3, grad_bytes=4))
+    fsdp = memory_per_gpu(w, ParallelLayout(dp=8, zero=3, grad_bytes=4, fsdp_states=True))
+    assert zero.params + zero.grads + zero.optimizer == pytest.approx(18e9 / 8)
+    assert (fsdp.params, fsdp.grads, fsdp.optimizer) == pytest.approx((4e9 / 8, 4e9 / 8, 8e9 / 8))
+    # below ZeRO-3 the flag changes nothing (and a strategy refuses it there)
+    one = memory_per_gpu(w, ParallelLayout(dp=8, zero=1, grad_bytes=4, fsdp_states=True))
+    assert one == memory_per_gpu(w, ParallelLayout(dp=8, zero=1, grad_bytes=4))
+
+
+def test_fsdp_flag_states_and_refusal():
+    from commsim.cli.options import setup_from_flags
+    from commsim.scenario import load_scenario, resolve
+    from commsim.specs import SpecError
+
+    setup = setup_from_flags(None, fsdp=True, model="llama2-7b", gpus=8, global_batch=8)
+    assert (setup.scenario.strategy.zero, setup.scenario.strategy.states) == (3, "fsdp")
+    sc, src = load_scenario(None, {"model": "llama2-7b", "zero": 1, "states": "fsdp", "gpus": 8})
+    with pytest.raises(SpecError, match="strategy.states: fsdp describes ZeRO-3"):
+        resolve(sc, src)
+
+
+def test_search_and_predict_agree_on_fsdp_states():
+    from commsim.planner.search import enumerate_layouts, search
+    from commsim.scenario import load_scenario, resolve
+    from commsim.step.predict import predict, step_model
+
+    sc, src = load_scenario(None, {"model": "llama2-7b", "gpus": 16, "zero": 3, "states": "fsdp"})
+    setup = resolve(sc, src)
+    layouts = enumerate_layouts(setup, {"zero": 3})
+    found = search(step_model(setup), layouts)
+    for k, i in list(enumerate(found.fitting))[:: max(1, len(found.fitting) // 15)]:
+        strategy = layouts.strategy(int(i), setup.scenario.strategy)
+        assert strategy.states == "fsdp"
+        variant = setup.scenario.model_copy(update={"micro_batch": int(layouts.micro_batch[i])})
+        one = type(setup)(variant, setup.source, setup.cluster, setup.gpu, setup.workload)
+        got = predict(one, strategy)
+        assert got.memory.total == pytest.approx(float(found.memory[i]), rel=1e-12)
+        assert got.step_time_s == pytest.approx(float(found.breakdown.step[k]), rel=1e-9)

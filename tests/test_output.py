@@ -339,6 +339,13 @@ def test_csv_rows_match_the_json(tmp_path):
     with plan_csv.open() as f:
         plan_rows = list(csv.DictReader(f))
     assert plan_rows and "strategy.zero" in plan_rows[0] and "memory.total_bytes" in plan_rows[0]
+    step_csv = tmp_path / "step.csv"
+    run("predict", "--csv", str(step_csv))
+    with step_csv.open() as f:
+        (step,) = list(csv.DictReader(f))
+    step_doc = json.loads(run("predict", "--json").stdout)
+    assert float(step["step_time_s"]) == pytest.approx(step_doc["step_time_s"])
+    assert step["strategy.first_bucket_mb"] == "1.0" and "buckets" not in step
 
 
 def test_curves_that_coincide_are_drawn_once():

@@ -37,6 +37,7 @@ def _parts(m, v=1, send=0.0, dp_comm=0.6, dp_exposed=0.2, optimizer=0.5):
     """A StepBreakdown row for uniform stages: every micro-batch costs the same."""
     return dict(
         compute=m * (F + B),
+        forward=m * F,
         tp_comm=m * (TP_F + TP_B),
         pp_comm=m * 2.0 * send * v,
         dp_comm=dp_comm,
@@ -217,7 +218,9 @@ def test_the_step_ends_with_dp_sync_and_optimizer():
 
 
 def test_full_recompute_splits_forward_and_backward_one_to_three():
-    ops = simulate(1, 2, 1, chunk_times(_layout(1, 2, recompute="full"), _parts(2)))
+    # the step model's compute under full recomputation: the forward again in the backward
+    parts = _parts(2) | {"compute": 2 * (F + B + F)}
+    ops = simulate(1, 2, 1, chunk_times(_layout(1, 2, recompute="full"), parts))
     fwd = [o.compute_end - o.start for o in ops if o.kind == "F"]
     bwd = [o.compute_end - o.start for o in ops if o.kind == "B"]
     assert bwd[0] == pytest.approx(3 * fwd[0])

@@ -100,35 +100,38 @@ def test_cluster_yaml_overrides_rates_repair_and_storage():
         parse_spec(ClusterSpec, data, "c.yaml")
 
 
-def _graph_down(cluster, part, index) -> tuple[set[int], int]:
-    """Independent blast radius: remove the part from the network graph (NICs and
-    switches), keep the largest group of nodes whose NICs all still reach each other; the
-    other nodes are down. Also returns the number of components holding NICs."""
+def _card_components(cluster, drop_edges: set[int], drop_vertex: str | None) -> dict[str, int]:
+    """Each NIC card's connected component in the network graph (NICs and switches, no GPUs
+    or hubs) without the dropped edges or switch."""
     g = nx.Graph()
-    drop_edges: set[int] = set()
-    drop_vertex = None
-    if part in ("leaf", "spine", "core"):
-        drop_vertex = f"{part}{index}"
-    else:
-        drop_edges = set(blast_radius(cluster, part, index).edges.tolist())
     for i, name in enumerate(cluster.names):
         u, v = name.split("->")
         if u.startswith(("gpu", "hub")) or v.startswith(("gpu", "hub")) or i in drop_edges:
             continue
-        if drop_vertex in (u, v):
-            continue
-        g.add_edge(u, v)
-    nics = [f"nic{k}.{r}" for k in range(cluster.n_nodes) for r in range(cluster.nics_per_node)]
-    g.add_nodes_from(nics)
-    comps = [c for c in nx.connected_components(g) if any(x.startswith("nic") for x in c)]
-    whole = []
-    for comp in comps:
-        nodes = {int(x[3:].split(".")[0]) for x in comp if x.startswith("nic")}
-        whole.append(
-            {k for k in nodes if all(f"nic{k}.{r}" in comp for r in range(cluster.nics_per_node))}
-        )
-    keep = max(whole, key=len)
-    return set(range(cluster.n_nodes)) - keep, len(comps)
+        if drop_vertex not in (u, v):
+            g.add_edge(u, v)
+    cards = cluster.nics_per_node // cluster.ports_per_nic  # a NIC vertex is a card
+    g.add_nodes_from(f"nic{k}.{r}" for k in range(cluster.n_nodes) for r in range(cards))
+    return {x: n for n, comp in enumerate(nx.connected_components(g)) for x in comp}
+
+
+def _graph_down(cluster, part, index) -> set[int]:
+    """Independent blast radius: remove the part from the network graph; of the NIC cards
+    that reached each other before (one fabric, or one plane of a multi-plane fabric), those
+    outside the largest group that still does are cut off, and their nodes are down."""
+    drop_vertex = f"{part}{index}" if part in ("leaf", "spine", "core") else None
+    drop_edges = set() if drop_vertex else set(blast_radius(cluster, part, index).edges.tolist())
+    before = _card_components(cluster, set(), None)
+    after = _card_components(cluster, drop_edges, drop_vertex)
+    groups: dict[int, dict[int, list[str]]] = {}
+    for card in (x for x in before if x.startswith("nic")):
+        groups.setdefault(before[card], {}).setdefault(after[card], []).append(card)
+    down = set()
+    for pieces in groups.values():
+        largest = max(pieces.values(), key=len)
+        cut = [c for piece in pieces.values() if piece is not largest for c in piece]
+        down |= {int(c[3:].split(".")[0]) for c in cut}
+    return down
 
 
 FABRICS = {
@@ -138,6 +141,9 @@ FABRICS = {
     "one spine": dict(
         nodes=12, nics=1, nodes_per_leaf=2, tiers=3, leaves_per_pod=2, uplinks_per_leaf=1
     ),
+    # Alibaba HPN's shape: rail-optimised, each NIC's two ports to two ToRs in two planes
+    "dual-ToR": dict(nodes=8, nics=2, nodes_per_leaf=4, rail_optimized=True, nic_ports=2, planes=2),
+    "multi-plane": dict(nodes=8, nics=2, nodes_per_leaf=4, rail_optimized=True, planes=2),
 }
 
 
@@ -148,9 +154,13 @@ def test_blast_radius_is_what_the_graph_says(name):
     for part, _, indices in fabric_parts(cluster):
         for index in indices:
             blast = blast_radius(cluster, part, index)
-            down, _ = _graph_down(cluster, part, index)
+            down = _graph_down(cluster, part, index)
             assert set(blast.nodes.tolist()) == down, (part, index)
             kinds.add((part, blast.interrupts))
+    if name == "dual-ToR":  # no single ToR or port cable stops a node: the other port runs
+        assert ("leaf", False) in kinds and ("nic cable", False) in kinds
+        assert not any(interrupts for _, interrupts in kinds)
+        return
     assert ("leaf", True) in kinds and ("nic cable", True) in kinds
     if name == "one spine":  # a pod's only spine or a leaf's only uplink cuts nodes off
         assert ("spine", True) in kinds and ("leaf uplink", True) in kinds
@@ -180,6 +190,11 @@ def test_exposure_counts_by_hand():
     assert parts["nic cable"].interrupting == 8
     assert parts["leaf uplink"].units == 2 * 4 and parts["leaf uplink"].interrupting == 0
     assert parts["spine"].interrupting == 0
+    # the same with dual-port NICs, each port to its own ToR (HPN): 8 cards of 16 ports
+    dual = make_cluster(32, nodes=4, nics=2, nodes_per_leaf=2, nic_ports=2, planes=2)
+    parts = {e.part: e for e in exposures(dual, 32)}
+    assert parts["nic"].units == 8 and parts["nic cable"].units == 16
+    assert parts["nic cable"].interrupting == 0 and parts["leaf"].interrupting == 0
     single = {e.part for e in exposures(make_cluster(8, nodes=4), 8)}
     assert "leaf" not in single  # one node never touches the fabric
 

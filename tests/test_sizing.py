@@ -86,3 +86,33 @@ def test_sizing_cli_json(tmp_path):
 def test_sizing_bad_input(args, expect):
     result = CliRunner().invoke(app, ["plan", *args])
     assert result.exit_code == 2 and expect in result.output, result.output
+
+
+def test_sizing_refuses_a_pin_the_model_cannot_take_at_any_size():
+    """GPT-2 XL has 25 heads: --tp 2 can run on no cluster, said once, before any work."""
+    from typer.testing import CliRunner
+
+    from commsim.cli.app import app
+
+    args = ["plan", "--gpus", "8:64", "--tokens", "1e9"]
+    result = CliRunner().invoke(app, [*args, "--tp", "2"])
+    assert result.exit_code == 2
+    assert "--tp 2: 2 does not divide the model's 25 attention heads" in result.output
+
+
+def test_a_size_without_a_layout_says_why_and_no_deadline_is_blamed():
+    """pp 16 cannot split 8 GPUs: that row says so; 16 and 32 GPUs run."""
+    from typer.testing import CliRunner
+
+    from commsim.cli.app import app
+
+    args = ["plan", "--gpus", "8:32", "--tokens", "1e9", "--pp", "16", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = {r["gpus"]: r for r in json.loads(result.output)["sizing"]}
+    assert "strategy" not in rows[8]
+    assert "no layout of gpt2-xl runs on 8 GPUs with pp 16" in rows[8]["note"]
+    assert rows[16]["strategy"]["pp"] == rows[32]["strategy"]["pp"] == 16
+    empty = CliRunner().invoke(app, ["plan", "--gpus", "8:16", "--tokens", "1e9", "--pp", "32"])
+    assert "no size has a layout that runs" in empty.output
+    assert "deadline" not in empty.output

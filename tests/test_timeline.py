@@ -6,7 +6,7 @@ import pytest
 from commsim.catalog import gpu
 from commsim.planner.search import DDP_BUCKETS_MB
 from commsim.specs import Strategy
-from commsim.step.buckets import MIB, assign_buckets, stage_buckets
+from commsim.step.buckets import MIB, assign_buckets, first_bucket_mb, stage_buckets
 from commsim.step.layouts import DTYPE_BYTES
 from commsim.step.predict import ddp_timeline
 from commsim.step.sync import BucketCosts
@@ -28,7 +28,7 @@ def simulate_step(w, gpu_, strategy, sync, efficiency=0.5):
         1,
         g,
         strategy.bucket_mb * MIB,
-        strategy.first_bucket_mb * MIB,
+        float(first_bucket_mb(strategy.bucket_mb, strategy.first_bucket_mb)) * MIB,
         tuple(backward.tolist()),
     )
     none = np.zeros(len(plan))

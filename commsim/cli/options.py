@@ -84,12 +84,13 @@ EtpOpt = Annotated[
 ]
 ZeroOpt = Annotated[int | None, typer.Option("--zero", help="ZeRO stage 0, 1, 2 or 3.")]
 FsdpOpt = Annotated[bool, typer.Option("--fsdp", help="FSDP full shard (the same as --zero 3).")]
+FSDP = {"zero": 3, "states": "fsdp"}  # what --fsdp sets: ZeRO-3 with PyTorch FSDP's shards
 RecomputeOpt = Annotated[
     str | None,
     typer.Option(
         "--recompute",
         "--recompute-granularity",
-        help="Activation recomputation: none, selective, full.",
+        help="Activation recomputation: none, selective (Megatron's), full, op (torchtitan's).",
     ),
 ]
 InterleaveOpt = Annotated[
@@ -225,14 +226,15 @@ def setup_from_flags(
     **overrides: Any,
 ) -> Setup:
     """The scenario file (or the built-in one) with the flags' values, resolved; --fsdp is
-    --zero 3, and Megatron's --num-layers-per-virtual-pipeline-stage becomes interleave."""
+    --zero 3 with PyTorch FSDP's shards (states: fsdp), and Megatron's
+    --num-layers-per-virtual-pipeline-stage becomes interleave."""
     from commsim.scenario import load_scenario, resolve
     from commsim.specs import SpecError
 
     if fsdp:
         if overrides.get("zero") not in (None, 3):
             raise SpecError("--fsdp", "", f"is ZeRO-3, but --zero {overrides['zero']} is given")
-        overrides["zero"] = 3
+        overrides |= FSDP
     if layers_per_virtual_stage is not None and overrides.get("interleave") is not None:
         raise SpecError(
             "--num-layers-per-virtual-pipeline-stage", "", "give it or --interleave, not both"

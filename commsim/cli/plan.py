@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from commsim.cli import plan_show
 from commsim.cli.options import (
+    FSDP,
     BackendOpt,
     ClusterOpt,
     CsvOpt,
@@ -183,7 +184,7 @@ def plan_cmd(
     pins = {k for k, v in (flags | {"micro_batch": micro_batch}).items() if v is not None}
     pins |= {"zero"} if fsdp else set()  # flags validated as scenario fields: pin them
     if sizing:
-        overrides = training | flags | stack | ({"zero": 3} if fsdp else {})
+        overrides = training | flags | stack | (FSDP if fsdp else {})
         options = dict(fabric=fabric, gpu=gpu, deadline=deadline, budget=budget)
         files = dict(plot=plot, html=html, csv=csv)
         return size_clusters_cmd(

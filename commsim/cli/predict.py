@@ -13,6 +13,7 @@ from commsim.cli.options import (
     ClusterOpt,
     CompressionOpt,
     CpOpt,
+    CsvOpt,
     DeepSpeedOpt,
     EpOpt,
     ErrorFeedbackOpt,
@@ -98,12 +99,14 @@ def predict_cmd(
         str | None, typer.Option(help="Write the step's Gantt chart to this image (PNG, SVG).")
     ] = None,
     html: HtmlOpt = None,
+    csv: CsvOpt = None,
     json_out: terminal.JsonOpt = False,
 ) -> None:
     """Predict one training step: compute, communication, overlap, scaling, MFU, memory,
     the batch arithmetic, buckets (data parallel) or pipeline/tensor-parallel parts."""
     from commsim.files import check_output
     from commsim.report.arithmetic import batch_arithmetic
+    from commsim.report.rows import write_csv
     from commsim.step.predict import predict
 
     flags = dict(
@@ -142,6 +145,7 @@ def predict_cmd(
     with terminal.user_errors(), blame_flags(scenario, flags):
         check_output(plot, "--plot", image=True)
         check_output(html, "--html")
+        check_output(csv, "--csv")
         setup = setup_from_flags(
             scenario,
             fsdp=fsdp,
@@ -163,6 +167,8 @@ def predict_cmd(
         if html:
             inputs = flags | {"fsdp": fsdp, "nccl_version": nccl_version, "scenario": scenario}
             _html(setup, doc, pred, inputs, html)
+        if csv:
+            write_csv(csv, [doc])
     if json_out:
         terminal.print_json(doc)
         return
@@ -172,6 +178,8 @@ def predict_cmd(
         terminal.console.print(f"timeline written to {plot}", highlight=False)
     if html:
         terminal.console.print(f"report written to {html}", highlight=False)
+    if csv:
+        terminal.console.print(f"step written to {csv}", highlight=False)
 
 
 def draw(setup: Setup, doc: dict[str, Any], pred: Prediction, path: str) -> None:

@@ -88,7 +88,7 @@ def size_clusters_cmd(
             else [spec.cluster if isinstance(spec.cluster, str) else spec.cluster.name]
         )
         sizes = gpu_sizes(gpus, spec.gpus)
-        _check_sizes(sizes, spec, source)
+        _check_sizes(sizes, spec, source, pins)
         rows = _sized(spec, source, fabrics, sizes, gpu, policy, pins)
         front = pareto_front(rows)
         pick = _pick(rows, deadline_s, budget, objective)
@@ -118,13 +118,17 @@ def _limits(deadline: str | None, budget: float | None) -> tuple[float | None, f
     return deadline_s, budget
 
 
-def _check_sizes(sizes: list[int], spec: Any, source: str) -> None:
-    """Refuse, before any work, a size no layout can use: more GPUs than global batch x
-    attention heads x layers (dp <= global batch, tp divides the heads, pp <= layers), or
-    than MAX_SIZING_GPUS."""
+def _check_sizes(sizes: list[int], spec: Any, source: str, pins: set[str]) -> None:
+    """Refuse, before any work, pins the model cannot take at any size (check_model_axes)
+    and a size no layout can use: more GPUs than global batch x attention heads x layers
+    (dp <= global batch, tp divides the heads, pp <= layers), or than MAX_SIZING_GPUS."""
+    from commsim.scenario import check_model_axes
+    from commsim.specs import Strategy
     from commsim.workload.presets import build_workload
 
     w = build_workload(spec.model, spec.seq_len, source)
+    pinned = {k: getattr(spec.strategy, k) for k in pins if k in Strategy.model_fields}
+    check_model_axes(w, Strategy(**pinned), source)
     blocks = sum(layer.name.startswith("block.") for layer in w.layers)
     most = spec.global_batch * (w.heads or 1) * max(blocks, 1)
     if sizes[-1] > min(most, MAX_SIZING_GPUS):
@@ -210,6 +214,8 @@ def _print_sizing(
             f"{labels.describe_strategy(pick.best.to_dict()['strategy'])}",
             highlight=False,
         )
+    elif not any(r.best for r in rows):
+        terminal.console.print("no size has a layout that runs (why: each size's row)")
     else:
         terminal.console.print("no cluster meets the deadline/budget", highlight=False)
     if plot:

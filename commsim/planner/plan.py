@@ -93,8 +93,15 @@ def _notes(setup: Setup, found: SearchResult, pins: dict) -> list[str]:
     notes = [
         f"placement {p} gives the same rank order as {q} here; shown as {q}"
         for p, q in same.items()
-        if "placement" not in pins
+        if "placement" not in pins and len(found.ranked)
     ]
+    if not found.searched:
+        held = ", ".join(f"{k} {v}" for k, v in pins.items() if k not in ("compression",))
+        notes.append(
+            f"no layout of {setup.workload.name} runs on {setup.n_gpus:,} GPUs"
+            + (f" with {held}" if held else "")
+            + f" at global batch {s.global_batch}"
+        )
     if found.dropped:
         dropped = np.setdiff1d(np.arange(found.searched), found.fitting)
         smallest = found.layouts.take(dropped[[np.argmin(found.memory[dropped])]])

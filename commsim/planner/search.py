@@ -24,6 +24,7 @@ import numpy as np
 from commsim.collectives.algorithms import SEARCHED
 from commsim.scenario import Setup
 from commsim.specs import Strategy
+from commsim.step.buckets import first_bucket_mb
 from commsim.step.layouts import ALGORITHMS, GRAD_DTYPES, RANK_ORDERS, Layouts
 from commsim.step.memory import RECOMPUTE
 from commsim.step.model import StepBreakdown, StepModel
@@ -247,10 +248,11 @@ def enumerate_layouts(
     return Layouts.build(
         compressions,
         **cols,
-        first_bucket_mb=base.first_bucket_mb,
+        first_bucket_mb=first_bucket_mb(cols["bucket_mb"], base.first_bucket_mb),
         ps_shards=base.ps_shards,
         grad_dtype=GRAD_DTYPES.index(base.grad_dtype),
         flash=base.flash_attention,
+        fsdp_states=base.states == "fsdp",
     )
 
 

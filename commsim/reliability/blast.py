@@ -7,6 +7,10 @@ one rank. Switches and cables are places in the cluster graph (commsim.topology.
                     of every node in the scalable unit on a rail-optimised one: the node
                     cannot run its rail, so it is out too)
   NIC cable         its node goes down
+
+A node is out when one of its NICs loses every port: a dual-port NIC whose ports go to two
+ToRs (Alibaba HPN's dual-ToR, dual-plane design) keeps running on the other port at half its
+bandwidth, so a ToR or a port cable degrades the job instead of stopping it.
   leaf uplink       degrades the leaf's uplink bandwidth (the fabric routes around it), or,
                     when it is the leaf's only uplink, cuts the leaf's nodes off
   spine, spine uplink, core
@@ -50,17 +54,34 @@ class Exposure:
     nodes_out: float  # nodes out of service per interrupting failure (0: software)
 
 
-def _nic_nodes(cluster: Cluster) -> np.ndarray:
-    return np.arange(cluster.n_nodes * cluster.nics_per_node) // cluster.nics_per_node
+def physical_nics(cluster: Cluster) -> int:
+    """NIC cards per node (a dual-port card is one NIC of two ports)."""
+    return cluster.nics_per_node // cluster.ports_per_nic
+
+
+def cut_off(cluster: Cluster, dead_ports: np.ndarray) -> np.ndarray:
+    """Nodes with a NIC all of whose ports are dead (a boolean per global port; a NIC's
+    ports are consecutive, topology.build)."""
+    nic_dead = dead_ports.reshape(-1, cluster.ports_per_nic).all(axis=1)
+    return np.unique(np.nonzero(nic_dead)[0] // physical_nics(cluster))
 
 
 def leaf_nodes(cluster: Cluster, leaf: int) -> np.ndarray:
-    return np.unique(_nic_nodes(cluster)[cluster.leaf_of_nic == leaf])
+    return cut_off(cluster, cluster.leaf_of_nic == leaf)
 
 
 def _pod_nodes(cluster: Cluster, pod: int) -> np.ndarray:
     leaves = np.nonzero(cluster.pod_of_leaf == pod)[0]
-    return np.unique(_nic_nodes(cluster)[np.isin(cluster.leaf_of_nic, leaves)])
+    return cut_off(cluster, np.isin(cluster.leaf_of_nic, leaves))
+
+
+def _leaf_edges(cluster: Cluster, leaf: int) -> np.ndarray:
+    """A leaf's links: its ports' cables and its uplinks (a failed leaf that cuts no node
+    off leaves the fabric without them)."""
+    edges = [cluster.nic_leaf[cluster.leaf_of_nic == leaf].ravel()]
+    if cluster.leaf_spine[0, 0, 0] >= 0:
+        edges.append(cluster.leaf_spine[leaf].ravel())
+    return np.concatenate(edges)
 
 
 def _switch_counts(cluster: Cluster) -> tuple[int, int, int, int]:
@@ -78,10 +99,12 @@ def blast_radius(cluster: Cluster, part: str, index: int | tuple[int, int]) -> B
     none = np.array([], dtype=np.int64)
     _, pods, spines, cores = _switch_counts(cluster)
     if part == "leaf":
-        return Blast(leaf_nodes(cluster, int(index)), none)
+        nodes = leaf_nodes(cluster, int(index))
+        return Blast(nodes, none if nodes.size else _leaf_edges(cluster, int(index)))
     if part == "nic cable":
-        nic = int(index)  # type: ignore[arg-type]
-        return Blast(np.array([nic // cluster.nics_per_node]), cluster.nic_leaf[nic])
+        port = int(index)  # type: ignore[arg-type]
+        dead = np.arange(cluster.n_nodes * cluster.nics_per_node) == port
+        return Blast(cut_off(cluster, dead), cluster.nic_leaf[port])
     if part == "leaf uplink":
         leaf, j = index  # type: ignore[misc]
         if spines == 1:
@@ -131,12 +154,17 @@ def _fabric_exposure(cluster: Cluster, part: str, cls: str, indices: list) -> Ex
     """Count the interrupting units of one kind of fabric part. Within a kind every unit
     behaves alike (the rules above depend on the kind and the fabric's redundancy), except
     for how many nodes hang below it; the cheap kinds are walked in full."""
-    if part == "nic cable":
-        return Exposure(part, cls, len(indices), len(indices), 1.0)
-    if part == "leaf":  # nodes with a NIC on each leaf
-        pairs = np.unique(cluster.leaf_of_nic * cluster.n_nodes + _nic_nodes(cluster))
+    k = cluster.ports_per_nic
+    if part == "nic cable":  # a port's cable stops its node only when it is the NIC's only one
+        return Exposure(part, cls, len(indices), len(indices) if k == 1 else 0, float(k == 1))
+    if part == "leaf":  # nodes with a NIC whose every port is on the leaf
+        ports = cluster.leaf_of_nic.reshape(-1, k)
+        whole = (ports == ports[:, :1]).all(axis=1)  # NICs with all their ports on one leaf
+        node = np.arange(ports.shape[0]) // physical_nics(cluster)
+        pairs = np.unique(ports[whole, 0] * cluster.n_nodes + node[whole])
         sizes = np.bincount(pairs // cluster.n_nodes, minlength=len(indices))
-        return Exposure(part, cls, len(indices), len(indices), float(sizes.mean()))
+        hit = sizes[sizes > 0]
+        return Exposure(part, cls, len(indices), hit.size, float(hit.mean()) if hit.size else 0.0)
     first = blast_radius(cluster, part, indices[0])
     if not first.interrupts:
         return Exposure(part, cls, len(indices), 0, 0.0)
@@ -151,7 +179,7 @@ def exposures(cluster: Cluster, n_gpus: int) -> list[Exposure]:
         Exposure("gpu", "gpu", n_gpus, n_gpus, 1.0),
         Exposure("hbm", "hbm", n_gpus, n_gpus, 1.0),
         Exposure("software", "software", n_gpus, n_gpus, 0.0),
-        Exposure("nic", "nic", nodes * cluster.nics_per_node, nodes * cluster.nics_per_node, 1.0),
+        Exposure("nic", "nic", nodes * physical_nics(cluster), nodes * physical_nics(cluster), 1.0),
         Exposure("host", "host", nodes, nodes, 1.0),
     ]
     if nodes > 1:  # a single node never touches the fabric

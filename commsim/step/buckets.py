@@ -16,6 +16,7 @@ from commsim.workload.model import Workload
 
 MIB = 2**20
 DDP_FIRST_BUCKET_BYTES = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+DDP_DEFAULT_CAP_MB = 25.0  # DDP's bucket_cap_mb when none is passed (torch's DEFAULT_BUCKET_CAP_MB)
 # From torch 2.4 a bucket_cap_mb the user gives also caps the first bucket (pytorch#121640,
 # "make first bucket size equal to bucket_cap_mb if it was set"; in torch 2.13 DDP's
 # _BucketCapacityConfig.create); before, the first bucket was always the 1 MiB default
@@ -35,6 +36,18 @@ def ddp_first_bucket_bytes(cap_bytes: float, cap_given: bool, torch_version: str
         raise ValueError(f"torch version {torch_version!r} is not MAJOR.MINOR[.PATCH]") from None
     follows = cap_given and version >= FIRST_BUCKET_FOLLOWS_CAP
     return float(cap_bytes if follows else DDP_FIRST_BUCKET_BYTES)
+
+
+def first_bucket_mb(bucket_mb: np.ndarray | float, given: float | None = None) -> np.ndarray:
+    """The first bucket (MiB) of DDP with cap(s) `bucket_mb`: `given` when the strategy sets it,
+    else as the newest torch forms it (ddp_first_bucket_bytes), reading DDP's default cap as
+    no bucket_cap_mb passed (the 1 MiB first bucket) and any other cap as passed (the cap)."""
+    caps = np.asarray(bucket_mb, dtype=float)
+    if given is not None:
+        return np.full_like(caps, given)
+    unique, at = np.unique(caps, return_inverse=True)
+    firsts = [ddp_first_bucket_bytes(c * MIB, c != DDP_DEFAULT_CAP_MB) / MIB for c in unique]
+    return np.asarray(firsts, dtype=float)[at].reshape(caps.shape)
 
 
 def assign_buckets(

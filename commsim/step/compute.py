@@ -111,12 +111,14 @@ def gemm_seconds(m, n, k, rate, sms: int, count=1.0, concurrent=1.0) -> np.ndarr
 @dataclass(frozen=True)
 class StageTimes:
     """Per micro-batch seconds on one GPU: a block's forward and backward, the attention
-    core's forward (what selective recomputation replays), the layers before the blocks
+    core's forward (what selective recomputation replays), what op-level checkpointing
+    replays (the unsaved matmuls and the element-wise work), the layers before the blocks
     (embedding) and after them (final norm, head, loss), forward and backward."""
 
     block_fwd: np.ndarray
     block_bwd: np.ndarray
     core_fwd: np.ndarray
+    op_replay: np.ndarray  # what op-level checkpointing recomputes of a block's forward
     pre_fwd: np.ndarray
     pre_bwd: np.ndarray
     post_fwd: np.ndarray
@@ -132,13 +134,13 @@ def stage_times(workload: Workload, gpu: GPUSpec, L) -> StageTimes:
     if arch is None:  # no blocks: every FLOP at the GEMM rate, as one "pre" layer
         fwd = workload.forward_flops * b / (tp * rates.gemm)
         zero = np.zeros(len(L))
-        return StageTimes(zero, zero, zero, fwd, BACKWARD_FACTOR * fwd, zero, zero)
+        return StageTimes(zero, zero, zero, zero, fwd, BACKWARD_FACTOR * fwd, zero, zero)
     tokens = b * workload.seq_len / cp  # a GEMM's rows: the whole sequence (SP gathers it)
     ep, etp = L.ep.astype(float), L.expert_tp.astype(float)
     block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload)
     fwd, bwd, core = block.times(b, cp)
     pre_fwd, pre_bwd, post_fwd, post_bwd = _ends(arch, rates, tokens, tp)
-    return StageTimes(fwd, bwd, core, pre_fwd, pre_bwd, post_fwd, post_bwd)
+    return StageTimes(fwd, bwd, core, block.op_replay(), pre_fwd, pre_bwd, post_fwd, post_bwd)
 
 
 @dataclass
@@ -173,6 +175,18 @@ class _Block:
         bwd = BACKWARD_FACTOR * (gemm_f + (elementwise + core_bytes + cast) / self.rates.memory)
         bwd = bwd + ATTENTION_BACKWARD * core_f + permute
         return fwd, bwd, core_f
+
+    def op_replay(self) -> np.ndarray:
+        """Seconds op-level checkpointing (memory._op_widths) recomputes of a dense block's
+        forward: the matmuls in even places (k, o, and up or down) with the FP8 casts of their
+        inputs, and all the element-wise work; the attention kernel's output is kept."""
+        c, t, tp = self.arch, self.tokens, self.tp
+        mlp = (t, c.ffn_hidden / tp, c.hidden, 1.0) if c.gated_mlp else None
+        mlp = mlp or (t, c.hidden, c.ffn_hidden / tp, 1.0)
+        k = (t, c.kv_heads * c.head_width / tp, c.hidden, 1.0)
+        o = (t, c.hidden, c.heads * c.head_width / tp, 1.0)
+        seconds, cast = self._gemms([k, o, mlp])
+        return seconds + (self._elementwise(1.0) + cast) / self.rates.memory
 
     def _rate(self) -> np.ndarray:
         return np.where(self.fp8, self.rates.fp8, self.rates.gemm)

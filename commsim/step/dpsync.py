@@ -17,8 +17,7 @@ from commsim.specs import GPUSpec
 from commsim.step.buckets import MIB, STAGE_KINDS, BucketPlan, stage_buckets
 from commsim.step.groups import Groups, _group_rows
 from commsim.step.layouts import RANK_ORDERS, Layouts
-from commsim.step.memory import expert_shards
-from commsim.step.shape import Shape, slowest, stage_layers
+from commsim.step.shape import Shape, expert_shards, slowest, stage_layers
 from commsim.step.sync import BucketCosts, Tail, allreduce_costs, compressed_costs, tail
 from commsim.topology.placement import PLACEMENTS
 from commsim.workload.model import BACKWARD_FACTOR, Workload
@@ -71,7 +70,7 @@ class DataParallel:
         serial = np.array([p.tail.serial for p in plans])[inverse]
         sync_exposed = encode + np.where(L.overlap, hidden, serial)
         # ZeRO shards optimizer states over dp (and cp), expert ones over the expert-data-
-        # parallel ranks holding the same expert shard (step.memory.expert_shards); hybrid
+        # parallel ranks holding the same expert shard (step.shape.expert_shards); hybrid
         # sharding over its shard groups
         etp = L.expert_tp
         sparse = held * sh.expert_params / (etp * L.ep)
@@ -114,7 +113,7 @@ class DataParallel:
             g,
             r["bucket_mb"] * MIB,
             r["first_bucket_mb"] * MIB,
-            self.layer_weights(r["recompute"] == "selective"),
+            self.layer_weights(r["recompute"]),
             r["etp"],
         )
         costs = self.bucket_costs(r, buckets.bytes, buckets.expert, g)
@@ -162,10 +161,11 @@ class DataParallel:
         network = allreduce_costs(price, alg, nbytes, expert, r["zero"], grad_bytes)
         return BucketCosts(network, none, none)
 
-    def layer_weights(self, selective: bool) -> tuple[float, ...]:
+    def layer_weights(self, recompute: str) -> tuple[float, ...]:
         """Each workload layer's share of a backward (any scale): 2x its forward FLOPs, and
-        selective recomputation's attention replay in the blocks."""
-        core = self.shape.attention_core_flops if selective else 0.0
+        in the blocks what selective (the attention core) or op-level checkpointing replays."""
+        replays = {"selective": self.shape.attention_core_flops, "op": self.shape.op_replay_flops}
+        core = replays.get(recompute, 0.0)
         return tuple(
             BACKWARD_FACTOR * layer.forward_flops
             + (core if layer.name.startswith("block.") else 0.0)

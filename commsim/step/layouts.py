@@ -14,6 +14,7 @@ from typing import Any, get_args
 import numpy as np
 
 from commsim.specs import Algorithm, GradDtype, RankOrder, Strategy
+from commsim.step.buckets import first_bucket_mb
 from commsim.step.memory import RECOMPUTE
 from commsim.topology.placement import PLACEMENTS
 
@@ -50,6 +51,7 @@ _DEFAULTS: dict[str, Any] = {
     "tp_overlap": False,
     "fsdp_shard": 0,
     "order": 0,
+    "fsdp_states": False,
 }
 
 
@@ -85,6 +87,7 @@ class Layouts:
     tp_overlap: np.ndarray  # tensor-parallel collectives overlapped with the GEMMs
     fsdp_shard: np.ndarray  # ZeRO-3 shards over groups of this many dp ranks (0: all of dp)
     order: np.ndarray  # code into RANK_ORDERS
+    fsdp_states: np.ndarray  # ZeRO-3 shards kept as PyTorch FSDP keeps them (Strategy.states)
     compressions: tuple[str, ...] = field(default=("none",))
 
     def __len__(self) -> int:
@@ -101,7 +104,8 @@ class Layouts:
         values = [np.asarray(columns.get(n, _DEFAULTS[n])) for n in names]
         arrays = np.broadcast_arrays(*(np.atleast_1d(v) for v in values))
         types = {"bucket_mb": float, "first_bucket_mb": float}
-        types |= {k: bool for k in ("overlap", "error_feedback", "fp8", "flash", "tp_overlap")}
+        flags = ("overlap", "error_feedback", "fp8", "flash", "tp_overlap", "fsdp_states")
+        types |= {k: bool for k in flags}
         cast = {n: a.astype(types.get(n, np.int64)) for n, a in zip(names, arrays, strict=True)}
         return cls(**cast, compressions=tuple(compressions))
 
@@ -128,7 +132,7 @@ class Layouts:
             first_layers=col(lambda s: s.split_layers[0]),
             last_layers=col(lambda s: s.split_layers[1]),
             bucket_mb=col(lambda s: s.bucket_mb),
-            first_bucket_mb=col(lambda s: s.first_bucket_mb),
+            first_bucket_mb=col(lambda s: float(first_bucket_mb(s.bucket_mb, s.first_bucket_mb))),
             overlap=col(lambda s: s.overlap),
             algorithm=col(lambda s: ALGORITHMS.index(s.algorithm)),
             placement=col(lambda s: PLACEMENTS.index(s.placement)),
@@ -142,6 +146,7 @@ class Layouts:
             tp_overlap=col(lambda s: s.tp_overlap),
             fsdp_shard=col(lambda s: s.fsdp_shard or 0),
             order=col(lambda s: RANK_ORDERS.index(s.order)),
+            fsdp_states=col(lambda s: s.states == "fsdp"),
         )
 
     def take(self, index: np.ndarray) -> Layouts:
@@ -170,6 +175,7 @@ class Layouts:
             "flash_attention": r["flash"],
             "fsdp_shard": r["fsdp_shard"] or None,
             "etp": r["etp"] or None,
+            "states": "fsdp" if r["fsdp_states"] and r["zero"] == 3 else "zero",
         }
         return base.model_copy(update=update)
 

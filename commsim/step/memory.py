@@ -20,11 +20,13 @@ from typing import Literal
 import numpy as np
 
 from commsim.specs import GPUSpec
-from commsim.step.shape import stage_layers
+from commsim.step.inflight import in_flight
+from commsim.step.shape import expert_shards, stage_layers
 from commsim.workload.model import Workload
 
 PARAM_BYTES = 2  # fp16/bf16 weights (ZeRO Sec. 3.1)
 OPTIMIZER_BYTES = 12  # fp32 master weights, Adam momentum and variance: K = 12 (ZeRO Sec. 3.1)
+FP32_BYTES = 4
 # CUDA context, cuBLAS workspace and NCCL communicator buffers (NCCL_BUFFSIZE, 4 MiB per channel
 # and peer): an estimate, not a measurement; a few hundred MiB to over 1 GiB in practice.
 WORKSPACE_BYTES = 2**30
@@ -34,7 +36,9 @@ RESERVE_FRACTION = 0.10  # HBM kept free for the caching allocator's fragmentati
 # output and the next layer the ReLU output, 2 bytes each, so 4 bytes per conv output value =
 # 44.46 MB per image over 8.178 GFLOP forward. Other models get the same ratio (a rough rule).
 ACTIVATION_BYTES_PER_FLOP = 4 * 11_113_984 / 8_178_368_512
-RECOMPUTE = ("none", "selective", "full")  # recompute codes 0, 1, 2 of the batch variant
+# recompute codes 0-3 of the batch variant: Megatron's selective (the attention core) and
+# full, and torchtitan's op-level selective checkpointing ("op", see ActivationWidths.of)
+RECOMPUTE = ("none", "selective", "full", "op")
 MIB = 2**20
 
 
@@ -51,7 +55,7 @@ class ParallelLayout:
     micro_batch: int = 1
     seq_len: int | None = None  # None: the workload's
     zero: Literal[0, 1, 2, 3] = 0  # 3 is also FSDP full shard
-    recompute: Literal["none", "selective", "full"] = "none"
+    recompute: Literal["none", "selective", "full", "op"] = "none"
     sequence_parallel: bool = False
     interleave: int = 1  # virtual pipeline stages (model chunks) per pipeline rank
     micro_batches: int | None = None  # per step; None: at least enough to fill the pipeline
@@ -62,6 +66,7 @@ class ParallelLayout:
     cp: int = 1  # context-parallel degree: each GPU holds s / cp of every sequence
     flash: bool = True  # FlashAttention: no s x s attention scores kept
     shard: int = 0  # hybrid sharding (HSDP): ZeRO-3 groups of this many dp ranks (0: all)
+    fsdp_states: bool = False  # ZeRO-3 shards kept as PyTorch FSDP keeps them (fp32 weights)
     residual_bytes: int = 0  # error feedback: its residual's bytes a parameter (0: none)
 
     def __post_init__(self) -> None:
@@ -101,8 +106,11 @@ class MemoryBreakdown:
             f"{k} {v / 1e9:.1f} GB" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
         )
         usable = usable_bytes(gpu, reserve_fraction)
+        need, room = self.total / 1e9, usable / 1e9
+        # as many decimals as tell the need from the room: never "needs 72.0 GB of 72.0 GB"
+        d = next((d for d in (1, 2, 3) if f"{need:.{d}f}" != f"{room:.{d}f}"), 6)
         return (
-            f"needs {self.total / 1e9:.1f} GB of {usable / 1e9:.1f} GB usable on {gpu.name} "
+            f"needs {need:.{d}f} GB of {room:.{d}f} GB usable on {gpu.name} "
             f"({gpu.hbm_bytes / 1e9:.0f} GB less {reserve_fraction:.0%} reserve): {listed}"
         )
 
@@ -123,6 +131,14 @@ class ActivationWidths:
     replicated: float = 10.0
     split: float = 24.0
     scores: float = 5.0
+    # op-level checkpointing keeps: `op_replicated` (the block's input), `op_split` (saved
+    # GEMM outputs over tp, the attention output), `op_whole` (a saved row-parallel GEMM's
+    # output: its partial sums are whole on every tp rank) and, when tp > 1,
+    # `op_scatters` (the saved outputs of the two sequence-parallel reduce-scatters)
+    op_replicated: float = 2.0
+    op_split: float = 0.0
+    op_whole: float = 0.0
+    op_scatters: float = 4.0
 
     @classmethod
     def of(cls, c) -> ActivationWidths:
@@ -158,7 +174,26 @@ class ActivationWidths:
             replicated=8.0 + 2.0 * d + latent / h,
             split=(attention + mlp) / h,
             scores=2.0 + 3.0 * d,
+            **_op_widths(c, q, k, v),
         )
+
+
+def _op_widths(c, q: float, k: float, v: float) -> dict[str, float]:
+    """What torchtitan's op-level selective checkpointing keeps of a dense block, per unit of
+    h (torchtitan parallelize_llama.py, _save_list and _get_custom_policy, 2024-25): the
+    outputs of the matmuls in odd places of the block's forward (q, k, v, o, then gate, up,
+    down or up, down: q, v, gate and down, or q, v and up), the attention kernel's output
+    and the tp reduce-scatters' outputs; everything else (k, o, the rest of the MLP, norms,
+    activations, rotary) is recomputed in the backward. Its block input is kept too."""
+    h, f = c.hidden, c.ffn_hidden
+    split, whole = (q, False), (h, True)  # column-parallel outputs split, row-parallel whole
+    mlp = [(f, False), (f, False), whole] if c.gated_mlp else [(f, False), whole]
+    matmuls = [split, (k, False), (v, False), whole, *mlp]
+    kept = matmuls[::2]  # the 1st, 3rd, 5th ... (every second one is recomputed)
+    return {
+        "op_split": 2.0 * (q + sum(w for w, row in kept if not row)) / h,
+        "op_whole": 2.0 * sum(w for w, row in kept if row) / h,
+    }
 
 
 def activation_bytes_per_layer(
@@ -174,32 +209,15 @@ def activation_bytes_per_layer(
     # splits the replicated part; selective recompute drops the scores; full recompute keeps
     # the 2sbh layer input, /t under sequence parallelism (Megatron stores it sharded)
     sbh = np.asarray(s, float) * b * h
-    no_scores = (np.asarray(recompute) != 0) | np.asarray(flash)
+    recompute = np.asarray(recompute)
+    no_scores = (recompute != 0) | np.asarray(flash)
     scores = np.where(no_scores, 0.0, widths.scores * a * s / h)
-    replicated = np.where(sequence_parallel, widths.replicated / t, widths.replicated)
-    kept = sbh * (replicated + (widths.split + scores) / t)
-    return np.where(np.asarray(recompute) == 2, 2.0 * sbh / np.where(sequence_parallel, t, 1), kept)
-
-
-def in_flight(stage, pp, interleave=1, micro_batches=np.inf, schedule="1f1b"):
-    """Micro-batches whose activations pipeline rank `stage` holds at its peak, in whole passes
-    over the rank's layers; capped by the `micro_batches` there are."""
-    # 1F1B (Narayanan et al. 2021, arXiv:2104.04473, Sec. 2.2): rank r holds pp - r. Interleaved,
-    # v chunks a rank: Megatron's schedules.py warms up 2(pp - r - 1) + (v - 1)pp chunk passes and
-    # holds one more, /v in whole passes; on rank 0 pp(1 + (pp - 1)/(pp v)) (Korthikanti Sec. 4.2).
-    # GPipe (Huang et al. 2019, arXiv:1811.06965) holds all of a step's micro-batches if pp > 1.
-    stage, pp, v = np.asarray(stage), np.asarray(pp), np.asarray(interleave)
-    if schedule == "gpipe":
-        if np.any(v > 1):
-            raise ValueError("the GPipe schedule has no interleaving")
-        if np.any((pp > 1) & np.isinf(micro_batches)):
-            raise ValueError("the GPipe schedule needs micro_batches")
-        return np.where(pp > 1, micro_batches, 1.0)
-    if schedule != "1f1b":
-        raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {schedule!r}")
-    plain = np.minimum(pp - stage, micro_batches)
-    chunks = np.minimum(2 * (pp - stage - 1) + (v - 1) * pp + 1, micro_batches * v)
-    return np.where(v > 1, chunks / v, plain)
+    sp = np.where(sequence_parallel, t, 1)
+    kept = sbh * (widths.replicated / sp + (widths.split + scores) / t)
+    w = widths
+    op = w.op_whole + (w.op_replicated + np.where(t > 1, w.op_scatters, 0.0)) / sp
+    op = sbh * (op + w.op_split / t)
+    return np.select([recompute == 2, recompute == 3], [2.0 * sbh / sp, op], kept)
 
 
 @dataclass(frozen=True)
@@ -254,20 +272,19 @@ def _transformer_shape(workload: Workload) -> _Shape | None:
     )
 
 
-def expert_shards(dense_shards, tp, ep, etp):
-    """Ranks sharing one expert shard's ZeRO states: the expert-data-parallel degree within
-    `dense_shards` ranks that shard the dense parameters (dp x cp, or a hybrid shard group
-    x cp), each holding 1 / tp of them: dense_shards x tp / (ep x etp) (etp = tp: / ep)."""
-    return dense_shards * tp // (ep * etp)
-
-
-def _states(params, dp, zero, grad_bytes):
+def _states(params, dp, zero, grad_bytes, fsdp=False):
     """Weight, gradient and optimizer bytes of `params` parameters under a ZeRO stage."""
-    # ZeRO Sec. 5.1: P_os 4Ψ + KΨ/Nd, P_os+g 2Ψ + (2 + K)Ψ/Nd, P_os+g+p (2 + 2 + K)Ψ/Nd
+    # ZeRO Sec. 5.1: P_os 4Ψ + KΨ/Nd, P_os+g 2Ψ + (2 + K)Ψ/Nd, P_os+g+p (2 + 2 + K)Ψ/Nd.
+    # PyTorch FSDP keeps its shards in the parameters' own dtype, fp32, and casts them to bf16
+    # as it gathers them (Zhao et al. 2023, arXiv:2304.11277, Sec. 4.4; FSDP2's
+    # MixedPrecisionPolicy): the fp32 shard is the master, so 4 + 8 bytes where ZeRO keeps
+    # 2 + 12, and the gradient shard is fp32 (4)
+    fsdp = np.asarray(fsdp) & (np.asarray(zero) >= 3)
+    master = OPTIMIZER_BYTES - FP32_BYTES
     return (
-        PARAM_BYTES * params / np.where(zero >= 3, dp, 1),
-        grad_bytes * params / np.where(zero >= 2, dp, 1),
-        OPTIMIZER_BYTES * params / np.where(zero >= 1, dp, 1),
+        np.where(fsdp, FP32_BYTES, PARAM_BYTES) * params / np.where(zero >= 3, dp, 1),
+        np.where(fsdp, FP32_BYTES, grad_bytes) * params / np.where(zero >= 2, dp, 1),
+        np.where(fsdp, master, OPTIMIZER_BYTES) * params / np.where(zero >= 1, dp, 1),
     )
 
 
@@ -329,8 +346,9 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         ends = np.where(exists, np.where(pp == 1, first + last, extra), 0.0)
         params = held * block + ends
         expert = held * experts  # ZeRO shards these over the expert-data-parallel ranks
-        dense = _states(params - expert, dp, zero, c["grad_bytes"])
-        sparse = _states(expert, expert_shards(dp, t, ep, etp), zero, c["grad_bytes"])
+        dense = _states(params - expert, dp, zero, c["grad_bytes"], c["fsdp_states"])
+        shards = expert_shards(dp, t, ep, etp)
+        sparse = _states(expert, shards, zero, c["grad_bytes"], c["fsdp_states"])
         acts = in_flight(rank, pp, v, c["micro_batches"], schedule) * held * per_layer
         acts = acts + np.where(on_last, output, 0.0)
         largest = np.maximum(block, np.where(pp == 1, np.maximum(first, last), extra))
@@ -356,7 +374,7 @@ def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: st
     acts = in_flight(0, pp, c["interleave"], c["micro_batches"], schedule) * per_pass
     largest = workload.layer_params.max() / t
     return (
-        *_states(params / t, c["dp"], c["zero"], c["grad_bytes"]),
+        *_states(params / t, c["dp"], c["zero"], c["grad_bytes"], c["fsdp_states"]),
         acts,
         _buffers(c["zero"], c["bucket_mb"], c["grad_bytes"], largest, params / t, c["residual"]),
     )
@@ -372,8 +390,8 @@ def _check(c: dict[str, np.ndarray]) -> None:
         raise ValueError("ep x etp must divide tp x cp x dp")
     if np.any((c["zero"] < 0) | (c["zero"] > 3)):
         raise ValueError("zero must be 0, 1, 2 or 3")
-    if np.any((c["recompute"] < 0) | (c["recompute"] > 2)):
-        raise ValueError(f"recompute codes are 0, 1, 2 for {RECOMPUTE}")
+    if np.any((c["recompute"] < 0) | (c["recompute"] >= len(RECOMPUTE))):
+        raise ValueError(f"recompute codes are 0-{len(RECOMPUTE) - 1} for {RECOMPUTE}")
 
 
 def _inputs(workload: Workload, **columns) -> dict[str, np.ndarray]:
@@ -412,6 +430,7 @@ def memory_per_gpu_batch(
     flash=True,
     shard=0,
     residual_bytes=0,
+    fsdp_states=False,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -438,6 +457,7 @@ def memory_per_gpu_batch(
         flash=flash,
         shard=shard,
         residual=residual_bytes,
+        fsdp_states=fsdp_states,
     )
     return sum(_components(workload, c, schedule))
 
@@ -472,5 +492,6 @@ def memory_per_gpu(
         flash=layout.flash,
         shard=layout.shard,
         residual=layout.residual_bytes,
+        fsdp_states=layout.fsdp_states,
     )
     return MemoryBreakdown(*(float(x) for x in _components(workload, c, schedule)))

@@ -160,8 +160,8 @@ class StepModel:
         peak = self.n * self.gpu.peak_flops
         model = 3.0 * sh.model_flops * self.global_batch
         recomputed = np.select(
-            [L.recompute == 2, L.recompute == 1],
-            [sh.model_flops, sh.blocks * sh.attention_core_flops],
+            [L.recompute == 2, L.recompute == 1, L.recompute == 3],
+            [sh.model_flops, sh.blocks * sh.attention_core_flops, sh.blocks * sh.op_replay_flops],
             0.0,
         )
         return StepBreakdown(
@@ -197,8 +197,12 @@ class StepModel:
         post_on = (which == 2) | (L.pp == 1)
         forward = blocks * t.block_fwd + pre_on * t.pre_fwd + post_on * t.post_fwd
         backward = blocks * t.block_bwd + pre_on * t.pre_bwd + post_on * t.post_bwd
-        # full: the forward again; selective: the attention core again (Korthikanti 2022)
-        extra = np.select([L.recompute == 2, L.recompute == 1], [forward, blocks * t.core_fwd])
+        # full: the forward again; selective: the attention core again (Korthikanti 2022);
+        # op: the matmuls and element-wise work op-level checkpointing did not keep
+        extra = np.select(
+            [L.recompute == 2, L.recompute == 1, L.recompute == 3],
+            [forward, blocks * t.core_fwd, blocks * t.op_replay],
+        )
         return Compute(blocks, forward, backward + extra, t.block_fwd, t.block_bwd, t.core_fwd)
 
     def single_gpu_step(self, L: Layouts) -> np.ndarray:
@@ -226,11 +230,12 @@ class StepModel:
         linear_rate = rate * np.where(L.fp8, fp8_speedup, 1.0)
         core = sh.attention_core_flops / rate
         block = (sh.block_flops - sh.attention_core_flops) / linear_rate + core
+        replay = sh.op_replay_flops / linear_rate
         pre, post = sh.pre_flops / rate, sh.post_flops / rate
         b = BACKWARD_FACTOR
         if not sh.blocks:  # no blocks: the whole model as the layers before them
             pre = sh.model_flops / rate
-        return StageTimes(block, b * block, core, pre, b * pre, post, b * post)
+        return StageTimes(block, b * block, core, replay, pre, b * pre, post, b * post)
 
     def _tensor_parallel(self, L: Layouts, c: Compute):
         """Seconds of tensor-parallel collectives on the critical path per micro-batch,
@@ -321,5 +326,6 @@ class StepModel:
             cp=L.cp,
             flash=L.flash,
             shard=L.fsdp_shard,
+            fsdp_states=L.fsdp_states,
             residual_bytes=np.where(L.error_feedback & (L.compression != 0), L.grad_bytes, 0),
         )

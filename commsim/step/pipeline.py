@@ -45,15 +45,14 @@ class ChunkTimes:
 
 
 def chunk_times(layout: dict, parts: dict) -> ChunkTimes:
-    """Per-chunk, per-micro-batch durations from one StepBreakdown row, split as parallel.py
-    does: the backward is 2x the forward (3x with full recomputation; selective is taken as
-    none, its attention replay being a few percent), tp all-reduces 1:1 (1:2 with full)."""
+    """Per-chunk, per-micro-batch durations from one StepBreakdown row: its forward and its
+    backward (with what recomputation replays), tp all-reduces 1:1 (1:2 with full)."""
     m, v, zero = layout["micro_batches"], layout["interleave"], layout["zero"]
     full = layout["recompute"] == "full"
     # expert-parallel all-to-alls sit on the critical path like tp's, split the same way
     tp = (parts["tp_comm"] + parts.get("ep_comm", 0.0)) / (m * v)
     compute = parts["compute"] / (m * v)
-    forward = compute / (4.0 if full else 3.0)
+    forward = parts["forward"] / (m * v)
     tp_forward = tp / (3.0 if full else 2.0)
     prefetched = zero == 3 and layout["overlap"]
     # ZeRO-3 moves, per micro-batch, a forward gather, a backward gather and a gradient

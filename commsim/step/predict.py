@@ -100,7 +100,7 @@ def layouts_timeline(
     sync = model.dp.sync_plan(layouts, 0)
     c = model.compute(layouts)
     w = setup.workload
-    weights = np.array(model.dp.layer_weights(False))
+    weights = np.array(model.dp.layer_weights("none"))
     forward = float(c.forward[0]) * w.layer_flops / max(float(w.layer_flops.sum()), 1e-300)
     backward = float(c.backward[0]) * weights / max(float(weights.sum()), 1e-300)
     return ddp_timeline(
@@ -140,6 +140,7 @@ def layout_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
         cp=strategy.cp,
         flash=strategy.flash_attention,
         shard=strategy.fsdp_shard or 0,
+        fsdp_states=strategy.states == "fsdp",
         residual_bytes=DTYPE_BYTES[strategy.grad_dtype] if _residual(strategy) else 0,
     )
     return memory_per_gpu(w, layout)

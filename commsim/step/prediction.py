@@ -9,6 +9,7 @@ from commsim.scenario import Setup
 from commsim.specs import (
     Strategy,
 )
+from commsim.step.buckets import first_bucket_mb
 from commsim.step.memory import (
     MemoryBreakdown,
     usable_bytes,
@@ -46,11 +47,16 @@ class Prediction:
     def fits(self) -> bool:
         return self.memory.total <= self.memory_usable
 
+    @property
+    def first_bucket(self) -> float:
+        """The DDP first bucket (MiB) the step was priced with."""
+        return float(first_bucket_mb(self.strategy.bucket_mb, self.strategy.first_bucket_mb))
+
     def to_dict(self) -> dict[str, Any]:
         m = self.memory
         return (
             {
-                "strategy": self.strategy.model_dump(),
+                "strategy": self.strategy.model_dump() | {"first_bucket_mb": self.first_bucket},
                 "layout": self.layout,
                 "step_time_s": self.step_time_s,
             }

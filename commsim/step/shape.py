@@ -26,6 +26,7 @@ class Shape:
     block_params: float  # of a block (the mean over blocks)
     block_flops: float  # forward FLOPs per sample of a block (the mean)
     attention_core_flops: float  # the s^2 part of block_flops (recomputed by "selective")
+    op_replay_flops: float  # of block_flops, the matmuls op-level checkpointing recomputes
     pre_params: float  # embedding
     pre_flops: float
     post_params: float  # final norm, LM head
@@ -58,6 +59,7 @@ class Shape:
             block_params=sum(b.params for b in blocks) / n,  # mean: MoE models may keep
             block_flops=sum(b.forward_flops for b in blocks) / n,  # dense first blocks
             attention_core_flops=w.attention_flops if transformer else 0.0,
+            op_replay_flops=_op_replay_flops(w) if transformer else 0.0,
             pre_params=float(sum(x.params for x in pre)),
             pre_flops=sum(x.forward_flops for x in pre),
             post_params=float(sum(x.params for x in post)),
@@ -86,6 +88,23 @@ def _moe_share(w: Workload) -> float:
         return 0.0
     arch = w.arch
     return (arch.layers - arch.dense_layers) / arch.layers if arch is not None else 1.0
+
+
+def _op_replay_flops(w: Workload) -> float:
+    """Forward FLOPs per sample of the matmuls op-level checkpointing recomputes in a dense
+    block (compute._Block.op_replay): k, o, and the MLP's up (gated) or down projection."""
+    c = w.arch
+    if c is None:
+        return 0.0
+    width = c.kv_heads * c.head_width + c.heads * c.head_width + c.ffn_hidden
+    return 2.0 * w.seq_len * c.hidden * width
+
+
+def expert_shards(dense_shards, tp, ep, etp):
+    """Ranks sharing one expert shard's ZeRO states: the expert-data-parallel degree within
+    `dense_shards` ranks that shard the dense parameters (dp x cp, or a hybrid shard group
+    x cp), each holding 1 / tp of them: dense_shards x tp / (ep x etp) (etp = tp: / ep)."""
+    return dense_shards * tp // (ep * etp)
 
 
 def stage_layers(blocks: int, pp, first, last) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
