@@ -95,6 +95,8 @@ _DIMENSIONS = (
     ("tensor parallelism", ("tp",), lambda s: f"tp {s['tp']}"),
     ("context parallelism", ("cp",), lambda s: f"cp {s.get('cp', 1)}"),
     ("pipeline depth", ("pp",), lambda s: f"pp {s['pp']}"),
+    ("expert parallelism", ("ep",), lambda s: f"ep {s.get('ep', 1)}"),
+    ("expert tensor parallelism", ("etp",), lambda s: f"etp {s.get('etp') or s['tp']}"),
     ("rank order", ("order",), lambda s: s.get("order", "tp-cp-ep-dp-pp")),
     ("hybrid sharding", ("fsdp_shard",), lambda s: f"shard over {s.get('fsdp_shard') or 'all'}"),
     ("ZeRO stage", ("zero",), lambda s: f"ZeRO {s['zero']}"),
