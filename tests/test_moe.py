@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from commsim import catalog
 from commsim.cli.app import app
 from commsim.planner.search import enumerate_layouts, search
+from commsim.report import labels
 from commsim.scenario import load_scenario, resolve
 from commsim.specs import ModelSpec
 from commsim.step.compute import (
@@ -219,3 +220,21 @@ def test_expert_flags_on_a_dense_model_are_refused(command, flag):
     result = CliRunner().invoke(app, [command, *args, "--global-batch", "64", *flag])
     assert result.exit_code == 2, result.output
     assert f"{' '.join(flag)}: expert " in result.output and "needs experts" in result.output
+
+
+def test_plan_explains_the_expert_dimensions():
+    # the winner and two layouts differing from it only in ep, or only in etp
+    base = dict(tp=2, pp=1, cp=1, zero=1, recompute="none", interleave=1, ep=8, etp=1)
+    base |= dict(algorithm="ring", bucket_mb=25.0, overlap=True, placement="blocked")
+    base |= dict(compression="none", error_feedback=False, order="tp-cp-ep-dp-pp")
+    base |= dict(fsdp_shard=None, precision="bf16", tp_overlap=False, flash_attention=True)
+    figures = dict(compute_s=1.0, comm_s=0.2, codec_s=0.0, exposed_comm_s=0.1, overlap_ratio=0.5)
+    figures |= dict(bubble_s=0.0, tp_comm_s=0.0, ep_comm_s=0.1, pp_comm_s=0.0, dp_exposed_s=0.0)
+    rows = [
+        dict(strategy=base, step_time_s=1.0, **figures),
+        dict(strategy=base | {"ep": 4}, step_time_s=1.25, **figures),
+        dict(strategy=base | {"etp": None, "ep": 8}, step_time_s=1.5, **figures),
+    ]
+    text = "\n".join(labels.explain_winner(rows))
+    assert "best other expert parallelism (ep 4): +250 ms per step" in text
+    assert "best other expert tensor parallelism (etp 2): +500 ms per step" in text
