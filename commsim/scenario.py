@@ -164,6 +164,10 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
         raise SpecError(
             src, "strategy.states", f"fsdp describes ZeRO-3's shards; zero is {strategy.zero}"
         )
+    if strategy.etp is not None and not w.moe:  # before the plain-DDP shortcut: etp 1 is plain
+        raise SpecError(
+            src, "strategy.etp", f"expert tensor parallelism needs experts; {w.name} has none"
+        )
     if strategy.data_parallel_only:
         return
     _check_model_parallel(setup, strategy)
@@ -212,16 +216,41 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
             f"it needs at least {strategy.pp} per step, this layout has "
             f"{setup.micro_batches(strategy)} (global_batch / (dp x micro_batch))",
         )
-    if strategy.ep > 1 and setup.dp(strategy) % strategy.ep:
-        raise SpecError(
-            src,
-            "strategy.ep",
-            f"{strategy.ep} does not divide the data-parallel degree {setup.dp(strategy)} "
-            "(expert-parallel ranks are taken from the data-parallel group)",
-        )
+    _check_experts(setup, strategy)
     if strategy.placement not in PLACEMENT_KINDS:
         raise SpecError(
             src, "strategy.placement", f"hybrid layouts take {' or '.join(PLACEMENT_KINDS)}"
+        )
+
+
+def _check_experts(setup: Setup, strategy: Strategy) -> None:
+    """MoE parallel folding (Megatron-core, arXiv:2504.14960): the expert grid etp x ep x
+    edp covers each stage's tp x cp x dp ranks; with the pipeline inside data parallelism
+    (tp-cp-ep-pp-dp) Megatron-core needs the two grids' data-parallel degrees equal (etp x
+    ep = tp x cp) so that both keep the same pipeline groups (a dense model has no expert
+    grid; check_model_axes says so)."""
+    src, w = setup.source, setup.workload
+    if not w.moe:
+        return
+    ep, etp = strategy.ep, strategy.expert_tp
+    ranks = strategy.tp * strategy.cp * setup.dp(strategy)
+    if ranks % (ep * etp):
+        raise SpecError(
+            src,
+            "strategy.ep",
+            f"ep x etp = {ep} x {etp} does not divide a stage's tp x cp x dp = {ranks} ranks "
+            "(the expert grid folds over them)",
+        )
+    if (
+        strategy.order == "tp-cp-ep-pp-dp"
+        and strategy.pp > 1
+        and ep * etp != strategy.tp * strategy.cp
+    ):
+        raise SpecError(
+            src,
+            "strategy.order",
+            f"tp-cp-ep-pp-dp with pp > 1 needs ep x etp = tp x cp ({ep} x {etp} is not "
+            f"{strategy.tp} x {strategy.cp}): Megatron-core keeps one pipeline grid for both",
         )
 
 
@@ -263,12 +292,13 @@ def _check_kernels(setup: Setup, strategy: Strategy) -> None:
                 f"{strategy.fsdp_shard} does not divide the data-parallel degree "
                 f"{setup.dp(strategy)}",
             )
-        if strategy.fsdp_shard % strategy.ep:
+        held = strategy.fsdp_shard * strategy.cp * strategy.tp
+        if held % (strategy.ep * strategy.expert_tp):
             raise SpecError(
                 src,
                 "strategy.fsdp_shard",
-                f"{strategy.fsdp_shard} is not a multiple of ep = {strategy.ep}: each shard group "
-                "must hold whole expert-parallel groups",
+                f"a shard group's {held} ranks (fsdp_shard x cp x tp) do not hold whole expert "
+                f"grids of ep x etp = {strategy.ep} x {strategy.expert_tp}",
             )
 
 

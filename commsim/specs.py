@@ -325,7 +325,12 @@ class Strategy(Spec):
     # other stages splitting the rest evenly (None: an even split)
     first_stage_layers: int | None = Field(default=None, ge=1)
     last_stage_layers: int | None = Field(default=None, ge=1)
-    ep: int = Field(default=1, ge=1)  # expert-parallel degree, out of the data-parallel group
+    # MoE parallel folding (Megatron-core; Liu et al. 2025, arXiv:2504.14960): the expert
+    # layers run on their own grid over the same ranks, etp x ep x edp = tp x cp x dp per
+    # stage; ep: expert-parallel degree, etp: expert tensor-parallel degree (None: tp, as
+    # Megatron-core's --expert-tensor-parallel-size defaults)
+    ep: int = Field(default=1, ge=1)
+    etp: int | None = Field(default=None, ge=1)
     algorithm: Algorithm = "auto"
     placement: Placement = "blocked"
     bucket_mb: float = Field(default=25.0, gt=0)  # DDP bucket_cap_mb (MiB)
@@ -358,8 +363,13 @@ class Strategy(Spec):
     def data_parallel_only(self) -> bool:
         """Plain DDP: what the per-bucket timeline models in full detail."""
         layout = (self.tp, self.pp, self.ep, self.cp, self.zero, self.recompute, self.interleave)
-        split = (self.first_stage_layers, self.last_stage_layers)
-        return layout == (1, 1, 1, 1, 0, "none", 1) and split == (None, None)
+        split = (self.first_stage_layers, self.last_stage_layers, self.etp or 1)
+        return layout == (1, 1, 1, 1, 0, "none", 1) and split == (None, None, 1)
+
+    @property
+    def expert_tp(self) -> int:
+        """The expert layers' tensor-parallel degree (etp, tp when unset)."""
+        return self.etp or self.tp
 
 
 Metric = Literal[

@@ -1,6 +1,11 @@
-"""Shared test fixtures: small clusters built from specs written inline."""
+"""Shared test fixtures: small clusters built from specs written inline, and the
+benchmarks/ scripts loaded as modules."""
 
 from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +80,14 @@ def uniform_fat_tree():
 def nvswitch_node():
     """One 8-GPU NVSwitch node."""
     return make_cluster(nodes=1, gpus_per_node=8)
+
+
+def load_script(name: str):
+    """benchmarks/<name>.py as a module, registered under its name (its dataclasses and the
+    scripts that import it resolve to this one)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

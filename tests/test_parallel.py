@@ -186,13 +186,21 @@ def test_four_all_to_alls_per_moe_layer_per_micro_batch():
     groups = np.arange(32).reshape(2, 8, 2).transpose(0, 2, 1).reshape(-1, 8)
     assert groups[0].tolist() == [0, 2, 4, 6, 8, 10, 12, 14]
     a, slope = GroupCost(hm.cluster, groups).affine("all-to-all", "direct")
-    # 4 micro-batches x 8 MoE layers x (dispatch + combine, forward and backward)
-    assert b["ep_comm"] == pytest.approx(4 * 8 * 4 * (a + slope * nbytes), rel=1e-9)
+    # etp = tp = 2 (Megatron-core's default): the received copies all-gathered over the
+    # etp pair before the experts and reduce-scattered after: an all-reduce of 2 x nbytes
+    pairs = np.arange(32).reshape(-1, 2)
+    a2, slope2 = GroupCost(hm.cluster, pairs[:1]).affine("all-reduce", "ring")
+    gather = a2 + slope2 * 2 * nbytes
+    # 4 micro-batches x 8 MoE layers x (dispatch + combine + gather, forward and backward)
+    expect = 4 * 8 * 2 * (2 * (a + slope * nbytes) + gather)
+    assert b["ep_comm"] == pytest.approx(expect, rel=1e-9)
     full = hm.evaluate(_layout(dp=16, tp=2, ep=8, micro_batches=4, recompute=2)).row(0)
     assert full["ep_comm"] == pytest.approx(1.5 * b["ep_comm"])  # the replayed forward
     parts = ("compute", "tp_comm", "ep_comm", "pp_comm", "bubble", "dp_exposed", "optimizer")
     assert b["step"] == pytest.approx(sum(b[k] for k in parts))
-    assert hm.evaluate(_layout(dp=16, tp=2, ep=1, micro_batches=4)).row(0)["ep_comm"] == 0.0
+    # ep 1, etp 1: every expert whole on every GPU, nothing to exchange
+    local = _layout(dp=16, tp=2, ep=1, etp=1, micro_batches=4)
+    assert hm.evaluate(local).row(0)["ep_comm"] == 0.0
 
 
 def test_expert_gradients_reduce_over_dp_over_ep():
@@ -232,7 +240,10 @@ def test_oversubscribed_uplinks_slow_the_all_to_all():
     [
         (("--model", "mixtral-8x7b", "--ep", "3"), "3 does not divide the model's 8 experts"),
         (("--ep", "2"), "expert parallelism needs experts"),
-        (("--model", "mixtral-8x7b", "--tp", "8", "--ep", "8"), "does not divide the data"),
+        (
+            ("--model", "mixtral-8x7b", "--tp", "8", "--ep", "8"),
+            "ep x etp = 8 x 8 does not divide a stage's tp x cp x dp = 32 ranks",
+        ),
     ],
 )
 def test_bad_expert_parallelism_exits_2(args, expect):
@@ -258,8 +269,14 @@ def test_search_tries_expert_parallelism_for_moe_models_only():
         return resolve(load_scenario(None, overrides)[0], check=False)
 
     moe = setup("mixtral-8x7b")
-    layouts = enumerate_layouts(moe, {"tp": 8, "pp": 1})  # dp 2: ep 1 or 2
+    layouts = enumerate_layouts(moe, {"tp": 8, "pp": 1, "etp": 8})  # dp 2: ep 1 or 2
     assert set(layouts.ep.tolist()) == {1, 2}
+    # folded: with whole experts (etp 1) ep spans the 8 tp ranks x 2 dp ranks, up to the
+    # model's 8 experts
+    folded = enumerate_layouts(moe, {"tp": 8, "pp": 1})
+    assert set(zip(folded.ep.tolist(), folded.expert_tp.tolist(), strict=True)) == {
+        (1, 8), (2, 8), (1, 1), (2, 1), (4, 1), (8, 1)
+    }  # fmt: skip
     assert set(enumerate_layouts(moe, {"tp": 1, "pp": 1}).ep.tolist()) == {1, 2, 4, 8}
     assert set(enumerate_layouts(moe, {"tp": 1, "pp": 1, "ep": 4}).ep.tolist()) == {4}
     assert set(enumerate_layouts(setup("llama2-7b"), {"tp": 2}).ep.tolist()) == {1}

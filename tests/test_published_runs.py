@@ -5,29 +5,16 @@ listed rather than failing the run."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 from commsim.specs import ModelSpec, Strategy
 from commsim.workload.presets import build_workload
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "published_runs", ROOT / "benchmarks" / "published_runs.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["published_runs"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-pr = _script()
+pr = load_script("published_runs")
 DATA = pr.load()
 RUNS = DATA["runs"]
 NEEDS = {

@@ -71,7 +71,15 @@ EpOpt = Annotated[
     typer.Option(
         "--ep",
         "--expert-model-parallel-size",
-        help="Expert-parallel degree (MoE; out of data parallel).",
+        help="Expert-parallel degree (MoE; folded over tp x cp x dp with --etp).",
+    ),
+]
+EtpOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--etp",
+        "--expert-tensor-parallel-size",
+        help="Expert tensor-parallel degree (MoE; default: --tp, as Megatron-core).",
     ),
 ]
 ZeroOpt = Annotated[int | None, typer.Option("--zero", help="ZeRO stage 0, 1, 2 or 3.")]

@@ -71,6 +71,14 @@ OnlyEpOpt = Annotated[
         help="Search only this expert-parallel degree (MoE).",
     ),
 ]
+OnlyEtpOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--etp",
+        "--expert-tensor-parallel-size",
+        help="Search only this expert tensor-parallel degree (MoE; else tp and 1).",
+    ),
+]
 OnlyZeroOpt = Annotated[int | None, typer.Option("--zero", help="Search only this ZeRO stage.")]
 OnlyRecomputeOpt = Annotated[
     str | None,

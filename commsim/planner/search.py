@@ -32,7 +32,10 @@ from commsim.step.shape import Shape, balanced_ends, split_problem
 from commsim.topology.placement import PLACEMENTS, place
 
 MICRO_BATCHES = (1, 2, 4, 8)
-EXPERT_PARALLEL = (1, 2, 4, 8)  # searched where they divide the experts and dp
+# expert-parallel degrees, searched where they divide the experts and, with the expert
+# tensor-parallel degree, a stage's tp x cp x dp ranks (MoE parallel folding); etp is tp
+# (Megatron-core's default) or 1 (the experts whole, ep spanning the tp ranks)
+EXPERT_PARALLEL = (1, 2, 4, 8, 16, 32, 64)
 ZERO_STAGES = (0, 1, 2, 3)
 INTERLEAVES = (1, 2, 4)
 CONTEXT_PARALLEL = (1, 2, 4, 8, 16, 32)
@@ -84,9 +87,25 @@ def context_parallel_choices(seq_len: int) -> list[int]:
     ] or [1]
 
 
+def expert_grids(setup: Setup, pins: dict[str, Any], tp: int, cp: int, dp: int) -> list:
+    """(ep, etp) expert grids folded over a stage's tp x cp x dp ranks (etp 0: tp); none
+    where a pinned ep or etp cannot apply (a dense model has no expert grid)."""
+    w = setup.workload
+    if not w.moe:
+        return [(1, 0)] if pins.get("ep", 1) == 1 and "etp" not in pins else []
+    eps = [e for e in _choices(pins, "ep", EXPERT_PARALLEL) if w.experts % e == 0]
+    etps = _choices(pins, "etp", sorted({tp, 1}))
+    return [
+        (e, 0 if t == tp else t)
+        for e, t in itertools.product(eps, etps)
+        if (tp * cp * dp) % (e * t) == 0
+    ]
+
+
 def model_parallel_shapes(setup: Setup, pins: dict[str, Any]) -> list[tuple]:
-    """(dp, tp, pp, ep, micro_batch, micro_batches, interleave, first, last, cp) of every way
-    the model and batch split over the GPUs; a model without blocks runs data-parallel only."""
+    """(dp, tp, pp, ep, micro_batch, micro_batches, interleave, first, last, cp, etp) of
+    every way the model and batch split over the GPUs; a model without blocks runs data-
+    parallel only."""
     s, w, n = setup.scenario, setup.workload, setup.n_gpus
     blocks = Shape.of(w).blocks
     gpn = setup.cluster.gpus_per_node
@@ -103,9 +122,8 @@ def model_parallel_shapes(setup: Setup, pins: dict[str, Any]) -> list[tuple]:
                 continue
             splits = pipeline_splits(setup, blocks, pp, pins)
             dp = n // (tp * pp * cp)
-            eps = _choices(pins, "ep", EXPERT_PARALLEL if w.moe else (1,))
-            eps = [e for e in eps if e == 1 or (w.moe and w.experts % e == 0 and dp % e == 0)]
-            for ep, b in itertools.product(eps, mbs):
+            grids = expert_grids(setup, pins, tp, cp, dp)
+            for (ep, etp), b in itertools.product(grids, mbs):
                 if s.global_batch % (dp * b):
                     continue
                 m = s.global_batch // (dp * b)
@@ -116,7 +134,7 @@ def model_parallel_shapes(setup: Setup, pins: dict[str, Any]) -> list[tuple]:
                         blocks and split_problem(blocks, pp, v, first, last)
                     ):
                         continue
-                    out.append((dp, tp, pp, ep, b, m, v, first, last, cp))
+                    out.append((dp, tp, pp, ep, b, m, v, first, last, cp, etp))
     return out
 
 
@@ -203,8 +221,8 @@ def enumerate_layouts(
     first_bucket = model_sync[0][2] if model_sync else None
     rows = []
     for shape in model_parallel_shapes(setup, pins):
-        dp, tp, pp, ep, b, m, v, first, last, cp = shape
-        plain = tp == pp == ep == v == cp == 1
+        dp, tp, pp, ep, b, m, v, first, last, cp, etp = shape
+        plain = tp == pp == ep == v == cp == 1 and etp == 0
         for sync in model_sync:
             if plain and sync[0] == 0 and sync[1] == 0:
                 continue  # plain DDP: the DDP grid below
@@ -215,15 +233,15 @@ def enumerate_layouts(
             rows.append(shape + sync)
         if plain and plain_zero:
             rows += [shape + sync for sync in plain_sync]
-    compressions = tuple(dict.fromkeys(["none", *(r[16] for r in rows)]))
     names = ("dp", "tp", "pp", "ep", "micro_batch", "micro_batches", "interleave")
-    names += ("first_layers", "last_layers", "cp", "zero", "recompute", "bucket_mb")
+    names += ("first_layers", "last_layers", "cp", "etp", "zero", "recompute", "bucket_mb")
     names += ("algorithm", "placement", "overlap", "compression", "error_feedback")
+    compressions = tuple(dict.fromkeys(["none", *(r[names.index("compression")] for r in rows)]))
     cols = {n: np.array([r[k] for r in rows]) for k, n in enumerate(names)}
     cols["algorithm"] = np.array([ALGORITHMS.index(a) for a in cols["algorithm"]], dtype=int)
     cols["placement"] = np.array([PLACEMENTS.index(p) for p in cols["placement"]], dtype=int)
     cols["compression"] = np.array([compressions.index(c) for c in cols["compression"]], dtype=int)
-    cols = _with_rank_orders(cols, pins)
+    cols = _with_rank_orders(cols, pins, setup.workload.moe)
     cols = _with_hybrid_sharding(cols, pins, setup.cluster.gpus_per_node)
     fp8 = bool(setup.gpu.fp8_flops) and bool(Shape.of(setup.workload).blocks)
     cols = _with_kernels(cols, pins, fp8)
@@ -260,11 +278,20 @@ def _branch(cols: dict[str, np.ndarray], name: str, where: np.ndarray, value, de
     return out
 
 
-def _with_rank_orders(cols: dict[str, np.ndarray], pins: dict[str, Any]) -> dict:
-    """Both rank orders where they differ (pp > 1 and dp > 1), or the pinned one."""
+def _with_rank_orders(cols: dict[str, np.ndarray], pins: dict[str, Any], moe: bool) -> dict:
+    """Both rank orders where they differ (pp > 1 and dp > 1) and Megatron-core allows the
+    pipeline inside data parallelism (an expert grid of the attention grid's dp: ep x etp =
+    tp x cp, scenario._check_experts), or the pinned one (enumerate_layouts drops the rows
+    it does not allow)."""
+    etp = np.where(cols["etp"] > 0, cols["etp"], cols["tp"])
+    unfolded = (cols["ep"] * etp == cols["tp"] * cols["cp"]) | (not moe)
     if "order" in pins:
-        return cols | {"order": np.full(len(cols["dp"]), RANK_ORDERS.index(pins["order"]))}
-    differs = (cols["pp"] > 1) & (cols["dp"] > 1)
+        out = cols | {"order": np.full(len(cols["dp"]), RANK_ORDERS.index(pins["order"]))}
+        if pins["order"] == "tp-cp-ep-pp-dp":
+            keep = unfolded | (cols["pp"] == 1)
+            out = {k: v[keep] for k, v in out.items()}
+        return out
+    differs = (cols["pp"] > 1) & (cols["dp"] > 1) & unfolded
     return _branch(cols, "order", differs, RANK_ORDERS.index("tp-cp-ep-pp-dp"), 0)
 
 
@@ -276,7 +303,8 @@ def _with_hybrid_sharding(cols: dict[str, np.ndarray], pins: dict[str, Any], gpn
         return cols | {"fsdp_shard": np.full(len(cols["dp"]), pins["fsdp_shard"])}
     node = np.maximum(gpn // (cols["tp"] * cols["cp"]), 1)
     hybrid = (cols["zero"] == 3) & (node > 1) & (node < cols["dp"]) & (cols["dp"] % node == 0)
-    hybrid &= node % cols["ep"] == 0
+    etp = np.where(cols["etp"] > 0, cols["etp"], cols["tp"])
+    hybrid &= (node * cols["cp"] * cols["tp"]) % (cols["ep"] * etp) == 0
     out = _branch(cols, "fsdp_shard", hybrid, 0, 0)
     out["fsdp_shard"][len(cols["dp"]) :] = node[hybrid]
     return out

@@ -48,6 +48,7 @@ def batch_arithmetic(setup: Setup, strategy: Strategy) -> dict[str, Any]:
         "pp": strategy.pp,
         "cp": strategy.cp,
         "ep": strategy.ep,
+        "etp": strategy.expert_tp,
     }
     names = [layer.name for layer in w.layers]
     block_at = [i for i, n in enumerate(names) if n.startswith("block.")]

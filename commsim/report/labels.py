@@ -27,6 +27,12 @@ def compression_label(strategy: dict[str, Any]) -> str:
     return c + (" +EF" if strategy["error_feedback"] and c != "none" else "")
 
 
+def _etp(s: dict[str, Any], sep: str) -> str:
+    """ "etp N" and `sep` where the expert tensor-parallel degree is set apart from tp."""
+    etp = s.get("etp")
+    return f"etp {etp}{sep}" if etp is not None and etp != s["tp"] else ""
+
+
 def describe_strategy(strategy: dict[str, Any]) -> str:
     """One line: layout (when hybrid), algorithm, bucket, overlap, placement, compression."""
     s = strategy
@@ -34,7 +40,7 @@ def describe_strategy(strategy: dict[str, Any]) -> str:
     ep, cp = s.get("ep", 1), s.get("cp", 1)
     layout = (
         f"tp {s['tp']}, {f'cp {cp}, ' if cp > 1 else ''}pp {s['pp']}{split_label(s)}, "
-        f"{f'ep {ep}, ' if ep > 1 else ''}zero {s['zero']}{_hybrid(s)}, "
+        f"{f'ep {ep}, ' if ep > 1 else ''}{_etp(s, ', ')}zero {s['zero']}{_hybrid(s)}, "
         f"recompute {s['recompute']}, interleave {s['interleave']}, {_order(s)}"
         if (s["tp"], s["pp"], ep, cp, s["zero"], s["recompute"], s["interleave"])
         != (1, 1, 1, 1, 0, "none", 1)
@@ -74,6 +80,7 @@ def layout_label(c: dict[str, Any]) -> str:
     parts += [f"cp{s['cp']}"] if s.get("cp", 1) > 1 else []
     parts += [f"pp{s['pp']}{split_label(s)}"] if s["pp"] > 1 else []
     parts += [f"ep{s['ep']}"] if s.get("ep", 1) > 1 else []
+    parts += [_etp(s, "").replace(" ", "")] if _etp(s, "") else []
     parts += [f"v{s['interleave']}"] if s["interleave"] > 1 else []
     zero = f"z{s['zero']}" + (f"/{s['fsdp_shard']}" if s.get("fsdp_shard") else "")
     parts += [zero] if s["zero"] else []
@@ -88,6 +95,8 @@ _DIMENSIONS = (
     ("tensor parallelism", ("tp",), lambda s: f"tp {s['tp']}"),
     ("context parallelism", ("cp",), lambda s: f"cp {s.get('cp', 1)}"),
     ("pipeline depth", ("pp",), lambda s: f"pp {s['pp']}"),
+    ("expert parallelism", ("ep",), lambda s: f"ep {s.get('ep', 1)}"),
+    ("expert tensor parallelism", ("etp",), lambda s: f"etp {s.get('etp') or s['tp']}"),
     ("rank order", ("order",), lambda s: s.get("order", "tp-cp-ep-dp-pp")),
     ("hybrid sharding", ("fsdp_shard",), lambda s: f"shard over {s.get('fsdp_shard') or 'all'}"),
     ("ZeRO stage", ("zero",), lambda s: f"ZeRO {s['zero']}"),
@@ -118,7 +127,7 @@ def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
                 ("compute_s", "compute"),
                 ("bubble_s", "pipeline bubble"),
                 ("tp_comm_s", "tensor-parallel comm"),
-                ("ep_comm_s", "expert-parallel all-to-all"),
+                ("ep_comm_s", "expert-parallel comm"),
                 ("pp_comm_s", "pipeline sends"),
                 ("dp_exposed_s", "exposed data-parallel comm"),
                 ("exposed_comm_s", "exposed comm"),

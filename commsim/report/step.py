@@ -33,7 +33,7 @@ def step_table(title: str, pred: dict[str, Any]) -> Table:
                 ("bubble_s", "pipeline bubble", "(p - 1) / v idle ticks"),
                 ("tp_comm_s", "tensor-parallel comm", "on the critical path"),
                 ("cp_comm_s", "context-parallel comm", "K/V exchange not hidden"),
-                ("ep_comm_s", "expert-parallel all-to-all", "on the critical path"),
+                ("ep_comm_s", "expert-parallel comm", "all-to-alls, etp gathers: critical path"),
                 ("pp_comm_s", "pipeline sends", "on the critical path"),
                 ("dp_comm_s", "data-parallel comm", "gradient sync / ZeRO collectives"),
                 ("dp_exposed_s", "  of it exposed", "not hidden under backward"),
@@ -107,7 +107,13 @@ def _batch_rows(b: dict[str, Any]) -> list[tuple[str, str, str]]:
         ("GPUs", f"{b['dp'] * b['tp'] * b['pp'] * b['cp']:,}", f"= {degrees}"),
     ]
     if b["ep"] > 1:
-        rows.append(("expert parallel", f"ep {b['ep']}", "experts split over ep ranks of dp"))
+        rows.append(
+            (
+                "expert parallel",
+                f"ep {b['ep']}, etp {b['etp']}",
+                "experts over ep ranks, each over etp, folded over tp x cp x dp",
+            )
+        )
     per = "stage" if b["pp"] > 1 else "GPU"
     rows += [
         (f"layers per {per}", _spread(b["stage_layers"], str), "transformer layers held"),

@@ -117,16 +117,17 @@ class BucketPlan:
 
 
 def stage_tensor_bytes(
-    workload: Workload, layers: range, tp: int, ep: int, grad_bytes: int
+    workload: Workload, layers: range, tp: int, ep: int, grad_bytes: int, etp: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(bytes, expert flag, layer) of each gradient tensor one GPU of the stage holds: a
-    tensor split over tp ("tp") is 1/tp of it, an expert's ("ep") 1/(tp ep), others whole."""
+    tensor split over tp ("tp") is 1/tp of it, an expert's ("ep") 1/(etp ep) (etp 0: tp),
+    others whole."""
     sizes, expert, layer_of = [], [], []
     for i in layers:
         layer = workload.layers[i]
         for j, n in enumerate(layer.tensors):
             shard = layer.shard(j)
-            split = tp * ep if shard == "ep" else tp if shard == "tp" else 1
+            split = (etp or tp) * ep if shard == "ep" else tp if shard == "tp" else 1
             sizes.append(n * grad_bytes / split)
             expert.append(shard == "ep")
             layer_of.append(i)
@@ -144,16 +145,20 @@ def stage_buckets(
     cap_bytes: float,
     first_cap_bytes: float,
     layer_weights: tuple[float, ...],
+    etp: int = 0,
 ) -> BucketPlan:
     """The stage's buckets by PyTorch's rule, cached (a search asks for a few hundred).
 
-    With ep > 1 expert gradients reduce over another group, so they fill buckets of their
-    own (Megatron-core keeps a separate buffer for them); the two sets launch in ready
-    order. layer_weights: each workload layer's share of backward time (any scale), which
-    sets when a bucket is ready: when the backward of its earliest layer ends."""
+    When the expert grid differs from the data-parallel one (ep > 1, or an expert tensor-
+    parallel degree etp other than tp; 0: tp) expert gradients reduce over another group, so
+    they fill buckets of their own (Megatron-core keeps a separate buffer for them); the two
+    sets launch in ready order. layer_weights: each workload layer's share of backward time
+    (any scale), which sets when a bucket is ready: when the backward of its earliest layer
+    ends."""
     layers = stage_layer_range(workload, kind, blocks)
-    sizes, expert, layer_of = stage_tensor_bytes(workload, layers, tp, ep, grad_bytes)
-    sets = [np.nonzero(~expert)[0], np.nonzero(expert)[0]] if ep > 1 else [np.arange(sizes.size)]
+    sizes, expert, layer_of = stage_tensor_bytes(workload, layers, tp, ep, grad_bytes, etp)
+    own = ep > 1 or (etp or tp) != tp
+    sets = [np.nonzero(~expert)[0], np.nonzero(expert)[0]] if own else [np.arange(sizes.size)]
     weights = np.array([layer_weights[i] for i in layers], dtype=float)
     # backward runs the last layer first: layer k's ends once the layers >= k have run
     suffix = np.cumsum(weights[::-1])[::-1]
@@ -163,7 +168,7 @@ def stage_buckets(
         for bucket in assign_buckets(sizes[members], cap_bytes, first_cap_bytes):
             idx = members[bucket]
             first_layer = int(layer_of[idx].min()) - layers.start
-            own_group = ep > 1 and bool(expert[idx[0]])
+            own_group = own and bool(expert[idx[0]])
             rows.append((float(done[first_layer]), float(sizes[idx].sum()), own_group, idx))
     rows.sort(key=lambda r: r[0])  # stable: dense first on ties
     return BucketPlan(

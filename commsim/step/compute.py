@@ -38,6 +38,18 @@ FP8_CAST = 3  # bytes to cast a bf16 element to fp8: read 2, write 1
 LOGIT = 4  # fp32 logits in the cross-entropy
 ATTENTION_BACKWARD = 2.5  # FlashAttention's backward / forward FLOPs (5 matmuls to 2)
 CAUSAL = 0.5  # the share of the s x s square causal FlashAttention computes
+# MoE (Megatron-core's all-to-all token dispatcher, transformer/moe/token_dispatcher.py): the
+# router's fp32 scores per token and expert through HBM: softmax read and write (4 + 4), top-k
+# read (4), the dense probabilities and routing map written (4 + 1), the load-balancing loss
+# reads the probabilities (4)
+ROUTER_BYTES = 21
+# a token permutation (moe_utils.permute / unpermute, sort_chunks_by_idxs; fused or not, a
+# gather or scatter): each routed copy's h values read once and written once
+PERMUTE_PASS = 2
+# Transformer Engine's GroupedLinear runs the experts' GEMMs round-robin on this many CUDA
+# streams (transformer_engine/common/util/multi_stream.cpp, num_compute_streams), so that
+# many expert GEMMs share the SMs' waves
+GROUPED_GEMM_STREAMS = 4
 EAGER_SCORE_BYTES = 10  # per score element, forward, without FlashAttention: write scores
 # (2), softmax read + write (4), dropout mask and output (1 + 2), AV reads the probabilities
 # (1 more than the fused path keeps): Korthikanti et al. 2022's 5 a s^2 b of stored scores
@@ -76,21 +88,23 @@ class Rates:
         )
 
 
-def tile_utilisation(m, n, sms: int) -> np.ndarray:
+def tile_utilisation(m, n, sms: int, concurrent=1.0) -> np.ndarray:
     """The share of the GPU a GEMM with an m x n output keeps doing useful work: its tiles'
-    useful area over their area, times tiles over the SMs that whole waves occupy."""
+    useful area over their area, times tiles over the SMs that whole waves occupy; with
+    `concurrent` such GEMMs on the GPU at once (streams), their tiles fill the waves together."""
     m, n = np.maximum(np.asarray(m, dtype=float), 1.0), np.maximum(np.asarray(n, dtype=float), 1)
     tm, tn = np.ceil(m / TILE_M), np.ceil(n / TILE_N)
-    tiles = tm * tn
+    tiles = tm * tn * concurrent
     waves = np.ceil(tiles / sms)
-    return (m * n) / (tiles * TILE_M * TILE_N) * tiles / (waves * sms)
+    return (m * n) / (tm * tn * TILE_M * TILE_N) * tiles / (waves * sms)
 
 
-def gemm_seconds(m, n, k, rate: float, sms: int, count=1.0) -> np.ndarray:
-    """Seconds of `count` GEMMs of (m x k) by (k x n) at `rate` (FLOP/s at the best shapes)."""
+def gemm_seconds(m, n, k, rate, sms: int, count=1.0, concurrent=1.0) -> np.ndarray:
+    """Seconds of `count` GEMMs of (m x k) by (k x n) at `rate` (FLOP/s at the best shapes),
+    `concurrent` of them sharing the GPU at a time (tile_utilisation)."""
     flops = 2.0 * np.asarray(m, float) * np.asarray(n, float) * np.asarray(k, float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = count * flops / (rate * tile_utilisation(m, n, sms))
+        out = count * flops / (rate * tile_utilisation(m, n, sms, concurrent))
     return np.where(flops > 0, out, 0.0)
 
 
@@ -122,7 +136,8 @@ def stage_times(workload: Workload, gpu: GPUSpec, L) -> StageTimes:
         zero = np.zeros(len(L))
         return StageTimes(zero, zero, zero, zero, fwd, BACKWARD_FACTOR * fwd, zero, zero)
     tokens = b * workload.seq_len / cp  # a GEMM's rows: the whole sequence (SP gathers it)
-    block = _Block(arch, rates, tokens, tp, L.ep.astype(float), fp8, flash, workload)
+    ep, etp = L.ep.astype(float), L.expert_tp.astype(float)
+    block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload)
     fwd, bwd, core = block.times(b, cp)
     pre_fwd, pre_bwd, post_fwd, post_bwd = _ends(arch, rates, tokens, tp)
     return StageTimes(fwd, bwd, core, block.op_replay(), pre_fwd, pre_bwd, post_fwd, post_bwd)
@@ -137,6 +152,7 @@ class _Block:
     tokens: np.ndarray
     tp: np.ndarray
     ep: np.ndarray
+    etp: np.ndarray  # expert tensor-parallel degree
     fp8: np.ndarray
     flash: np.ndarray
     workload: Workload
@@ -147,15 +163,17 @@ class _Block:
         moe_share = (c.layers - c.dense_layers) / c.layers if c.experts > 1 else 0.0
         attn_f, attn_cast = self._gemms(self._attention_gemms())
         dense_f, dense_cast = self._gemms(self._mlp_gemms(c.ffn_hidden, 1.0, 1.0))
-        moe_f, moe_cast, moe_bytes = self._moe() if moe_share else (0.0, 0.0, 0.0)
+        moe_f, moe_cast, moe_bytes, moved = self._moe() if moe_share else (0.0,) * 4
         mlp_f = (1 - moe_share) * dense_f + moe_share * moe_f
         cast = attn_cast + (1 - moe_share) * dense_cast + moe_share * moe_cast
         core_f, core_bytes = self._core(b, cp)
         elementwise = self._elementwise(1 - moe_share) + moe_share * moe_bytes
         gemm_f = attn_f + mlp_f
-        fwd = gemm_f + core_f + (elementwise + core_bytes + cast) / self.rates.memory
+        # a permutation's backward is the inverse gather / scatter: the same bytes once
+        permute = moe_share * moved / self.rates.memory
+        fwd = gemm_f + core_f + (elementwise + core_bytes + cast) / self.rates.memory + permute
         bwd = BACKWARD_FACTOR * (gemm_f + (elementwise + core_bytes + cast) / self.rates.memory)
-        bwd = bwd + ATTENTION_BACKWARD * core_f
+        bwd = bwd + ATTENTION_BACKWARD * core_f + permute
         return fwd, bwd, core_f
 
     def op_replay(self) -> np.ndarray:
@@ -173,11 +191,13 @@ class _Block:
     def _rate(self) -> np.ndarray:
         return np.where(self.fp8, self.rates.fp8, self.rates.gemm)
 
-    def _gemms(self, shapes):
-        """(seconds, FP8 cast bytes) of (m, n, k, count) GEMMs in the layouts' precision."""
+    def _gemms(self, shapes, concurrent=1.0):
+        """(seconds, FP8 cast bytes) of (m, n, k, count) GEMMs in the layouts' precision,
+        `concurrent` at a time (gemm_seconds)."""
         seconds, cast = 0.0, 0.0
         for m, n, k, count in shapes:
-            seconds = seconds + gemm_seconds(m, n, k, self._rate(), self.rates.sms, count)
+            rate, sms = self._rate(), self.rates.sms
+            seconds = seconds + gemm_seconds(m, n, k, rate, sms, count, concurrent)
             cast = cast + np.where(self.fp8, FP8_CAST * m * k * count, 0.0)
         return seconds, cast
 
@@ -198,30 +218,41 @@ class _Block:
         qw, kvw = c.heads * hd, c.kv_heads * hd
         return [(t, (qw + 2 * kvw) / tp, h, 1.0), (t, h, qw / tp, 1.0)]
 
-    def _mlp_gemms(self, width, rows_scale, count):
-        """An MLP of `width` split over tp: up (and gate, fused), down."""
+    def _mlp_gemms(self, width, rows_scale, count, split=None):
+        """An MLP of `width` split over tp (or `split` ranks): up (and gate, fused), down."""
         c, t = self.arch, self.tokens * rows_scale
-        up = (2 if c.gated_mlp else 1) * width / self.tp
-        return [(t, up, c.hidden, count), (t, c.hidden, width / self.tp, count)]
+        split = self.tp if split is None else split
+        up = (2 if c.gated_mlp else 1) * width / split
+        return [(t, up, c.hidden, count), (t, c.hidden, width / split, count)]
 
     def _moe(self):
-        """(seconds, cast bytes, HBM bytes) of an MoE MLP: the router, the shared experts,
-        and the routed experts as grouped GEMMs: each of the E / ep local experts gets the
-        ep group's ep x tokens x top_k x capacity / E tokens (Megatron's expert tensor
-        parallelism splits them over tp), plus permuting each routed copy of a token to its
-        expert and back (read and write h, twice)."""
+        """(seconds, cast bytes, element-wise HBM bytes, permuted HBM bytes) of an MoE MLP
+        on one GPU, as Megatron-core's all-to-all dispatcher runs it. Sequence parallelism
+        leaves the GPU t / tp tokens: the router scores them (a BF16 GEMM of E columns, the
+        router being no Transformer Engine layer, then ROUTER_BYTES per token and expert)
+        and permutes their top_k x capacity copies (PERMUTE_PASS); the all-to-all over ep and
+        the all-gather over etp give each of the E / ep local experts etp x ep / (tp E) x
+        t x top_k x capacity rows (balanced routing) of width / etp, which are sorted by
+        expert when the GPU holds several (sort_chunks_by_idxs); the experts run as
+        grouped GEMMs, GROUPED_GEMM_STREAMS at a time; the combine undoes both
+        permutations. Shared experts run as a dense MLP split over tp."""
         c, t = self.arch, self.tokens
         width = c.moe_ffn_hidden or c.ffn_hidden
-        routed = c.top_k * c.capacity_factor
-        per_expert = self.ep * routed / c.experts  # rows per local expert, per token
-        shapes = [(t, c.experts, c.hidden, 1.0)]  # router (replicated)
-        if c.shared_experts:
-            shapes += self._mlp_gemms(width * c.shared_experts, 1.0, 1.0)
-        shapes += self._mlp_gemms(width, per_expert, c.experts / self.ep)
-        seconds, cast = self._gemms(shapes)
-        act = (3 if c.gated_mlp else 2) * width / self.tp * ACT  # the activation, per copy
-        permute = 4 * c.hidden * ACT
-        return seconds, cast, t * routed * (act + permute)
+        routed, local = c.top_k * c.capacity_factor, c.experts / self.ep
+        rows = self.etp * self.ep * routed / (self.tp * c.experts)  # per local expert, per token
+        router = gemm_seconds(t / self.tp, c.experts, c.hidden, self.rates.gemm, self.rates.sms)
+        shared = self._mlp_gemms(width * c.shared_experts, 1.0, 1.0) if c.shared_experts else []
+        shared_f, shared_cast = self._gemms(shared)
+        experts = self._mlp_gemms(width, rows, local, self.etp)
+        expert_f, expert_cast = self._gemms(experts, np.minimum(local, GROUPED_GEMM_STREAMS))
+        copies = t / self.tp * routed  # routed copies of the GPU's tokens
+        act = (3 if c.gated_mlp else 2) * width * ACT  # the activation of a row of width
+        act = copies * act + t * act * c.shared_experts / self.tp  # routed (all etp), shared
+        scores = t / self.tp * c.experts * ROUTER_BYTES
+        sorted_rows = np.where(local > 1, self.etp * copies, 0.0)
+        moved = 2 * PERMUTE_PASS * (copies + sorted_rows) * c.hidden * ACT
+        seconds = router + shared_f + expert_f
+        return seconds, shared_cast + expert_cast, act + scores, moved
 
     def _core(self, b, cp):
         """(seconds, HBM bytes) of the attention core's forward."""

@@ -17,7 +17,7 @@ from commsim.specs import GPUSpec
 from commsim.step.buckets import MIB, STAGE_KINDS, BucketPlan, stage_buckets
 from commsim.step.groups import Groups, _group_rows
 from commsim.step.layouts import RANK_ORDERS, Layouts
-from commsim.step.shape import Shape, slowest, stage_layers
+from commsim.step.shape import Shape, expert_shards, slowest, stage_layers
 from commsim.step.sync import BucketCosts, Tail, allreduce_costs, compressed_costs, tail
 from commsim.topology.placement import PLACEMENTS
 from commsim.workload.model import BACKWARD_FACTOR, Workload
@@ -69,14 +69,16 @@ class DataParallel:
         hidden = np.max(cuts[inverse] + slopes[inverse] * span[:, None], axis=1)
         serial = np.array([p.tail.serial for p in plans])[inverse]
         sync_exposed = encode + np.where(L.overlap, hidden, serial)
-        # ZeRO shards optimizer states over dp (and cp), expert ones over the dp / ep expert
-        # replicas; hybrid sharding over its shard groups
-        sparse = held * sh.expert_params / (L.tp * L.ep)
+        # ZeRO shards optimizer states over dp (and cp), expert ones over the expert-data-
+        # parallel ranks holding the same expert shard (step.shape.expert_shards); hybrid
+        # sharding over its shard groups
+        etp = L.expert_tp
+        sparse = held * sh.expert_params / (etp * L.ep)
         dense = (params - held * sh.expert_params) / L.tp
         zeroed = L.zero >= 1
         shard = np.where((L.zero == 3) & (L.fsdp_shard > 0), L.fsdp_shard, L.dp) * L.cp
         local = dense / np.where(zeroed, shard, 1)
-        local = local + sparse / np.where(zeroed, shard // L.ep, 1)
+        local = local + sparse / np.where(zeroed, expert_shards(shard, L.tp, L.ep, etp), 1)
         return network, sync_exposed, codec, local
 
     def sync_plan(self, L: Layouts, i: int) -> SyncPlan:
@@ -112,6 +114,7 @@ class DataParallel:
             r["bucket_mb"] * MIB,
             r["first_bucket_mb"] * MIB,
             self.layer_weights(r["recompute"]),
+            r["etp"],
         )
         costs = self.bucket_costs(r, buckets.bytes, buckets.expert, g)
         self._sync[key] = plan = SyncPlan(buckets, costs, tail(costs, buckets.ready))
@@ -132,6 +135,7 @@ class DataParallel:
             r["cp"],
             1,
             RANK_ORDERS.index(r["order"]),
+            r["etp"],
         )
         placement = PLACEMENTS.index(r["placement"])
 
@@ -173,6 +177,7 @@ class DataParallel:
 _SYNC_KEY = (
     "tp",
     "ep",
+    "etp",
     "dp",
     "pp",
     "grad_dtype",

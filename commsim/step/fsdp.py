@@ -32,7 +32,7 @@ def fsdp_per_micro_batch(model, L, c) -> tuple[np.ndarray, np.ndarray]:
     Z = L.take(rows)
     k = np.maximum(c.blocks[rows], 1.0)
     dense = (sh.block_params - sh.expert_params) / Z.tp
-    sparse = sh.expert_params / (Z.tp * Z.ep)
+    sparse = sh.expert_params / (Z.expert_tp * Z.ep)
     # one stage holds the embedding and head too (their gather joins the first unit's);
     # across a pipeline they sit on the end stages, left out of the slowest stage's units
     ends = np.where(Z.pp == 1, (sh.pre_params + sh.post_params) / Z.tp, 0.0)
@@ -52,7 +52,7 @@ def _unit(model, Z, params, part: str):
     """(all-gather, reduce-scatter [+ HSDP all-reduce]) seconds of a unit of `params`
     parameters per GPU: bf16 parameters gathered, gradients reduce-scattered in the
     layouts' gradient dtype, over the sharding group (expert parameters: the dp / ep ranks
-    holding the same experts)."""
+    holding the same expert shard, step.groups)."""
     params = np.broadcast_to(np.asarray(params, dtype=float), Z.dp.shape)
     sharded = np.where(Z.fsdp_shard > 0, "shard", "dp")
     kind = np.full(len(Z), "edp") if part == "expert" else sharded

@@ -5,10 +5,13 @@ context-parallel, then data-parallel, then pipeline stage, so a tensor-parallel 
 consecutive GPUs (inside a node when tp is at most the node's GPUs); or, by the layout's
 order, tp-cp-ep-pp-dp, the pipeline's stages inside each data-parallel replica. Gradients
 are reduced over the data-parallel ranks and the context-parallel ones (they hold the same weights).
-Expert parallelism (MoE) carves its groups out of the data-parallel group: ep consecutive
-data-parallel ranks hold different experts; the dp / ep ranks holding the same experts
-(and their cp ranks) reduce their gradients (Megatron-LM / DeepSpeed-MoE, Rajbhandari et
-al. 2022, arXiv:2201.05596). Hybrid sharding (HSDP) shards over `shard` consecutive
+Expert layers (MoE) run on their own grid over the same ranks, MoE parallel folding
+(Megatron-core; Liu et al. 2025, arXiv:2504.14960): each stage's tp x cp x dp ranks, in the
+attention grid's order, are read as [edp, ep, etp], the expert tensor-parallel rank fastest
+(Megatron-core's expert RankGenerator: tp=etp, ep, dp=edp, cp=1, the same pp groups), so ep
+may span tp, cp and dp ranks. The edp ranks holding the same expert shard reduce their
+gradients; with etp = tp and cp = 1 that is ep carved out of dp (DeepSpeed-MoE,
+Rajbhandari et al. 2022, arXiv:2201.05596). Hybrid sharding (HSDP) shards over `shard` consecutive
 data-parallel ranks and replicates across the dp / shard groups. Every group of one kind
 runs its collective at the same time, sharing NICs and uplinks; the graph prices that, once
 per distinct group and cached.
@@ -25,8 +28,10 @@ from commsim.topology.build import Cluster
 from commsim.topology.placement import PLACEMENTS, place, rank_grid
 from commsim.topology.routing import step_time
 
-# tensor, context, data (with cp), expert, expert-data, hybrid-shard and replica groups
-KINDS = ("tp", "cp", "dp", "ep", "edp", "shard", "replica")
+# tensor, context, data (with cp), expert, expert-data, expert-tensor, hybrid-shard and
+# replica groups
+KINDS = ("tp", "cp", "dp", "ep", "edp", "etp", "shard", "replica")
+EXPERT_KINDS = ("ep", "edp", "etp")
 
 
 def op_algorithm(op: str, algorithm: str) -> str:
@@ -51,8 +56,11 @@ class Groups:
         gpus = self.orders[PLACEMENTS[placement]]
         return rank_grid(gpus, RANK_ORDERS[order], tp, cp, dp, pp)
 
-    def members(self, placement, kind, tp, dp, pp, ep=1, cp=1, shard=1, order=0) -> np.ndarray:
-        """GPUs of every group of one kind, a row each (see the module docstring)."""
+    def members(
+        self, placement, kind, tp, dp, pp, ep=1, cp=1, shard=1, order=0, etp=0
+    ) -> np.ndarray:
+        """GPUs of every group of one kind, a row each (see the module docstring); etp 0
+        is tp."""
         ranks = self._ranks(placement, tp, cp, dp, pp, order)
         if kind == "tp":
             return ranks.reshape(-1, tp)
@@ -60,21 +68,24 @@ class Groups:
             return ranks.transpose(0, 1, 3, 2).reshape(-1, cp)
         if kind == "dp":
             return ranks.transpose(0, 3, 1, 2).reshape(-1, dp * cp)
-        if kind in ("ep", "edp"):
-            split = ranks.reshape(pp, dp // ep, ep, cp, tp)
+        if kind in EXPERT_KINDS:
+            etp = etp or tp
+            grid = ranks.reshape(pp, -1, ep, etp)  # [stage, edp, ep, etp]
+            if kind == "etp":
+                return grid.reshape(-1, etp)
             if kind == "ep":
-                return split.transpose(0, 1, 3, 4, 2).reshape(-1, ep)
-            return split.transpose(0, 2, 4, 1, 3).reshape(-1, dp // ep * cp)
+                return grid.transpose(0, 1, 3, 2).reshape(-1, ep)
+            return grid.transpose(0, 2, 3, 1).reshape(-1, grid.shape[1])
         split = ranks.reshape(pp, dp // shard, shard, cp, tp)
         if kind == "shard":
             return split.transpose(0, 1, 4, 2, 3).reshape(-1, shard * cp)
         return split.transpose(0, 2, 3, 4, 1).reshape(-1, dp // shard)
 
-    def cost(self, placement, kind, tp, dp, pp, ep=1, ps_shards=1, cp=1, shard=1, order=0):
+    def cost(self, placement, kind, tp, dp, pp, ep=1, ps_shards=1, cp=1, shard=1, order=0, etp=0):
         """The GroupCost of every group of `kind` at once (None: groups of one rank)."""
-        key = (placement, kind, tp, dp, pp, ep, ps_shards, cp, shard, order)
+        key = (placement, kind, tp, dp, pp, ep, ps_shards, cp, shard, order, etp)
         if key not in self._costs:
-            groups = self.members(placement, kind, tp, dp, pp, ep, cp, shard, order)
+            groups = self.members(placement, kind, tp, dp, pp, ep, cp, shard, order, etp)
             self._costs[key] = concurrent_cost(self.cluster, groups, ps_shards)
         return self._costs[key]
 
@@ -112,17 +123,18 @@ class Groups:
         priced by one multiply-add over all their layouts."""
         alg = L.algorithm if algorithm is None else np.broadcast_to(algorithm, L.dp.shape)
         one = np.ones_like(L.dp)
-        ep = L.ep if kind in ("ep", "edp") else one
+        expert = kind in EXPERT_KINDS
+        ep, etp = (L.ep, L.expert_tp) if expert else (one, np.zeros_like(L.dp))
         shards = L.ps_shards if kind == "dp" else one
         shard = np.maximum(L.fsdp_shard, 1) if kind in ("shard", "replica") else one
-        cols = [alg, L.placement, L.tp, L.dp, L.pp, ep, shards, L.cp, shard, L.order]
+        cols = [alg, L.placement, L.tp, L.dp, L.pp, ep, shards, L.cp, shard, L.order, etp]
         inverse, firsts = _group_rows(cols)
         nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), L.dp.shape)
         line = np.zeros((len(firsts), 2))
         general = []
         for k, i in enumerate(firsts.tolist()):
-            a, pl, t, d, p, e, s, c, g, o = (int(col[i]) for col in cols)
-            name, key = op_algorithm(op, ALGORITHMS[a]), (pl, kind, t, d, p, e, s, c, g, o)
+            a, pl, t, d, p, e, s, c, g, o, et = (int(col[i]) for col in cols)
+            name, key = op_algorithm(op, ALGORITHMS[a]), (pl, kind, t, d, p, e, s, c, g, o, et)
             cost = self.cost(*key)
             if cost is None:
                 continue

@@ -28,6 +28,7 @@ _DEFAULTS: dict[str, Any] = {
     "tp": 1,
     "pp": 1,
     "ep": 1,
+    "etp": 0,
     "micro_batch": 1,
     "micro_batches": 1,
     "zero": 0,
@@ -62,7 +63,8 @@ class Layouts:
     dp: np.ndarray
     tp: np.ndarray
     pp: np.ndarray
-    ep: np.ndarray  # expert-parallel degree (divides dp)
+    ep: np.ndarray  # expert-parallel degree (ep x etp divides tp x cp x dp: MoE folding)
+    etp: np.ndarray  # expert tensor-parallel degree (0: tp, Megatron-core's default)
     micro_batch: np.ndarray
     micro_batches: np.ndarray  # per step and data-parallel rank: global / (dp x micro_batch)
     zero: np.ndarray
@@ -121,6 +123,7 @@ class Layouts:
             tp=col(lambda s: s.tp),
             pp=col(lambda s: s.pp),
             ep=col(lambda s: s.ep),
+            etp=col(lambda s: s.etp or 0),
             micro_batch=micro_batch,
             micro_batches=col(micro_batches),
             zero=col(lambda s: s.zero),
@@ -171,6 +174,7 @@ class Layouts:
             "precision": "fp8" if r["fp8"] else "bf16",
             "flash_attention": r["flash"],
             "fsdp_shard": r["fsdp_shard"] or None,
+            "etp": r["etp"] or None,
             "states": "fsdp" if r["fsdp_states"] and r["zero"] == 3 else "zero",
         }
         return base.model_copy(update=update)
@@ -181,12 +185,23 @@ class Layouts:
         return _GRAD_BYTES[self.grad_dtype]
 
     @property
+    def expert_tp(self) -> np.ndarray:
+        """The expert layers' tensor-parallel degree (etp; tp where it is 0)."""
+        return np.where(self.etp > 0, self.etp, self.tp)
+
+    @property
+    def edp(self) -> np.ndarray:
+        """Expert data-parallel degree: the ranks holding the same experts, tp cp dp / (ep etp)."""
+        return self.tp * self.cp * self.dp // (self.ep * self.expert_tp)
+
+    @property
     def plain(self) -> np.ndarray:
         """Plain data parallelism: no model parallelism, ZeRO or recomputation (what DDP runs)."""
         return (
             (self.tp == 1)
             & (self.pp == 1)
             & (self.ep == 1)
+            & (self.expert_tp == 1)
             & (self.zero == 0)
             & (self.recompute == 0)
             & (self.interleave == 1)

@@ -6,8 +6,10 @@ precision Adam keeps 2 bytes of fp16/bf16 weights, the gradients, and K = 12 byt
 master weights, momentum and variance per parameter; stage 1 shards the optimizer states over
 the data-parallel group, stage 2 also the gradients, stage 3 also the weights (FSDP full shard).
 Transformer activations follow Korthikanti et al. 2022 (arXiv:2205.05198, Table 2). Expert
-(MoE) parameters are split over the expert-parallel degree ep and their ZeRO shards over the
-dp / ep replicas of each expert (DeepSpeed-MoE, Rajbhandari et al. 2022, arXiv:2201.05596).
+(MoE) parameters are split over ep x etp ranks (expert parallel x expert tensor parallel,
+Megatron-core's MoE parallel folding, arXiv:2504.14960) and their ZeRO shards over the
+expert-data-parallel ranks holding the same shard (DeepSpeed-MoE, Rajbhandari et al. 2022,
+arXiv:2201.05596, where etp = tp and ep comes out of dp).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 from commsim.specs import GPUSpec
 from commsim.step.inflight import in_flight
-from commsim.step.shape import stage_layers
+from commsim.step.shape import expert_shards, stage_layers
 from commsim.workload.model import Workload
 
 PARAM_BYTES = 2  # fp16/bf16 weights (ZeRO Sec. 3.1)
@@ -48,7 +50,8 @@ class ParallelLayout:
     dp: int = 1
     tp: int = 1
     pp: int = 1
-    ep: int = 1  # expert-parallel degree (ranks out of the dp group)
+    ep: int = 1  # expert-parallel degree (ep x etp divides tp x cp x dp)
+    etp: int = 0  # expert tensor-parallel degree (0: tp)
     micro_batch: int = 1
     seq_len: int | None = None  # None: the workload's
     zero: Literal[0, 1, 2, 3] = 0  # 3 is also FSDP full shard
@@ -310,7 +313,8 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     per_chunk = np.ceil(shape.blocks / (pp * v))  # layers per virtual stage, worst rank
     uneven = (c["first_layers"] >= 0) | (c["last_layers"] >= 0)  # only with v = 1
     k_first, k_mid, k_last = stage_layers(shape.blocks, pp, c["first_layers"], c["last_layers"])
-    experts = shape.expert / (t * ep)  # one block's expert parameters on this GPU
+    etp = np.where(c["etp"] > 0, c["etp"], t)
+    experts = shape.expert / (etp * ep)  # one block's expert parameters on this GPU
     block = (shape.block[0] - shape.expert) / t + shape.block[1] + experts
     first = shape.first[0] / t + shape.first[1]
     last = shape.last[0] / t + shape.last[1] + np.where(pp > 1, shape.tied / t, 0.0)
@@ -341,9 +345,10 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         held = np.where(exists, np.where(uneven, layers, per_chunk * v), 0.0)
         ends = np.where(exists, np.where(pp == 1, first + last, extra), 0.0)
         params = held * block + ends
-        expert = held * experts  # ZeRO shards these over the dp / ep expert replicas
+        expert = held * experts  # ZeRO shards these over the expert-data-parallel ranks
         dense = _states(params - expert, dp, zero, c["grad_bytes"], c["fsdp_states"])
-        sparse = _states(expert, dp / ep, zero, c["grad_bytes"], c["fsdp_states"])
+        shards = expert_shards(dp, t, ep, etp)
+        sparse = _states(expert, shards, zero, c["grad_bytes"], c["fsdp_states"])
         acts = in_flight(rank, pp, v, c["micro_batches"], schedule) * held * per_layer
         acts = acts + np.where(on_last, output, 0.0)
         largest = np.maximum(block, np.where(pp == 1, np.maximum(first, last), extra))
@@ -380,8 +385,9 @@ def _check(c: dict[str, np.ndarray]) -> None:
     for key in keys:
         if np.any(c[key] < 1):
             raise ValueError(f"{key} must be at least 1")
-    if np.any(c["dp"] % c["ep"]):
-        raise ValueError("ep must divide dp")
+    etp = np.where(c["etp"] > 0, c["etp"], c["tp"])
+    if np.any((c["tp"] * c["cp"] * c["dp"]) % (c["ep"] * etp)):
+        raise ValueError("ep x etp must divide tp x cp x dp")
     if np.any((c["zero"] < 0) | (c["zero"] > 3)):
         raise ValueError("zero must be 0, 1, 2 or 3")
     if np.any((c["recompute"] < 0) | (c["recompute"] >= len(RECOMPUTE))):
@@ -417,6 +423,7 @@ def memory_per_gpu_batch(
     grad_bytes=2,
     bucket_mb=25.0,
     ep=1,
+    etp=0,
     first_layers=-1,
     last_layers=-1,
     cp=1,
@@ -434,6 +441,7 @@ def memory_per_gpu_batch(
         tp=tp,
         pp=pp,
         ep=ep,
+        etp=etp,
         micro_batch=micro_batch,
         zero=zero,
         recompute=recompute,
@@ -468,6 +476,7 @@ def memory_per_gpu(
         tp=layout.tp,
         pp=layout.pp,
         ep=layout.ep,
+        etp=layout.etp,
         micro_batch=layout.micro_batch,
         zero=layout.zero,
         recompute=RECOMPUTE.index(layout.recompute),

@@ -34,7 +34,6 @@ from commsim.topology.build import Cluster
 from commsim.workload.model import BACKWARD_FACTOR, Workload
 
 ACT_BYTES = 2  # bf16 activations on the wire (tensor-parallel collectives, pipeline sends)
-TP_ALLREDUCES_FORWARD = 2  # per layer: after attention, after the MLP (Shoeybi et al. 2019)
 ALL_TO_ALLS_FORWARD = 2  # per MoE layer: dispatch tokens to experts, combine them back (GShard)
 
 
@@ -53,6 +52,12 @@ def cp_bytes(L: Layouts, sh: Shape, arch) -> np.ndarray:
     heads' width split over tp, bf16) to its next context-parallel rank."""
     kv = 2 * arch.kv_heads * arch.head_width
     return L.micro_batch * sh.seq_len / L.cp * kv / L.tp * ACT_BYTES
+
+
+def etp_bytes(L: Layouts, sh: Shape) -> np.ndarray:
+    """Bytes of the expert tensor-parallel all-gather's output (and the reduce-scatter's
+    input) around the experts: the etp ranks' received token copies (_expert_parallel)."""
+    return ep_bytes(L, sh) * L.expert_tp
 
 
 def send_bytes(L: Layouts, sh: Shape) -> np.ndarray:
@@ -80,7 +85,7 @@ class StepBreakdown:
     bubble: np.ndarray  # pipeline fill and drain: (p - 1) / v ticks, comm included
     tp_comm: np.ndarray  # tensor-parallel collectives on the critical path (after overlap)
     cp_comm: np.ndarray  # context-parallel K/V exchange not hidden under attention
-    ep_comm: np.ndarray  # expert-parallel all-to-alls (MoE), on the critical path
+    ep_comm: np.ndarray  # expert all-to-alls and etp gathers (MoE), on the critical path
     pp_comm: np.ndarray  # pipeline sends between stages, on the critical path
     dp_comm: np.ndarray  # data-parallel / ZeRO collectives in all
     dp_exposed: np.ndarray  # the data-parallel sync (and a comm hook's codec) not hidden
@@ -247,7 +252,7 @@ class StepModel:
         Sec. 4.2.2). With tp_overlap (Transformer Engine's userbuffers, Megatron-core
         --tp-comm-overlap) they run under the block's compute: only what exceeds it shows."""
         ar = self.groups.price("all-reduce", "tp", L, tp_bytes(L, self.shape))
-        fwd = TP_ALLREDUCES_FORWARD * ar
+        fwd = self.shape.tp_collectives * ar
         bwd = fwd * np.where(L.recompute == 2, 2.0, 1.0)
         fwd = np.where(L.tp_overlap, np.maximum(fwd - c.block_fwd, 0.0), fwd)
         bwd = np.where(L.tp_overlap, np.maximum(bwd - c.block_bwd, 0.0), bwd)
@@ -271,21 +276,23 @@ class StepModel:
         return c.blocks * fwd, c.blocks * bwd * np.where(L.recompute == 2, 1.5, 1.0)
 
     def _expert_parallel(self, L: Layouts, blocks: np.ndarray):
-        """Seconds of expert-parallel all-to-alls per micro-batch, forward and backward: per
-        MoE layer one dispatches tokens to their experts and one combines them back, again
-        backward (and with a full recompute's replayed forward). Each GPU sends b (s / tp) h
-        x 2 bytes x top_k x capacity factor in each: every expert's buffer holds capacity
-        factor x its even share of the top_k-routed tokens (GShard, Lepikhin et al. 2020,
-        arXiv:2006.16668; DeepSpeed-MoE); sequence parallelism splits the tokens over tp.
-        ep = 1: all experts are local."""
+        """Seconds of the expert layers' collectives per micro-batch, forward and backward:
+        per MoE layer one all-to-all dispatches tokens to their experts and one combines
+        them back, again backward (and with a full recompute's replayed forward). Each GPU
+        sends b (s / cp / tp) h x 2 bytes x top_k x capacity factor in each: every expert's
+        buffer holds capacity factor x its even share of the top_k-routed tokens (GShard,
+        Lepikhin et al. 2020, arXiv:2006.16668; DeepSpeed-MoE); sequence parallelism splits
+        the tokens over tp. With expert tensor parallelism (etp > 1) the received copies are
+        all-gathered over the etp group before the experts and reduce-scattered after them
+        (Megatron-core's all-to-all dispatcher), priced as an all-reduce of the gathered
+        bytes as tensor parallelism's are. ep = etp = 1: all experts are local."""
         sh = self.shape
         if not sh.routed:
             zero = np.zeros(len(L))
             return zero, zero
-        arch = self.workload.arch
-        moe = (arch.layers - arch.dense_layers) / arch.layers if arch is not None else 1.0
         a2a = self.groups.price("all-to-all", "ep", L, ep_bytes(L, sh))
-        forward = ALL_TO_ALLS_FORWARD * moe * blocks * a2a
+        gather = self.groups.price("all-reduce", "etp", L, etp_bytes(L, sh))
+        forward = sh.moe_share * blocks * (ALL_TO_ALLS_FORWARD * a2a + gather)
         return forward, forward * np.where(L.recompute == 2, 2.0, 1.0)
 
     def _sends(self, L: Layouts) -> np.ndarray:
@@ -318,6 +325,7 @@ class StepModel:
             grad_bytes=state_grad_bytes(L.plain, L.grad_bytes),
             bucket_mb=L.bucket_mb,
             ep=L.ep,
+            etp=L.etp,
             first_layers=L.first_layers,
             last_layers=L.last_layers,
             cp=L.cp,

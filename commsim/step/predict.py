@@ -125,6 +125,7 @@ def layout_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
         tp=strategy.tp,
         pp=strategy.pp,
         ep=strategy.ep,
+        etp=strategy.etp or 0,
         micro_batch=s.micro_batch,
         seq_len=w.seq_len,
         zero=strategy.zero,

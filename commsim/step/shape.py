@@ -35,6 +35,8 @@ class Shape:
     model_flops: float  # forward FLOPs per sample of the whole model
     expert_params: float  # of block_params: all experts' MLPs (0 for a dense model)
     routed: float  # top_k x capacity factor: token copies an MoE layer dispatches (0: dense)
+    moe_share: float  # the blocks that are MoE (dense first layers are not)
+    shared_experts: int  # always-on experts of an MoE block (run as a dense MLP over tp)
 
     @classmethod
     def of(cls, w: Workload) -> Shape:
@@ -66,7 +68,26 @@ class Shape:
             model_flops=w.forward_flops,
             expert_params=float(w.expert_params),
             routed=w.top_k * w.capacity_factor if w.moe else 0.0,
+            moe_share=_moe_share(w),
+            shared_experts=w.arch.shared_experts if w.moe and w.arch is not None else 0,
         )
+
+    @property
+    def tp_collectives(self) -> float:
+        """Tensor-parallel all-reduces (or their sequence-parallel reduce-scatter and all-
+        gather) a mean block runs forward: one after attention, one after a dense MLP; an
+        MoE MLP runs its routed experts on the expert grid (etp) instead, its shared experts
+        on tp (Megatron-core's SharedExpertMLP gathers its input over tp)."""
+        mlp = (1.0 - self.moe_share) + self.moe_share * (self.shared_experts > 0)
+        return 1.0 + mlp
+
+
+def _moe_share(w: Workload) -> float:
+    """The share of blocks that are MoE: all but the dense first layers (1 without arch)."""
+    if not w.moe:
+        return 0.0
+    arch = w.arch
+    return (arch.layers - arch.dense_layers) / arch.layers if arch is not None else 1.0
 
 
 def _op_replay_flops(w: Workload) -> float:
@@ -77,6 +98,13 @@ def _op_replay_flops(w: Workload) -> float:
         return 0.0
     width = c.kv_heads * c.head_width + c.heads * c.head_width + c.ffn_hidden
     return 2.0 * w.seq_len * c.hidden * width
+
+
+def expert_shards(dense_shards, tp, ep, etp):
+    """Ranks sharing one expert shard's ZeRO states: the expert-data-parallel degree within
+    `dense_shards` ranks that shard the dense parameters (dp x cp, or a hybrid shard group
+    x cp), each holding 1 / tp of them: dense_shards x tp / (ep x etp) (etp = tp: / ep)."""
+    return dense_shards * tp // (ep * etp)
 
 
 def stage_layers(blocks: int, pp, first, last) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -45,9 +45,9 @@ from commsim.specs import SpecError, Strategy
 from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.model import (
     ALL_TO_ALLS_FORWARD,
-    TP_ALLREDUCES_FORWARD,
     cp_bytes,
     ep_bytes,
+    etp_bytes,
     send_bytes,
     tp_bytes,
 )
@@ -64,6 +64,7 @@ def _refuse(strategy: Strategy) -> None:
         ("--fsdp-shard", strategy.zero == 3 and bool(strategy.fsdp_shard)),
         ("--cp with --recompute full", strategy.cp > 1 and strategy.recompute == "full"),
         ("--cp with --zero 3", strategy.cp > 1 and strategy.zero == 3),
+        ("--etp", strategy.expert_tp != strategy.tp),  # a folded expert grid
         ("--compression", strategy.compression != "none"),
         ("--algorithm ps", strategy.algorithm == "ps"),
     ):
@@ -225,7 +226,7 @@ def _pipeline_graph(model, L: Layouts, ranks: _Ranks) -> Graph:
     if row["tp"] > 1:
         ar = float(model.groups.price("all-reduce", "tp", L, tp_bytes(L, sh))[0])
         colls.append(
-            ("all-reduce", float(tp_bytes(L, sh)[0]), ar, "tp", TP_ALLREDUCES_FORWARD * blocks)
+            ("all-reduce", float(tp_bytes(L, sh)[0]), ar, "tp", sh.tp_collectives * blocks)
         )
     if row["ep"] > 1 and sh.routed:
         arch = model.workload.arch
@@ -233,6 +234,12 @@ def _pipeline_graph(model, L: Layouts, ranks: _Ranks) -> Graph:
         a2a = float(model.groups.price("all-to-all", "ep", L, ep_bytes(L, sh))[0])
         colls.append(
             ("all-to-all", float(ep_bytes(L, sh)[0]), a2a, "ep", ALL_TO_ALLS_FORWARD * moe * blocks)
+        )
+    if row["tp"] > 1 and sh.routed:  # the experts' tensor-parallel gather (etp = tp here)
+        ranks.kind("etp")
+        gather = float(model.groups.price("all-reduce", "etp", L, etp_bytes(L, sh))[0])
+        colls.append(
+            ("all-reduce", float(etp_bytes(L, sh)[0]), gather, "etp", sh.moe_share * blocks)
         )
     for op, _, _, _, count in colls:
         if abs(count - round(count)) > 1e-9:
