@@ -233,7 +233,8 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
 
 def _check_kernels(setup: Setup, strategy: Strategy) -> None:
     """FP8 needs a GPU with FP8 tensor cores; overlapping tensor-parallel collectives needs
-    a tensor-parallel group; hybrid sharding needs ZeRO-3 and shard groups that divide dp."""
+    a tensor-parallel group; hybrid sharding needs ZeRO-3 and shard groups that divide dp;
+    per-parameter issuance needs ZeRO-3 without hybrid sharding."""
     src = setup.source
     if strategy.precision == "fp8" and not setup.gpu.fp8_flops:
         raise SpecError(src, "strategy.precision", f"{setup.gpu.name} has no FP8 tensor cores")
@@ -256,6 +257,13 @@ def _check_kernels(setup: Setup, strategy: Strategy) -> None:
                 f"{strategy.fsdp_shard} is not a multiple of ep = {strategy.ep}: each shard group "
                 "must hold whole expert-parallel groups",
             )
+    if strategy.zero3_issue != "unit" and (strategy.zero != 3 or strategy.fsdp_shard):
+        raise SpecError(
+            src,
+            "strategy.zero3_issue",
+            f"{strategy.zero3_issue!r} is how DeepSpeed's ZeRO-3 over all data-parallel ranks "
+            "issued its collectives: it needs zero 3 and no fsdp_shard",
+        )
 
 
 def _check_model_parallel(setup: Setup, strategy: Strategy) -> None:

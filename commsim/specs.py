@@ -306,6 +306,7 @@ GradDtype = Literal["fp32", "fp16", "bf16"]
 # parallelism (Megatron-LM's --use-tp-pp-dp-mapping; Llama 3's [TP, CP, PP, DP], arXiv:2407.21783
 # Sec. 3.3.2, so that data parallelism, not the pipeline, crosses the pods)
 RankOrder = Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"]
+Zero3Issue = Literal["unit", "parameter"]
 
 
 class Strategy(Spec):
@@ -339,6 +340,10 @@ class Strategy(Spec):
     flash_attention: bool = True  # fused attention: no s x s scores kept, causal half computed
     tp_overlap: bool = False  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
     fsdp_shard: int | None = Field(default=None, ge=1)  # hybrid sharding: ZeRO-3 groups (HSDP)
+    # how ZeRO-3 issues its collectives (step.fsdp): "unit", a gather per FSDP unit prefetched
+    # under compute (FSDP, DeepSpeed >= 0.6); "parameter", DeepSpeed before 0.6 (2021): one
+    # synchronised gather per parameter, one reduce-scatter per gradient, none overlapped
+    zero3_issue: Zero3Issue = "unit"
     order: RankOrder = "tp-cp-ep-dp-pp"  # how ranks map to GPUs, fastest-varying first
 
     @property
