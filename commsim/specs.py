@@ -189,6 +189,17 @@ class NcclSpec(Spec):
     latency_scale: dict[LinkClass, Annotated[float, Field(gt=0)]] = {}
     channel_bandwidth_intra: Rate | None = None
     channel_bandwidth_inter: Rate | None = None
+    # NCCL_ALGO / NCCL_PROTO as the job sets them: what NCCL's tuner may pick, per collective
+    # from 2.24 (collectives.nccl.overrides); None: NCCL's own choice
+    algo: str | None = None
+    proto: str | None = None
+
+    @model_validator(mode="after")
+    def _overrides(self) -> NcclSpec:
+        from commsim.collectives.nccl.overrides import parse
+
+        parse(self.algo, self.proto, self.version)  # a ValueError for what NCCL would refuse
+        return self
 
 
 FailureClass = Literal["gpu", "hbm", "nic", "host", "switch", "cable", "software"]

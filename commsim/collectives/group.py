@@ -249,7 +249,12 @@ class GroupCost:
             every = self.comm().candidates[op]
             keep = np.array([k for k, c in enumerate(every) if only in (ALL, c.algorithm)])
             if keep.size == 0:
-                raise ValueError(f"NCCL runs no {NCCL_ALGORITHMS[only]} for {op} on this group")
+                what = "algorithm/protocol" if only == ALL else NCCL_ALGORITHMS[only]
+                nccl_env = self.cluster.spec.nccl
+                env = [f"NCCL_ALGO={nccl_env.algo}"] * (nccl_env.algo is not None)
+                env += [f"NCCL_PROTO={nccl_env.proto}"] * (nccl_env.proto is not None)
+                under = f" under {' '.join(env)}" if env else ""
+                raise ValueError(f"NCCL runs no {what} for {op} on this group{under}")
             cands = [every[k] for k in keep]
             caps = np.array([self._cap(op, c.algorithm) for c in cands])
             self._choices[key] = (cands, keep, caps)
