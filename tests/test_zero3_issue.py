@@ -142,3 +142,18 @@ def test_table2_zero3_rows_collapse_as_measured():
     per_unit = [pr.compare(r, data, None, {"zero3_issue": "unit"}).predicted for r in runs]
     assert per_param[0] > per_param[1] > per_param[2]
     assert all(p < u for p, u in zip(per_param, per_unit, strict=True))
+
+
+def test_plan_searches_with_the_stacks_issue_and_no_hybrid_sharding():
+    """The issue is the stack's, like its gradient dtype: every searched layout has it, and
+    DeepSpeed's per-parameter ZeRO-3 is never hybrid-sharded."""
+    from commsim.planner.search import enumerate_layouts
+
+    setup = _setup("parameter")
+    layouts = enumerate_layouts(setup)
+    assert (layouts.zero == 3).any()
+    assert np.all(layouts.zero3_issue == 1) and np.all(layouts.fsdp_shard == 0)
+    unit = enumerate_layouts(_setup("unit"))
+    assert np.all(unit.zero3_issue == 0) and (unit.fsdp_shard > 0).any()
+    with pytest.raises(ValueError, match="fsdp_shard"):
+        enumerate_layouts(setup, {"fsdp_shard": 8})
