@@ -151,3 +151,19 @@ def test_predict_takes_the_flags():
     assert json.loads(ring.stdout)["step_time_s"] >= free["step_time_s"]
     bad = runner.invoke(app, [*args, "--nccl-algo", "nvls"])
     assert bad.exit_code == 2 and "NCCL_ALGO=nvls" in bad.stderr
+
+
+def test_nccl_algo_ring_on_8_h100_as_nccl_tests_ran_it():
+    """NVIDIA/nccl-tests#212 (sjeaugey): "~370GB/s ... with NCCL_ALGO=RING" on 8x H100,
+    all-reduce busbw at large sizes; the same as the node with NVLS switched off."""
+    from commsim.collectives.algorithms import bus_factor
+
+    size = 8 * 2.0**30
+    busbw = size / _group("dgx-h100-ib", 8, algo="RING").time("all-reduce", "auto", size)[0]
+    busbw *= bus_factor("all-reduce", 8) / 1e9
+    assert busbw == pytest.approx(370, rel=0.03)
+    spec = load_spec(ClusterSpec, catalog.topology_path("dgx-h100-ib", "--cluster", ""))
+    spec = spec.model_copy(update={"node": spec.node.model_copy(update={"nvls": False})})
+    built = build_cluster(spec, 8, "dgx-h100-ib")
+    no_nvls = GroupCost(built, place(built, 8, "blocked")).time("all-reduce", "auto", size)[0]
+    assert size / no_nvls * bus_factor("all-reduce", 8) / 1e9 == pytest.approx(busbw, rel=1e-9)
