@@ -167,3 +167,14 @@ def test_nccl_algo_ring_on_8_h100_as_nccl_tests_ran_it():
     built = build_cluster(spec, 8, "dgx-h100-ib")
     no_nvls = GroupCost(built, place(built, 8, "blocked")).time("all-reduce", "auto", size)[0]
     assert size / no_nvls * bus_factor("all-reduce", 8) / 1e9 == pytest.approx(busbw, rel=1e-9)
+
+
+def test_a_named_algorithm_the_variables_disable_cannot_run():
+    """commsim's `algorithm: tree` under NCCL is NCCL's Tree: with NCCL_ALGO=ring the group
+    no longer runs it (the planner drops such layouts) and predict says so in one line."""
+    assert "tree" in _group().algorithms("all-reduce")
+    assert "tree" not in _group(algo="ring").algorithms("all-reduce")  # rhd, ps...: graph ones
+    args = ["predict", "--model", "gpt2-xl", "--cluster", "dgx-a100-ib", "--gpus", "16"]
+    out = runner.invoke(app, [*args, "--algorithm", "tree", "--nccl-algo", "ring"])
+    assert out.exit_code == 2
+    assert "--algorithm tree" in out.stderr and len(out.stderr.strip().splitlines()) == 1

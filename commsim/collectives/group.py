@@ -109,13 +109,16 @@ class GroupCost:
     def algorithms(self, op: str) -> tuple[str, ...]:
         """The algorithms that run `op` on this group (algorithms.SEARCHED, what `--algorithm
         all` shows): those needing whole nodes only where the group is whole
-        nodes (algorithms.runs_on), but NCCL's own (its Tree) run on any group under NCCL."""
+        nodes (algorithms.runs_on), but NCCL's own (its Tree) run on any group under NCCL,
+        unless NCCL_ALGO / NCCL_PROTO leave NCCL none of that algorithm's candidates."""
         algorithms_for(op)
-        return tuple(
-            a
-            for a in SEARCHED[op]
-            if runs_on(op, a, self.n, self.gpus_per_node) or self._nccl_priced(op, a) is not None
-        )
+        return tuple(a for a in SEARCHED[op] if self._runs(op, a))
+
+    def _runs(self, op: str, algorithm: str) -> bool:
+        only = self._nccl_priced(op, algorithm)
+        if only is None:
+            return runs_on(op, algorithm, self.n, self.gpus_per_node)
+        return any(only in (ALL, c.algorithm) for c in self.comm().candidates[op])
 
     def is_affine(self, op: str, algorithm: str) -> bool:
         """Whether the time of `op` by `algorithm` is intercept + slope x size (affine()),
