@@ -90,6 +90,7 @@ class GroupCost:
         self._comm: nccl.CommModel | None = None
         self._caps: dict[tuple[str, int], float] = {}  # the graph's, whatever NCCL's settings
         self._choices: dict[tuple[str, int], tuple] = {}  # of this NCCL communicator
+        self._algorithms: dict[str, tuple[str, ...]] = {}  # what runs each op here
 
     def _graph_time(self, op: str, algorithm: str, size: float) -> float:
         key = (op, algorithm, float(size))
@@ -111,8 +112,10 @@ class GroupCost:
         all` shows): those needing whole nodes only where the group is whole
         nodes (algorithms.runs_on), but NCCL's own (its Tree) run on any group under NCCL,
         unless NCCL_ALGO / NCCL_PROTO leave NCCL none of that algorithm's candidates."""
-        algorithms_for(op)
-        return tuple(a for a in SEARCHED[op] if self._runs(op, a))
+        if op not in self._algorithms:
+            algorithms_for(op)
+            self._algorithms[op] = tuple(a for a in SEARCHED[op] if self._runs(op, a))
+        return self._algorithms[op]
 
     def _runs(self, op: str, algorithm: str) -> bool:
         only = self._nccl_priced(op, algorithm)
@@ -207,7 +210,7 @@ class GroupCost:
         and caps are shared."""
         other = copy.copy(self)
         other.cluster = dataclasses.replace(self.cluster, spec=spec)
-        other._comm, other._choices = None, {}
+        other._comm, other._choices, other._algorithms = None, {}, {}
         other.overhead = other._overhead(spec)
         return other
 
