@@ -276,7 +276,8 @@ def check_model_axes(w: Workload, strategy: Strategy, src: str) -> None:
 
 def _check_kernels(setup: Setup, strategy: Strategy) -> None:
     """FP8 needs a GPU with FP8 tensor cores; overlapping tensor-parallel collectives needs
-    a tensor-parallel group; hybrid sharding needs ZeRO-3 and shard groups that divide dp."""
+    a tensor-parallel group; hybrid sharding needs ZeRO-3 and shard groups that divide dp;
+    per-parameter issuance needs ZeRO-3 without hybrid sharding."""
     src = setup.source
     if strategy.precision == "fp8" and not setup.gpu.fp8_flops:
         raise SpecError(src, "strategy.precision", f"{setup.gpu.name} has no FP8 tensor cores")
@@ -300,6 +301,13 @@ def _check_kernels(setup: Setup, strategy: Strategy) -> None:
                 f"a shard group's {held} ranks (fsdp_shard x cp x tp) do not hold whole expert "
                 f"grids of ep x etp = {strategy.ep} x {strategy.expert_tp}",
             )
+    if strategy.zero3_issue != "unit" and (strategy.zero != 3 or strategy.fsdp_shard):
+        raise SpecError(
+            src,
+            "strategy.zero3_issue",
+            f"{strategy.zero3_issue!r} is how DeepSpeed's ZeRO-3 over all data-parallel ranks "
+            "issued its collectives: it needs zero 3 and no fsdp_shard",
+        )
 
 
 def _check_model_parallel(setup: Setup, strategy: Strategy) -> None:

@@ -189,6 +189,17 @@ class NcclSpec(Spec):
     latency_scale: dict[LinkClass, Annotated[float, Field(gt=0)]] = {}
     channel_bandwidth_intra: Rate | None = None
     channel_bandwidth_inter: Rate | None = None
+    # NCCL_ALGO / NCCL_PROTO as the job sets them: what NCCL's tuner may pick, per collective
+    # from 2.24 (collectives.nccl.overrides); None: NCCL's own choice
+    algo: str | None = None
+    proto: str | None = None
+
+    @model_validator(mode="after")
+    def _overrides(self) -> NcclSpec:
+        from commsim.collectives.nccl.overrides import parse
+
+        parse(self.algo, self.proto, self.version)  # a ValueError for what NCCL would refuse
+        return self
 
 
 FailureClass = Literal["gpu", "hbm", "nic", "host", "switch", "cable", "software"]
@@ -306,6 +317,7 @@ GradDtype = Literal["fp32", "fp16", "bf16"]
 # parallelism (Megatron-LM's --use-tp-pp-dp-mapping; Llama 3's [TP, CP, PP, DP], arXiv:2407.21783
 # Sec. 3.3.2, so that data parallelism, not the pipeline, crosses the pods)
 RankOrder = Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"]
+Zero3Issue = Literal["unit", "parameter"]
 
 
 class Strategy(Spec):
@@ -351,6 +363,10 @@ class Strategy(Spec):
         "zero"  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
     )
     fsdp_shard: int | None = Field(default=None, ge=1)  # hybrid sharding: ZeRO-3 groups (HSDP)
+    # how ZeRO-3 issues its collectives (step.fsdp): "unit", a gather per FSDP unit prefetched
+    # under compute (FSDP, DeepSpeed >= 0.6); "parameter", DeepSpeed before 0.6 (2021): one
+    # synchronised gather per parameter, one reduce-scatter per gradient, none overlapped
+    zero3_issue: Zero3Issue = "unit"
     order: RankOrder = "tp-cp-ep-dp-pp"  # how ranks map to GPUs, fastest-varying first
 
     @property

@@ -6,7 +6,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from commsim.cli.options import CsvOpt, HtmlOpt, NcclVersionOpt, ProfileOpt
+from commsim.cli.options import (
+    CsvOpt,
+    HtmlOpt,
+    NcclAlgoOpt,
+    NcclProtoOpt,
+    NcclVersionOpt,
+    ProfileOpt,
+)
 from commsim.collectives.algorithms import ALGORITHMS
 from commsim.report import terminal
 
@@ -40,6 +47,8 @@ def collective_cmd(
         typer.Option(help="nccl or gloo (default: the cluster's; nccl on GPUs)."),
     ] = None,
     nccl_version: NcclVersionOpt = None,
+    nccl_algo: NcclAlgoOpt = None,
+    nccl_proto: NcclProtoOpt = None,
     profile: ProfileOpt = None,
     html: HtmlOpt = None,
     csv: CsvOpt = None,
@@ -66,7 +75,8 @@ def collective_cmd(
         check_output(csv, "--csv")
         lo, hi = _size_range(sizes)
         spec, carried = _cluster(cluster, profile)
-        spec = _with_backend(spec, backend, nccl_version, cluster)
+        nccl = {"version": nccl_version, "algo": nccl_algo, "proto": nccl_proto}
+        spec = _with_backend(spec, backend, nccl, cluster)
         built = build_cluster(spec, gpus, cluster)
         cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
         grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
@@ -82,6 +92,8 @@ def collective_cmd(
             "placement": placement,
             "backend": cost.backend,
             "nccl_version": spec.nccl.version if cost.backend == "nccl" else None,
+            "nccl_algo": spec.nccl.algo if cost.backend == "nccl" else None,
+            "nccl_proto": spec.nccl.proto if cost.backend == "nccl" else None,
             "rows": rows,
         }
         terminal.require_finite(doc, "--sizes")
@@ -183,16 +195,17 @@ def _cluster(name: str, profile: str | None):
     return carry_over(spec, load_profile(profile), profile) if profile else (spec, [])
 
 
-def _with_backend(spec, backend: str | None, version: str | None, source: str):
-    """The spec with --backend and --nccl-version applied (validated as spec fields); a
-    per-call overhead a profile fitted under another backend is dropped."""
+def _with_backend(spec, backend: str | None, nccl: dict[str, str | None], source: str):
+    """The spec with --backend and --nccl-version / --nccl-algo / --nccl-proto applied
+    (validated as spec fields); a per-call overhead a profile fitted under another backend
+    is dropped."""
     from commsim.profile import switch_backend
     from commsim.spec_io import parse_spec
     from commsim.specs import ClusterSpec
 
-    if backend is None and version is None:
+    given = {k: v for k, v in nccl.items() if v is not None}
+    if backend is None and not given:
         return spec
     data = (spec if backend is None else switch_backend(spec, backend)).model_dump()
-    if version is not None:
-        data["nccl"]["version"] = version
+    data["nccl"] |= given
     return parse_spec(ClusterSpec, data, source, units=False)  # a dumped spec is in SI

@@ -186,6 +186,20 @@ NcclVersionOpt = Annotated[
     str | None,
     typer.Option(help="NCCL whose tuning model prices the collectives (default: the cluster's)."),
 ]
+NcclAlgoOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="NCCL_ALGO as NCCL parses it: the algorithms its tuner may pick, e.g. 'ring', "
+        "'^tree', 'ring,tree;allgather:ring' (per collective from 2.24; default: the cluster's)."
+    ),
+]
+NcclProtoOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="NCCL_PROTO as NCCL parses it: the protocols (LL, LL128, Simple) its tuner may "
+        "pick, e.g. 'Simple', '^LL', 'LL128;allreduce:^LL128' (default: the cluster's)."
+    ),
+]
 
 
 def flag(key: str) -> str:
@@ -223,11 +237,14 @@ def setup_from_flags(
     layers_per_virtual_stage: int | None = None,
     nccl_version: str | None = None,
     backend: str | None = None,
+    nccl_algo: str | None = None,
+    nccl_proto: str | None = None,
     **overrides: Any,
 ) -> Setup:
     """The scenario file (or the built-in one) with the flags' values, resolved; --fsdp is
-    --zero 3 with PyTorch FSDP's shards (states: fsdp), and Megatron's
-    --num-layers-per-virtual-pipeline-stage becomes interleave."""
+    --zero 3 with PyTorch FSDP's shards (states: fsdp), Megatron's
+    --num-layers-per-virtual-pipeline-stage becomes interleave, and --nccl-version,
+    --nccl-algo and --nccl-proto set the cluster's nccl fields."""
     from commsim.scenario import load_scenario, resolve
     from commsim.specs import SpecError
 
@@ -240,10 +257,12 @@ def setup_from_flags(
             "--num-layers-per-virtual-pipeline-stage", "", "give it or --interleave, not both"
         )
     spec, source = load_scenario(scenario, overrides)
-    if nccl_version is not None:  # a cluster field: the what-if API's dotted path
+    nccl = {"version": nccl_version, "algo": nccl_algo, "proto": nccl_proto}
+    nccl = {f"cluster.nccl.{k}": v for k, v in nccl.items() if v is not None}
+    if nccl:  # cluster fields: the what-if API's dotted paths
         from commsim.whatif import change
 
-        spec = change(spec, {"cluster.nccl.version": nccl_version})
+        spec = change(spec, nccl)
     if layers_per_virtual_stage is not None:
         setup = resolve(spec, source, check=False)
         spec = spec.model_copy(

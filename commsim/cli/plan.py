@@ -22,6 +22,8 @@ from commsim.cli.options import (
     LayersPerVirtualOpt,
     MicroBatchOpt,
     ModelOpt,
+    NcclAlgoOpt,
+    NcclProtoOpt,
     NcclVersionOpt,
     PrecisionOpt,
     PriceOpt,
@@ -103,6 +105,8 @@ def plan_cmd(
     error_feedback: ErrorFeedbackOpt = None,
     profile: ProfileOpt = None,
     nccl_version: NcclVersionOpt = None,
+    nccl_algo: NcclAlgoOpt = None,
+    nccl_proto: NcclProtoOpt = None,
     backend: BackendOpt = None,
     trace: TraceOpt = None,
     trace_tp: TraceTpOpt = None,
@@ -184,6 +188,8 @@ def plan_cmd(
     one_cluster = dict(
         profile=profile,
         nccl_version=nccl_version,
+        nccl_algo=nccl_algo,
+        nccl_proto=nccl_proto,
         deepspeed=deepspeed,
         num_layers_per_virtual_pipeline_stage=layers_per_virtual_stage,
         trace=trace,
@@ -226,6 +232,8 @@ def plan_cmd(
             layers_per_virtual_stage=layers_per_virtual_stage,
             nccl_version=nccl_version,
             backend=backend,
+            nccl_algo=nccl_algo,
+            nccl_proto=nccl_proto,
             **given | {"gpus": gpu_count(gpus)},
         )
         setup, traced = with_trace(setup, trace, trace_tp, trace_pp, trace_micro_batch)
@@ -235,7 +243,8 @@ def plan_cmd(
         if not doc["candidates"]:
             plan_show.explain_empty(setup, pinned)
         terminal.require_finite(doc, "--tokens and --price-per-gpu-hour")
-        inputs = given | {"nccl_version": nccl_version, "scenario": scenario}
+        nccl = {"nccl_version": nccl_version, "nccl_algo": nccl_algo, "nccl_proto": nccl_proto}
+        inputs = given | nccl | {"scenario": scenario}
         plan_show.write_files(setup, result, doc, top, inputs, (csv, html), sweep)
     if json_out:
         terminal.print_json(doc)

@@ -30,6 +30,8 @@ from commsim.cli.options import (
     LayersPerVirtualOpt,
     MicroBatchOpt,
     ModelOpt,
+    NcclAlgoOpt,
+    NcclProtoOpt,
     NcclVersionOpt,
     OrderOpt,
     OverlapOpt,
@@ -102,6 +104,8 @@ def predict_cmd(
     price_per_gpu_hour: PriceOpt = None,
     profile: ProfileOpt = None,
     nccl_version: NcclVersionOpt = None,
+    nccl_algo: NcclAlgoOpt = None,
+    nccl_proto: NcclProtoOpt = None,
     backend: BackendOpt = None,
     trace: TraceOpt = None,
     trace_tp: TraceTpOpt = None,
@@ -164,6 +168,8 @@ def predict_cmd(
             layers_per_virtual_stage=layers_per_virtual_stage,
             nccl_version=nccl_version,
             backend=backend,
+            nccl_algo=nccl_algo,
+            nccl_proto=nccl_proto,
             **flags,
         )
         refuse_ignored(setup.scenario.strategy, flags)
@@ -179,7 +185,8 @@ def predict_cmd(
         if plot:
             draw(setup, doc, pred, plot)
         if html:
-            inputs = flags | {"fsdp": fsdp, "nccl_version": nccl_version, "scenario": scenario}
+            nccl = {"nccl_version": nccl_version, "nccl_algo": nccl_algo, "nccl_proto": nccl_proto}
+            inputs = flags | nccl | {"fsdp": fsdp, "scenario": scenario}
             _html(setup, doc, pred, inputs, html)
         if csv:
             write_csv(csv, [doc])

@@ -90,6 +90,7 @@ class GroupCost:
         self._comm: nccl.CommModel | None = None
         self._caps: dict[tuple[str, int], float] = {}  # the graph's, whatever NCCL's settings
         self._choices: dict[tuple[str, int], tuple] = {}  # of this NCCL communicator
+        self._algorithms: dict[str, tuple[str, ...]] = {}  # what runs each op here
 
     def _graph_time(self, op: str, algorithm: str, size: float) -> float:
         key = (op, algorithm, float(size))
@@ -109,13 +110,18 @@ class GroupCost:
     def algorithms(self, op: str) -> tuple[str, ...]:
         """The algorithms that run `op` on this group (algorithms.SEARCHED, what `--algorithm
         all` shows): those needing whole nodes only where the group is whole
-        nodes (algorithms.runs_on), but NCCL's own (its Tree) run on any group under NCCL."""
-        algorithms_for(op)
-        return tuple(
-            a
-            for a in SEARCHED[op]
-            if runs_on(op, a, self.n, self.gpus_per_node) or self._nccl_priced(op, a) is not None
-        )
+        nodes (algorithms.runs_on), but NCCL's own (its Tree) run on any group under NCCL,
+        unless NCCL_ALGO / NCCL_PROTO leave NCCL none of that algorithm's candidates."""
+        if op not in self._algorithms:
+            algorithms_for(op)
+            self._algorithms[op] = tuple(a for a in SEARCHED[op] if self._runs(op, a))
+        return self._algorithms[op]
+
+    def _runs(self, op: str, algorithm: str) -> bool:
+        only = self._nccl_priced(op, algorithm)
+        if only is None:
+            return runs_on(op, algorithm, self.n, self.gpus_per_node)
+        return any(only in (ALL, c.algorithm) for c in self.comm().candidates[op])
 
     def is_affine(self, op: str, algorithm: str) -> bool:
         """Whether the time of `op` by `algorithm` is intercept + slope x size (affine()),
@@ -204,7 +210,7 @@ class GroupCost:
         and caps are shared."""
         other = copy.copy(self)
         other.cluster = dataclasses.replace(self.cluster, spec=spec)
-        other._comm, other._choices = None, {}
+        other._comm, other._choices, other._algorithms = None, {}, {}
         other.overhead = other._overhead(spec)
         return other
 
@@ -249,7 +255,12 @@ class GroupCost:
             every = self.comm().candidates[op]
             keep = np.array([k for k, c in enumerate(every) if only in (ALL, c.algorithm)])
             if keep.size == 0:
-                raise ValueError(f"NCCL runs no {NCCL_ALGORITHMS[only]} for {op} on this group")
+                what = "algorithm/protocol" if only == ALL else NCCL_ALGORITHMS[only]
+                nccl_env = self.cluster.spec.nccl
+                env = [f"NCCL_ALGO={nccl_env.algo}"] * (nccl_env.algo is not None)
+                env += [f"NCCL_PROTO={nccl_env.proto}"] * (nccl_env.proto is not None)
+                under = f" under {' '.join(env)}" if env else ""
+                raise ValueError(f"NCCL runs no {what} for {op} on this group{under}")
             cands = [every[k] for k in keep]
             caps = np.array([self._cap(op, c.algorithm) for c in cands])
             self._choices[key] = (cands, keep, caps)

@@ -25,7 +25,7 @@ from commsim.collectives.algorithms import SEARCHED
 from commsim.scenario import Setup
 from commsim.specs import Strategy
 from commsim.step.buckets import first_bucket_mb
-from commsim.step.layouts import ALGORITHMS, GRAD_DTYPES, RANK_ORDERS, Layouts
+from commsim.step.layouts import ALGORITHMS, GRAD_DTYPES, RANK_ORDERS, ZERO3_ISSUES, Layouts
 from commsim.step.memory import RECOMPUTE
 from commsim.step.model import StepBreakdown, StepModel
 from commsim.step.shape import Shape, balanced_ends, split_problem
@@ -242,7 +242,10 @@ def enumerate_layouts(
     cols["placement"] = np.array([PLACEMENTS.index(p) for p in cols["placement"]], dtype=int)
     cols["compression"] = np.array([compressions.index(c) for c in cols["compression"]], dtype=int)
     cols = _with_rank_orders(cols, pins, setup.workload.moe)
-    cols = _with_hybrid_sharding(cols, pins, setup.cluster.gpus_per_node)
+    if base.zero3_issue == "unit":  # DeepSpeed's per-parameter ZeRO-3 had no hybrid sharding
+        cols = _with_hybrid_sharding(cols, pins, setup.cluster.gpus_per_node)
+    elif pins.get("fsdp_shard"):
+        raise ValueError("fsdp_shard: zero3_issue 'parameter' (DeepSpeed's 2021 ZeRO-3) has none")
     fp8 = bool(setup.gpu.fp8_flops) and bool(Shape.of(setup.workload).blocks)
     cols = _with_kernels(cols, pins, fp8)
     return Layouts.build(
@@ -253,6 +256,7 @@ def enumerate_layouts(
         grad_dtype=GRAD_DTYPES.index(base.grad_dtype),
         flash=base.flash_attention,
         fsdp_states=base.states == "fsdp",
+        zero3_issue=ZERO3_ISSUES.index(base.zero3_issue),  # the stack's, as its dtype
     )
 
 

@@ -6,13 +6,22 @@ under the current unit's compute, so per micro-batch only the first gather and w
 unit's collectives take beyond its neighbour's compute stand on the critical path. Hybrid
 sharding (HSDP, fsdp_shard) gathers and reduce-scatters within groups of fsdp_shard data-
 parallel ranks and all-reduces each shard's gradients across the groups.
+
+DeepSpeed's ZeRO-3 before 0.6 (2021: the runs of Narayanan et al. 2021, Table 2) issued them
+another way, priced by _per_parameter (the layout's zero3_issue "parameter").
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from commsim.step.sync import PARAM_WIRE_BYTES
+
+# DeepSpeed's stage3_param_persistence_threshold default (deepspeed/runtime/zero/constants.py,
+# 0.3.12 to 0.5.x): parameters of fewer elements stay whole on every rank, never gathered
+PERSISTENCE_THRESHOLD = 100_000
 
 
 def fsdp_per_micro_batch(model, L, c) -> tuple[np.ndarray, np.ndarray]:
@@ -25,11 +34,16 @@ def fsdp_per_micro_batch(model, L, c) -> tuple[np.ndarray, np.ndarray]:
         backward: g_first + (k - 1) max(0, g + r - b) + r
     and everything (k (2 g + r)) without overlap."""
     network, exposed = np.zeros(len(L)), np.zeros(len(L))
-    rows = np.nonzero(L.zero == 3)[0]
-    if rows.size == 0:
-        return network, exposed
+    for issue, price in ((0, _per_unit), (1, _per_parameter)):
+        rows = np.nonzero((L.zero == 3) & (L.zero3_issue == issue))[0]
+        if rows.size:
+            network[rows], exposed[rows] = price(model, L.take(rows), c, rows)
+    return network, exposed
+
+
+def _per_unit(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:
+    """(network, critical-path) seconds per micro-batch of FSDP units (see above)."""
     sh = model.shape
-    Z = L.take(rows)
     k = np.maximum(c.blocks[rows], 1.0)
     dense = (sh.block_params - sh.expert_params) / Z.tp
     sparse = sh.expert_params / (Z.expert_tp * Z.ep)
@@ -43,9 +57,60 @@ def fsdp_per_micro_batch(model, L, c) -> tuple[np.ndarray, np.ndarray]:
     f, b = c.block_fwd[rows], c.block_bwd[rows]
     net = k * (2 * g + r) + 2 * (g_first - g)
     hidden = 2 * g_first + (k - 1) * (np.maximum(g - f, 0) + np.maximum(g + r - b, 0)) + r
-    network[rows] = net
-    exposed[rows] = np.where(Z.overlap, np.minimum(hidden, net), net)
-    return network, exposed
+    return net, np.where(Z.overlap, np.minimum(hidden, net), net)
+
+
+def _per_parameter(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:
+    """(network, critical-path) seconds per micro-batch of DeepSpeed's ZeRO-3 before 0.6.
+
+    Every parameter of at least PERSISTENCE_THRESHOLD elements is gathered by its own
+    all-gather before each use: forward, the recomputed forward of a full recompute, and
+    backward (DeepSpeed 0.3.13 partition_parameters.py _allgather_param, one
+    torch.distributed.all_gather per parameter). Each starts after torch.cuda.synchronize(),
+    so none overlaps compute or another (as DeepSpeed PR #1188, in 0.5.5, notes of the
+    "async" gathers it made synchronous). Every
+    gradient, the persistent ones too, is reduce-scattered by its own reduce-scatter
+    (stage3.py _reduce_scatter_gradients, one per parameter of a bucket; coalesced only in
+    0.6.0, PR #1453), and the next gather's synchronize waits for it. The persistent
+    parameters are gathered once a step, in one call, after the optimizer. Not modelled:
+    the reuse cache (stage3_max_reuse_distance) that may keep a block's last tensor between
+    its recomputed forward and its backward (one gather of twelve fewer on a GPT block)."""
+    w = model.workload
+    k = np.maximum(c.blocks[rows], 1.0)
+    passes = 2.0 + (Z.recompute == 2)
+    blocks = [layer for layer in w.layers if layer.name.startswith("block.")]
+    ends = [layer for layer in w.layers if not layer.name.startswith("block.")]
+    per_block = _tensor_costs(model, Z, blocks, passes)
+    at_ends = _tensor_costs(model, Z, ends, np.full(len(Z), 2.0))  # outside the checkpoints
+    on_stage = Z.pp == 1  # a pipeline puts the end layers on the end stages (see _per_unit)
+    share = k / max(len(blocks), 1)  # of all blocks' tensors, the stage's
+    net = share * per_block[0] + np.where(on_stage, at_ends[0], 0.0)
+    persistent = share * per_block[1] + np.where(on_stage, at_ends[1], 0.0)
+    once = _unit(model, Z, persistent, "dense")[0] / Z.micro_batches  # once a step
+    net = net + np.where(persistent > 0, once, 0.0)
+    return net, net
+
+
+def _tensor_costs(model, Z, layers, passes) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, persistent parameters) of `layers`' tensors issued one by one: each
+    gathered tensor `passes` times, each gradient reduce-scattered once; tensors split over
+    tp (and an expert's over ep) as the layer tags them. Each call also streams the whole
+    tensor through HBM on the same stream: a gather zero-fills its buffer (torch.zeros)
+    and torch.distributed.all_gather copies the result out of its flat buffer into the
+    rank list, 3 S; reduce_scatter copies the rank list into one, 2 S (torch 1.8
+    ProcessGroupNCCL allgather / reduce_scatter, flatten_for_scatter_gather)."""
+    seconds, persistent = np.zeros(len(Z)), np.zeros(len(Z))
+    tensors = [(n, layer.shard(i)) for layer in layers for i, n in enumerate(layer.tensors)]
+    for (n, tag), count in Counter(tensors).items():
+        local = n / (Z.tp * Z.ep if tag == "ep" else Z.tp if tag == "tp" else np.ones(len(Z)))
+        part = "expert" if tag == "ep" else "dense"
+        gather, scatter = _unit(model, Z, local, part)
+        gather = gather + 3.0 * local * PARAM_WIRE_BYTES / model.gpu.hbm_bandwidth
+        scatter = scatter + 2.0 * local * Z.grad_bytes / model.gpu.hbm_bandwidth
+        whole = local < PERSISTENCE_THRESHOLD
+        seconds += count * (np.where(whole, 0.0, passes * gather) + scatter)
+        persistent += count * np.where(whole, local, 0.0)
+    return seconds, persistent
 
 
 def _unit(model, Z, params, part: str):

@@ -13,7 +13,7 @@ from typing import Any, get_args
 
 import numpy as np
 
-from commsim.specs import Algorithm, GradDtype, RankOrder, Strategy
+from commsim.specs import Algorithm, GradDtype, RankOrder, Strategy, Zero3Issue
 from commsim.step.buckets import first_bucket_mb
 from commsim.step.memory import RECOMPUTE
 from commsim.topology.placement import PLACEMENTS
@@ -21,6 +21,7 @@ from commsim.topology.placement import PLACEMENTS
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)  # auto, nccl, then the algorithms
 GRAD_DTYPES: tuple[str, ...] = get_args(GradDtype)
 RANK_ORDERS: tuple[str, ...] = get_args(RankOrder)
+ZERO3_ISSUES: tuple[str, ...] = get_args(Zero3Issue)
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 _GRAD_BYTES = np.array([DTYPE_BYTES[d] for d in GRAD_DTYPES])
 _DEFAULTS: dict[str, Any] = {
@@ -50,6 +51,7 @@ _DEFAULTS: dict[str, Any] = {
     "flash": True,
     "tp_overlap": False,
     "fsdp_shard": 0,
+    "zero3_issue": 0,
     "order": 0,
     "fsdp_states": False,
 }
@@ -86,6 +88,7 @@ class Layouts:
     flash: np.ndarray  # FlashAttention (fused attention: no s x s scores kept)
     tp_overlap: np.ndarray  # tensor-parallel collectives overlapped with the GEMMs
     fsdp_shard: np.ndarray  # ZeRO-3 shards over groups of this many dp ranks (0: all of dp)
+    zero3_issue: np.ndarray  # code into ZERO3_ISSUES: how ZeRO-3 issues its collectives
     order: np.ndarray  # code into RANK_ORDERS
     fsdp_states: np.ndarray  # ZeRO-3 shards kept as PyTorch FSDP keeps them (Strategy.states)
     compressions: tuple[str, ...] = field(default=("none",))
@@ -145,6 +148,7 @@ class Layouts:
             flash=col(lambda s: s.flash_attention),
             tp_overlap=col(lambda s: s.tp_overlap),
             fsdp_shard=col(lambda s: s.fsdp_shard or 0),
+            zero3_issue=col(lambda s: ZERO3_ISSUES.index(s.zero3_issue)),
             order=col(lambda s: RANK_ORDERS.index(s.order)),
             fsdp_states=col(lambda s: s.states == "fsdp"),
         )
@@ -162,6 +166,7 @@ class Layouts:
         out["compression"] = self.compressions[out["compression"]]
         out["grad_dtype"] = GRAD_DTYPES[out["grad_dtype"]]
         out["order"] = RANK_ORDERS[out["order"]]
+        out["zero3_issue"] = ZERO3_ISSUES[out["zero3_issue"]]
         return out
 
     def strategy(self, i: int, base: Strategy) -> Strategy:
@@ -227,6 +232,7 @@ _STRATEGY_FIELDS = (
     "grad_dtype",
     "cp",
     "tp_overlap",
+    "zero3_issue",
     "order",
 )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from commsim.scenario import Setup, check_layout
-from commsim.specs import Strategy
+from commsim.specs import SpecError, Strategy
 from commsim.step.buckets import BucketPlan
 from commsim.step.layouts import DTYPE_BYTES, Layouts
 from commsim.step.memory import MemoryBreakdown, ParallelLayout, memory_per_gpu
@@ -51,6 +51,14 @@ def predict(
     model = model or step_model(setup)
     layouts = strategy_layouts(setup, [strategy])
     b = model.evaluate(layouts).row(0)
+    if not np.isfinite(b["step"]):  # a collective its algorithm cannot run on its groups
+        raise SpecError(
+            setup.source,
+            "strategy.algorithm",
+            f"{strategy.algorithm!r} cannot run this layout's collectives on their groups "
+            "(under gloo tree and hierarchical need whole nodes; under NCCL, NCCL_ALGO / "
+            "NCCL_PROTO may leave NCCL none of it)",
+        )
     single = float(model.single_gpu_step(layouts)[0])
     memory = layout_memory(setup, strategy)
     if layouts.plain[0]:

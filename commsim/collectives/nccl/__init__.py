@@ -1,13 +1,15 @@
 """NCCL as a backend of the collective engine: its tuner's cost model by version
 (tables), what its topology search gives a communicator (topo), the per-communicator
 latency and bandwidth tables, the per-call time, its choice of algorithm x protocol and
-channels (model). GroupCost (collectives.group) prices a placed group with it."""
+channels (model), restricted by NCCL_ALGO / NCCL_PROTO (overrides). GroupCost
+(collectives.group) prices a placed group with it."""
 
 from __future__ import annotations
 
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from commsim.collectives.nccl import overrides
 from commsim.collectives.nccl.model import LINK_CLASSES, OPS, Candidate, CommModel
 from commsim.collectives.nccl.tables import (
     ALGORITHMS,
@@ -59,14 +61,16 @@ def comm_model(spec: ClusterSpec, ranks: int, nodes: int, local: int | None = No
     nccl = spec.nccl
     return _cached(
         Machine.from_spec(spec),
-        tables(nccl.version).first,
+        nccl.version,
         int(ranks),
         int(nodes),
         int(local or -(-ranks // nodes)),
         tuple(sorted(nccl.latency_scale.items())),
+        (nccl.algo, nccl.proto),
     )
 
 
 @lru_cache(maxsize=4096)
-def _cached(machine, first, ranks, nodes, local, scale) -> CommModel:
-    return CommModel(machine, tables(first), ranks, nodes, local, dict(scale))
+def _cached(machine, version, ranks, nodes, local, scale, env) -> CommModel:
+    chosen = overrides.parse(*env, version)
+    return CommModel(machine, tables(version), ranks, nodes, local, dict(scale), chosen)

@@ -8,10 +8,11 @@ topoGetAlgoInfo) and the channels the chosen kernel then runs, all vectorised ov
 
 Sizes are nccl-tests' S, which is NCCL's nBytes (ncclFuncMaxSendRecvCount: the whole
 gathered buffer for all-gather and reduce-scatter). Latencies come out in seconds,
-bandwidths in bytes/s. What this does not model: NCCL_ALGO / NCCL_PROTO overrides and
-tuner plugins, fp8's ring penalty (the dtype is not known here), aggregated launches
-(numPipeOps = 1), CollNet and multi-node NVLS for all-gather / reduce-scatter (they need a
-CollNet plugin with iallgather), and the symmetric-memory kernels of 2.27+.
+bandwidths in bytes/s. NCCL_ALGO / NCCL_PROTO (overrides) restrict the candidates as NCCL's
+tuner does. What this does not model: tuner plugins, fp8's ring penalty (the dtype is not
+known here), aggregated launches (numPipeOps = 1), CollNet and multi-node NVLS for
+all-gather / reduce-scatter (they need a CollNet plugin with iallgather), and the
+symmetric-memory kernels of 2.27+.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from commsim.collectives.nccl.overrides import DEFAULT, Overrides
 from commsim.collectives.nccl.tables import (
     ALGORITHMS,
     BLACKWELL,
@@ -81,8 +83,10 @@ class CommModel:
         nodes: int,
         local_ranks: int | None = None,
         latency_scale: dict[str, float] | None = None,
+        overrides: Overrides | None = None,
     ) -> None:
         self.m, self.t = machine, tables
+        self.overrides = overrides
         self.ranks, self.nodes = int(ranks), int(nodes)
         self.local = int(local_ranks or -(-ranks // nodes))
         self.graphs: Graphs = search(machine, self.local, self.nodes)
@@ -132,7 +136,11 @@ class CommModel:
                 return False
         if a == PAT and (p != SIMPLE or n != N or m.cc < 60 or not t.pat_factor):
             return False
-        return not (p == LL128 and not self.graphs.ll128)
+        chosen = DEFAULT if self.overrides is None else self.overrides.protocol(op, p)
+        if self.overrides is not None and not self.overrides.algorithm(op, a, m.sharp, N):
+            return False
+        # LL128 where NCCL enables it by default, or wherever NCCL_PROTO names it
+        return chosen != 0 and not (p == LL128 and chosen == DEFAULT and not self.graphs.ll128)
 
     def _tune(self, op: str) -> list[Candidate]:
         """ncclTopoTuneModel's latency and bandwidth of every enabled algorithm x protocol."""
