@@ -28,6 +28,7 @@ from commsim.step.fsdp import fsdp_per_micro_batch
 from commsim.step.groups import Groups, _group_rows
 from commsim.step.layouts import Layouts
 from commsim.step.memory import memory_per_gpu_batch, usable_bytes
+from commsim.step.pipeline import schedule_group
 from commsim.step.shape import Shape, slowest, stage_layers
 from commsim.step.timeline import adam_step_time
 from commsim.topology.build import Cluster
@@ -62,6 +63,17 @@ def state_grad_bytes(plain, grad_bytes):
     return np.where(plain, 2, grad_bytes)
 
 
+def schedule_groups(pp: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Micro-batches in the first and the last group of each layout's interleaved schedule
+    (pipeline.schedule_group): how many forwards of chunk c precede chunk c + 1's on the
+    first stage, and backwards of chunk c + 1 its last of chunk c in the cool-down."""
+    pairs, inverse = np.unique(np.stack([pp, m]).astype(np.int64), axis=1, return_inverse=True)
+    size = np.array([schedule_group(int(p), int(k)) for p, k in pairs.T], dtype=float)
+    first = np.minimum(size, pairs[1])[inverse.ravel()]
+    last = ((pairs[1] - 1) % size + 1)[inverse.ravel()]
+    return first, last
+
+
 @dataclass(frozen=True)
 class StepBreakdown:
     """Per-layout arrays of where a step's time goes (seconds) and its figures of merit."""
@@ -75,6 +87,7 @@ class StepBreakdown:
     cp_comm: np.ndarray  # context-parallel K/V exchange not hidden under attention
     ep_comm: np.ndarray  # expert-parallel all-to-alls (MoE), on the critical path
     pp_comm: np.ndarray  # pipeline sends between stages, on the critical path
+    comm_forward: np.ndarray  # of tp + cp + ep comm: the forwards' share
     dp_comm: np.ndarray  # data-parallel / ZeRO collectives in all
     dp_exposed: np.ndarray  # the data-parallel sync (and a comm hook's codec) not hidden
     codec: np.ndarray  # a comm hook's encode + decode (compute-stream seconds)
@@ -139,15 +152,21 @@ class StepModel:
         cp_f, cp_b = self._context_parallel(L, c)
         ep_f, ep_b = self._expert_parallel(L, c.blocks)
         z3_net, z3_exposed = fsdp_per_micro_batch(self, L, c)
-        p2p = np.where(pp == 1, 0.0, self._sends(L) * v)
+        send = np.where(pp == 1, 0.0, self._sends(L))  # one hand-off
+        p2p = send * v
         comm = tp_f + tp_b + cp_f + cp_b + ep_f + ep_b + z3_exposed
         tick = c.forward + c.backward + comm + 2.0 * p2p
         # 1F1B: (m + p - 1) ticks; interleaved with v chunks: (m + (p - 1) / v) ticks
         # (Narayanan et al. 2021, Sec. 2.2); the bubble is the (p - 1) / v extra ticks.
         pipeline = (m + (pp - 1) / v) * tick
-        # the ZeRO 0-2 sync hides under the last micro-batch's backward, its collectives too
-        span = c.backward + tp_b + cp_b + ep_b
-        dp_comm, tail, codec, local_params = self.dp.sync(L, span)
+        # the ZeRO 0-2 sync (step.dpsync): under the last backward of the stage, or with v
+        # chunks under the cool-down's g chunk backwards a chunk (each with its send); the
+        # parameter gathers under the first forward, or the first group's chunk forwards
+        span_b, span_f = c.backward + tp_b + cp_b + ep_b, c.forward + tp_f + cp_f + ep_f
+        first, last = schedule_groups(pp, m)
+        x_b = np.where(v > 1, last * (span_b / v + send), span_b)
+        x_f = np.where(v > 1, first * (span_f / v + send), span_f)
+        dp_comm, tail, codec, local_params = self.dp.sync(L, x_b, x_f)
         zero3 = L.zero == 3
         optimizer = adam_step_time(local_params, self.gpu, L.grad_bytes)
         step = pipeline + tail + optimizer
@@ -169,6 +188,7 @@ class StepModel:
             cp_comm=m * (cp_f + cp_b),
             ep_comm=m * (ep_f + ep_b),
             pp_comm=m * 2.0 * p2p,
+            comm_forward=m * (tp_f + cp_f + ep_f),
             dp_comm=np.where(zero3, m * z3_net, dp_comm),
             dp_exposed=np.where(zero3, m * z3_exposed, tail),
             codec=codec,

@@ -7,7 +7,10 @@ is ready (delaying the rest of the backward) and decodes after the backward, eac
 exchange is done; the optimizer starts when everything is. `tail` is that schedule in closed
 form: the time from the end of the backward to the optimizer's start, as a function of the
 backward's length, which is all a search needs. timeline.schedule_streams lays the same
-schedule out event by event (the tests hold the two equal).
+schedule out event by event (the tests hold the two equal). The same closed form, with each
+bucket's launch given as a lead before the backward's end (tail_of_leads), prices a pipeline's
+model chunks reducing during the cool-down and, read backwards in time, the parameter
+all-gathers a forward waits for (step.dpsync).
 """
 
 from __future__ import annotations
@@ -37,32 +40,38 @@ class BucketCosts:
     decode: np.ndarray
 
 
-def allreduce_costs(
+def allreduce_costs(*args) -> np.ndarray:
+    """Network seconds per bucket of a ZeRO 0-2 step, both of zero_costs' parts (its
+    arguments)."""
+    reduce, gather = zero_costs(*args)
+    return reduce + gather
+
+
+def zero_costs(
     price: Price,
     algorithm: str,
     nbytes: np.ndarray,
     expert: np.ndarray,
     zero: int,
     grad_bytes: int,
-) -> np.ndarray:
-    """Network seconds per bucket of a ZeRO 0-2 step: an all-reduce of the bucket (stage 0),
-    or a reduce-scatter of its gradients and an all-gather of its updated bf16 parameters,
-    the same volume (stages 1, 2; ZeRO Sec. 7). Reduce-scatter and all-gather run by ring
-    unless the algorithm names one of theirs."""
-    out = np.zeros(nbytes.shape)
+) -> tuple[np.ndarray, np.ndarray]:
+    """(gradient, parameter) network seconds per bucket of a ZeRO 0-2 step: an all-reduce of
+    the bucket and nothing (stage 0), or a reduce-scatter of its gradients and an all-gather
+    of its updated bf16 parameters, the same volume (stages 1, 2; ZeRO Sec. 7). Reduce-scatter
+    and all-gather run by ring unless the algorithm names one of theirs."""
+    reduce, gather = np.zeros(nbytes.shape), np.zeros(nbytes.shape)
     for e in (False, True):
         mine = expert == e
         if not mine.any():
             continue
         sizes = nbytes[mine]
         if zero == 0:
-            out[mine] = price("all-reduce", algorithm, sizes, e)
+            reduce[mine] = price("all-reduce", algorithm, sizes, e)
         else:
             params = sizes / grad_bytes
-            out[mine] = price("reduce-scatter", algorithm, sizes, e) + price(
-                "all-gather", algorithm, params * PARAM_WIRE_BYTES, e
-            )
-    return out
+            reduce[mine] = price("reduce-scatter", algorithm, sizes, e)
+            gather[mine] = price("all-gather", algorithm, params * PARAM_WIRE_BYTES, e)
+    return reduce, gather
 
 
 def compressed_costs(
@@ -127,7 +136,7 @@ class Tail:
     The first is the upper envelope of lines in x: `slopes` / `intercepts` keep only the
     lines on it for x >= 0 (a handful), so pricing many backward lengths is cheap."""
 
-    slopes: np.ndarray  # -(1 - f_i) of the envelope's lines
+    slopes: np.ndarray  # -(1 - f_i) of the envelope's lines (-lead_i: tail_of_leads)
     intercepts: np.ndarray
     serial: float  # C_0: the tail with overlap off
     encode: float  # sum of encodes: how much the hook stretches the backward
@@ -144,6 +153,14 @@ class Tail:
 
 def tail(costs: BucketCosts, ready: np.ndarray) -> Tail:
     """The Tail of buckets with these costs, ready at these fractions of the backward."""
+    return tail_of_leads(costs, 1.0 - np.asarray(ready, dtype=float))
+
+
+def tail_of_leads(costs: BucketCosts, leads: np.ndarray) -> Tail:
+    """The Tail of buckets with these costs, bucket i launched leads[i] x before the end of
+    the (encode-stretched) backward, x the variable Tail.at takes: 1 - its ready fraction
+    under one backward of length x, or its model chunk's place in the cool-down
+    (step.dpsync)."""
     t, e, d = costs.network, costs.encode, costs.decode
     n = t.size
     if not np.all(np.isfinite(t)):  # an algorithm the group cannot run
@@ -156,7 +173,7 @@ def tail(costs: BucketCosts, ready: np.ndarray) -> Tail:
         after = t[i] + max(decodes[i], after)
         chain[i] = after
     later_encodes = np.concatenate([np.cumsum(e[::-1])[::-1][1:], [0.0]]) if n else e
-    slopes = np.concatenate([[0.0], -(1.0 - ready)])
+    slopes = np.concatenate([[0.0], -np.asarray(leads, dtype=float)])
     intercepts = np.concatenate([[decodes[0]], chain - later_encodes])
     keep = upper_envelope(slopes, intercepts)
     return Tail(
