@@ -23,6 +23,7 @@ import numpy as np
 
 from commsim.specs import GPUSpec
 from commsim.step.compute import StageTimes, stage_times
+from commsim.step.context import merge_bytes, ring_attention
 from commsim.step.dpsync import DataParallel
 from commsim.step.fsdp import fsdp_per_micro_batch
 from commsim.step.groups import Groups, _group_rows
@@ -262,23 +263,22 @@ class StepModel:
         return c.blocks * fwd, c.blocks * bwd
 
     def _context_parallel(self, L: Layouts, c: Compute):
-        """Seconds of ring attention's K/V exchange not hidden under attention, per micro-
-        batch (Megatron-core / Transformer Engine context parallelism, Liu et al. 2023 ring
-        attention): cp - 1 steps a layer, each passing this rank's K and V chunk (b s/cp
-        x kv width / tp, 2 bytes) to the next rank while attending to the one it holds;
-        backward passes K, V and their gradients. A step shows when its transfer outlasts a
-        1/cp share of the attention core."""
+        """Seconds of ring attention per micro-batch beyond its share of the compute,
+        forward and backward (step.context): the K/V transfers not hidden under attention
+        and the merging of its cp steps' partial results; what recomputation replays of
+        attention (selective or full) replays them too."""
         arch = self.workload.arch
         if arch is None:
             zero = np.zeros(len(L))
             return zero, zero
-        kv = 2 * arch.kv_heads * arch.head_width
-        chunk = L.micro_batch * self.shape.seq_len / L.cp * kv / L.tp * ACT_BYTES
-        step = self.groups.price("send-recv", "cp", L, chunk)  # ring neighbours: direct
-        core = c.core_fwd / L.cp
-        fwd = (L.cp - 1) * np.maximum(step - core, 0.0)
-        bwd = (L.cp - 1) * np.maximum(2.0 * step - 2.5 * core, 0.0)
-        return c.blocks * fwd, c.blocks * bwd * np.where(L.recompute == 2, 1.5, 1.0)
+        tokens = L.micro_batch * self.shape.seq_len / L.cp  # this rank's, as 2 chunks
+        kv = tokens * arch.kv_heads * arch.head_width / L.tp  # K (or V) elements
+        step = self.groups.price("send-recv", "cp", L, 2 * kv * ACT_BYTES)  # ring neighbours
+        queries = tokens * arch.heads * arch.head_width / L.tp
+        merge_f, merge_b = merge_bytes(L.cp, queries, kv)
+        hbm = self.gpu.hbm_bandwidth
+        fwd, bwd = ring_attention(L.cp, step, c.core_fwd, merge_f, merge_b, hbm)
+        return c.blocks * fwd, c.blocks * (bwd + np.where(L.recompute >= 1, fwd, 0.0))
 
     def _expert_parallel(self, L: Layouts, blocks: np.ndarray):
         """Seconds of expert-parallel all-to-alls per micro-batch, forward and backward: per
