@@ -42,12 +42,14 @@ from commsim.step.sync import (
     BucketCosts,
     Tail,
     compressed_costs,
-    tail,
+    serial_time,
     tail_of_leads,
     zero_costs,
 )
 from commsim.topology.placement import PLACEMENTS
 from commsim.workload.model import BACKWARD_FACTOR, Workload
+
+NO_TAIL = Tail(np.zeros(1), np.zeros(1), 0.0, 0.0, 0.0, 0.0)  # nothing to sync
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ class DataParallel:
     def __init__(self, workload: Workload, shape: Shape, gpu: GPUSpec, groups: Groups):
         self.workload, self.shape, self.gpu, self.groups = workload, shape, gpu, groups
         self._sync: dict[tuple, SyncPlan] = {}
+        self._holds: dict[tuple[str, int], bool] = {}
 
     def sync(self, L: Layouts, x_reduce: np.ndarray, x_gather: np.ndarray):
         """(network seconds, exposed seconds, codec seconds, parameters the optimizer steps)
@@ -137,11 +140,14 @@ class DataParallel:
         network = np.array([p.reduce.network + p.gather.network for p in plans])[inverse]
         encode = np.array([p.reduce.encode for p in plans])[inverse]
         codec = np.array([p.reduce.codec for p in plans])[inverse]
-        overlapped = _at([p.reduce for p in plans], inverse, x_reduce) + _at(
-            [p.gather for p in plans], inverse, x_gather
-        )
+        gathers = np.array([p.params.any() for p in plans], dtype=bool)[inverse]
         serial = np.array([p.serial for p in plans])[inverse]
-        sync_exposed = encode + np.where(L.overlap, overlapped, serial)
+        exposed = serial.copy()
+        on = L.overlap
+        exposed[on] = _at([p.reduce for p in plans], inverse[on], x_reduce[on])
+        both = on & gathers
+        exposed[both] += _at([p.gather for p in plans], inverse[both], x_gather[both])
+        sync_exposed = encode + exposed
         # ZeRO shards optimizer states over dp (and cp), expert ones over the dp / ep expert
         # replicas; hybrid sharding over its shard groups
         sparse = held * sh.expert_params / (L.tp * L.ep)
@@ -174,9 +180,10 @@ class DataParallel:
         if r["zero"] != 3:  # ZeRO-3 syncs per unit (step.fsdp)
             stage = STAGE_KINDS[kind]
             counts = chunk_blocks(stage, blocks, v)
+            weights = self.layer_weights(r["recompute"] == "selective")
             for c in reversed(range(v)):  # the last chunk finishes its backward first
                 part = chunk_kind(stage, c, v)
-                if not len(stage_layer_range(self.workload, part, counts[c])):
+                if not self._holds_layers(part, counts[c]):
                     continue
                 plan = stage_buckets(
                     self.workload,
@@ -187,7 +194,7 @@ class DataParallel:
                     g,
                     r["bucket_mb"] * MIB,
                     r["first_bucket_mb"] * MIB,
-                    self.layer_weights(r["recompute"] == "selective"),
+                    weights,
                 )
                 chunks.append(plan)
                 ids.append(np.full(len(plan), c))
@@ -206,10 +213,19 @@ class DataParallel:
             costs=costs,
             params=params,
             reduce=tail_of_leads(reduce, leads),
-            gather=tail_of_leads(BucketCosts(params, no_codec, no_codec), leads),
-            serial=tail(costs, ready).serial,
+            gather=tail_of_leads(BucketCosts(params, no_codec, no_codec), leads)
+            if params.any()
+            else NO_TAIL,
+            serial=serial_time(costs),
         )
         return plan
+
+    def _holds_layers(self, kind: str, blocks: int) -> bool:
+        """Whether a chunk of this kind and blocks holds any layer (cached)."""
+        key = (kind, blocks)
+        if key not in self._holds:
+            self._holds[key] = bool(len(stage_layer_range(self.workload, kind, blocks)))
+        return self._holds[key]
 
     def bucket_costs(
         self, r: dict, nbytes: np.ndarray, expert: np.ndarray, grad_bytes: int

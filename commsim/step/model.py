@@ -68,11 +68,15 @@ def schedule_groups(pp: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarr
     """Micro-batches in the first and the last group of each layout's interleaved schedule
     (pipeline.schedule_group): how many forwards of chunk c precede chunk c + 1's on the
     first stage, and backwards of chunk c + 1 its last of chunk c in the cool-down."""
-    pairs, inverse = np.unique(np.stack([pp, m]).astype(np.int64), axis=1, return_inverse=True)
-    size = np.array([schedule_group(int(p), int(k)) for p, k in pairs.T], dtype=float)
-    first = np.minimum(size, pairs[1])[inverse.ravel()]
-    last = ((pairs[1] - 1) % size + 1)[inverse.ravel()]
-    return first, last
+    pp, m = np.asarray(pp, dtype=np.int64), np.asarray(m, dtype=np.int64)
+    keys, inverse = np.unique(pp * (int(m.max(initial=0)) + 1) + m, return_inverse=True)
+    firsts = np.zeros(len(keys), dtype=np.int64)
+    firsts[inverse] = np.arange(len(pp))  # a row of each pair
+    p_, m_ = pp[firsts], m[firsts]
+    size = np.array([schedule_group(int(a), int(b)) for a, b in zip(p_, m_, strict=True)])
+    first = np.minimum(size, m_)[inverse]
+    last = ((m_ - 1) % size + 1)[inverse]
+    return first.astype(float), last.astype(float)
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,13 @@ the last backward hides.
 The network stream runs the buckets one after another, each once it is ready and the one
 before it is done; a compressing comm hook encodes each bucket on the compute stream when it
 is ready (delaying the rest of the backward) and decodes after the backward, each once its
-exchange is done; the optimizer starts when everything is. `tail` is that schedule in closed
-form: the time from the end of the backward to the optimizer's start, as a function of the
-backward's length, which is all a search needs. timeline.schedule_streams lays the same
-schedule out event by event (the tests hold the two equal). The same closed form, with each
-bucket's launch given as a lead before the backward's end (tail_of_leads), prices a pipeline's
-model chunks reducing during the cool-down and, read backwards in time, the parameter
-all-gathers a forward waits for (step.dpsync).
+exchange is done; the optimizer starts when everything is. `tail_of_leads` is that schedule in
+closed form: the time from the end of the backward to the optimizer's start, as a function of
+the backward's length (bucket i launched (1 - its ready fraction) x that length before the
+end), which is all a search needs. timeline.schedule_streams lays the same schedule out event
+by event (the tests hold the two equal). With each bucket's lead its model chunk's place in a
+pipeline's cool-down, the same closed form prices the chunks reducing during the cool-down
+and, read backwards in time, the parameter all-gathers a forward waits for (step.dpsync).
 """
 
 from __future__ import annotations
@@ -151,11 +151,6 @@ class Tail:
         return np.where(overlap, hidden, self.serial)
 
 
-def tail(costs: BucketCosts, ready: np.ndarray) -> Tail:
-    """The Tail of buckets with these costs, ready at these fractions of the backward."""
-    return tail_of_leads(costs, 1.0 - np.asarray(ready, dtype=float))
-
-
 def tail_of_leads(costs: BucketCosts, leads: np.ndarray) -> Tail:
     """The Tail of buckets with these costs, bucket i launched leads[i] x before the end of
     the (encode-stretched) backward, x the variable Tail.at takes: 1 - its ready fraction
@@ -166,15 +161,14 @@ def tail_of_leads(costs: BucketCosts, leads: np.ndarray) -> Tail:
     if not np.all(np.isfinite(t)):  # an algorithm the group cannot run
         inf = np.array([np.inf])
         return Tail(np.zeros(1), inf, np.inf, float(e.sum()), np.inf, float(e.sum() + d.sum()))
-    decodes = np.concatenate([np.cumsum(d[::-1])[::-1], [0.0]])  # D_i, D_B = 0
-    chain = np.empty(n)
-    after = -np.inf
-    for i in range(n - 1, -1, -1):  # C_i = T_i + max(D_i, C_{i+1})
-        after = t[i] + max(decodes[i], after)
-        chain[i] = after
+    chain, decodes = _chain(t, d)
     later_encodes = np.concatenate([np.cumsum(e[::-1])[::-1][1:], [0.0]]) if n else e
     slopes = np.concatenate([[0.0], -np.asarray(leads, dtype=float)])
     intercepts = np.concatenate([[decodes[0]], chain - later_encodes])
+    # of lines with one slope (a chunk's buckets) only the highest can be on the envelope
+    order = np.lexsort((intercepts, slopes))
+    last = np.r_[slopes[order][1:] != slopes[order][:-1], True]
+    slopes, intercepts = slopes[order][last], intercepts[order][last]
     keep = upper_envelope(slopes, intercepts)
     return Tail(
         slopes=slopes[keep],
@@ -184,6 +178,29 @@ def tail_of_leads(costs: BucketCosts, leads: np.ndarray) -> Tail:
         network=float(t.sum()),
         codec=float(e.sum() + d.sum()),
     )
+
+
+def serial_time(costs: BucketCosts) -> float:
+    """Seconds from the backward's end to the optimizer's start when every bucket launches
+    then (overlap off): C_0 of Tail's recurrence."""
+    if not np.all(np.isfinite(costs.network)):
+        return np.inf
+    chain, _ = _chain(costs.network, costs.decode)
+    return float(chain[0]) if chain.size else 0.0
+
+
+def _chain(t: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(C_i, D_i) of Tail's recurrence: C_i = T_i + max(D_i, C_{i+1}), D_i the decodes from
+    bucket i on (D_B = 0); without decodes C_i is the network seconds from i on."""
+    decodes = np.concatenate([np.cumsum(d[::-1])[::-1], [0.0]])
+    if not d.any():
+        return np.cumsum(t[::-1])[::-1], decodes
+    chain = np.empty(t.size)
+    after = -np.inf
+    for i in range(t.size - 1, -1, -1):
+        after = t[i] + max(decodes[i], after)
+        chain[i] = after
+    return chain, decodes
 
 
 def upper_envelope(slopes: np.ndarray, intercepts: np.ndarray) -> np.ndarray:
