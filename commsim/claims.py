@@ -163,7 +163,7 @@ def _metric(
             raise SpecError(source, where, f"{check.metric} is defined for data parallelism")
         size = check.bytes or gradient
         layouts = strategy_layouts(setup, [strategy])
-        costs = step_model(setup).dp.bucket_costs(
+        costs, _ = step_model(setup).dp.bucket_costs(
             layouts.row(0), np.array([size]), np.array([False]), int(layouts.grad_bytes[0])
         )
         seconds = float(costs.network[0])

@@ -14,7 +14,7 @@ from commsim.planner.search import COMPRESSIONS, enumerate_layouts, search
 from commsim.scenario import load_scenario, resolve
 from commsim.specs import ModelSpec
 from commsim.step.predict import layouts_timeline, predict, step_model
-from commsim.step.sync import BucketCosts, tail, upper_envelope
+from commsim.step.sync import BucketCosts, tail_of_leads, upper_envelope
 from commsim.step.timeline import schedule_streams
 
 TOY = ModelSpec(name="toy", layers=8, hidden=512, heads=8, vocab=1000, seq_len=256)
@@ -115,7 +115,7 @@ def test_the_closed_form_tail_is_the_two_stream_schedule(seed):
     )
     suffix = np.cumsum(bwd[::-1])[::-1]
     ready = np.array([suffix[min(tensor_layer[b])] for b in buckets]) / max(suffix[0], 1e-300)
-    closed = tail(BucketCosts(t, e, d), ready)
+    closed = tail_of_leads(BucketCosts(t, e, d), 1.0 - ready)
     step = accum * (fwd.sum() + bwd.sum()) + closed.encode + float(closed.at(bwd.sum(), overlap))
     assert step + 0.3 == pytest.approx(report.step_time_s, rel=1e-12, abs=1e-12)
 

@@ -38,7 +38,11 @@ def _parts(m, v=1, send=0.0, dp_comm=0.6, dp_exposed=0.2, optimizer=0.5):
     return dict(
         compute=m * (F + B),
         forward=m * F,
+        backward=m * B,
         tp_comm=m * (TP_F + TP_B),
+        cp_comm=0.0,
+        ep_comm=0.0,
+        comm_forward=m * TP_F,
         pp_comm=m * 2.0 * send * v,
         dp_comm=dp_comm,
         dp_exposed=dp_exposed,
@@ -217,15 +221,19 @@ def test_the_step_ends_with_dp_sync_and_optimizer():
         assert hidden[0].end_s - hidden[0].start_s == pytest.approx(0.4)
 
 
-def test_full_recompute_splits_forward_and_backward_one_to_three():
-    # the step model's compute under full recomputation: the forward again in the backward
-    parts = _parts(2) | {"compute": 2 * (F + B + F)}
+def test_ops_take_the_breakdowns_forward_backward_and_their_collectives():
+    # a full recompute's backward (3x the forward here) and the critical collectives of the
+    # forwards (tp + cp + ep) as the breakdown gives them, the backward the rest
+    parts = _parts(2) | dict(forward=2.0, backward=6.0, cp_comm=0.4, ep_comm=0.2)
+    parts["comm_forward"] = 0.5
     ops = simulate(1, 2, 1, chunk_times(_layout(1, 2, recompute="full"), parts))
     fwd = [o.compute_end - o.start for o in ops if o.kind == "F"]
     bwd = [o.compute_end - o.start for o in ops if o.kind == "B"]
-    assert bwd[0] == pytest.approx(3 * fwd[0])
-    tp = [o.tp_end - o.compute_end for o in ops]
-    assert tp[1] == pytest.approx(2 * tp[0])  # the replayed forward's all-reduces
+    assert fwd == pytest.approx([1.0, 1.0]) and bwd == pytest.approx([3.0, 3.0])
+    critical = 2 * (TP_F + TP_B) + 0.4 + 0.2
+    for o in ops:  # one forward, one backward: F0 B0 F1 B1
+        want = 0.25 if o.kind == "F" else (critical - 0.5) / 2
+        assert o.tp_end - o.compute_end == pytest.approx(want)
 
 
 def test_every_schedule_runs_to_the_end():

@@ -40,8 +40,8 @@ def test_export_refuses_what_it_cannot_write(tmp_path):
             *LAYOUT,
             "--cp",
             "2",
-            "--recompute",
-            "full",
+            "--zero",
+            "3",
         ],
     )
     assert out.exit_code == 2

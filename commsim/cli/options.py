@@ -42,7 +42,12 @@ PlacementOpt = Annotated[
     str | None, typer.Option(help="Rank placement: blocked, interleaved, topology-aware.")
 ]
 OverlapOpt = Annotated[
-    bool | None, typer.Option("--overlap/--no-overlap", help="Overlap all-reduce with backward.")
+    bool | None,
+    typer.Option(
+        "--overlap/--no-overlap",
+        help="Overlap gradient sync with backward (pipelines: per chunk in the cool-down; "
+        "ZeRO 1-2: parameter gathers under the next forward).",
+    ),
 ]
 CompressionOpt = Annotated[
     str | None,

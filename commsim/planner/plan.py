@@ -76,7 +76,8 @@ def _prediction(
         return prediction(
             variant, strategy, b, single, memory, tuple(report.buckets), tuple(report.events)
         )
-    events = tuple(pipeline_events(one.row(0), b)) if gantt else ()
+    sync = model.dp.sync_plan(one, 0) if gantt else None
+    events = tuple(pipeline_events(one.row(0), b, sync)) if gantt else ()
     return prediction(variant, strategy, b, single, memory, events=events)
 
 

@@ -1,8 +1,28 @@
 """Data-parallel gradient sync of ZeRO 0-2 (and a DDP comm hook's), vectorised over
-layouts: each layout's stage gradients in PyTorch DDP's buckets (step.buckets), what each
-bucket costs on its group (step.sync), and the closed-form serial schedule under the last
-backward (sync.Tail), cached per distinct sync: a search meets each a few hundred times.
+layouts: each layout's stage gradients in PyTorch DDP's buckets (step.buckets), one set per
+model chunk, what each bucket costs on its group (step.sync), and the closed-form serial
+schedule (sync.Tail), cached per distinct sync: a search meets each a few hundred times.
 ZeRO-3 / FSDP syncs per unit instead (step.fsdp).
+
+With overlap on, as Megatron-core's distributed optimizer runs with --overlap-grad-reduce
+and --overlap-param-gather (distributed_data_parallel.py, param_and_grad_buffer.py,
+pipeline_parallel/schedules.py at NVIDIA/Megatron-LM d98e8a64dd):
+- one model chunk (v = 1): each bucket's reduction launches once its gradients exist in the
+  last micro-batch's backward (register_grad_ready; 1F1B enables it on the first stage for
+  the last backward, schedules.py forward_backward_pipelining_without_interleaving);
+- v > 1 chunks: each chunk is its own DDP; its buckets all launch when its last backward
+  ends (align_grad_reduce, the default: grad_sync_func after the backward step of
+  virtual micro-batch id - pp rank, so every stage launches when the first stage finishes
+  the chunk). On the first stage chunk c finishes c g backward ops before the pipeline's
+  end, g the micro-batches of the last group (pipeline.stage_order): the chunks' reductions
+  run during the cool-down, chunk 0's after it;
+- ZeRO 1-2's parameter all-gathers leave the step's end for the next step's forward: each
+  bucket's gather must be done when the forward reaches its layers (forward pre-hooks;
+  aligned per chunk with interleaving), chunk c's first forward c x (first group) forward
+  ops in. Read backwards in time that is the reduction's closed form (sync.tail_of_leads).
+The stage priced is the one with the most parameters, at the first stage's times (the
+latest launches; Megatron aligns the others to them). Llama 3's FSDP (arXiv:2407.21783
+Sec. 3.3.2: ZeRO-2-like, no reshard after forward) is priced the same way.
 """
 
 from __future__ import annotations
@@ -14,23 +34,84 @@ import numpy as np
 from commsim.collectives.algorithms import ALGORITHMS as OP_ALGORITHMS
 from commsim.compression import parse_compressor
 from commsim.specs import GPUSpec
-from commsim.step.buckets import MIB, STAGE_KINDS, BucketPlan, stage_buckets
+from commsim.step.buckets import MIB, STAGE_KINDS, BucketPlan, stage_buckets, stage_layer_range
 from commsim.step.groups import Groups, _group_rows
 from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.shape import Shape, expert_shards, slowest, stage_layers
-from commsim.step.sync import BucketCosts, Tail, allreduce_costs, compressed_costs, tail
+from commsim.step.sync import (
+    BucketCosts,
+    Tail,
+    compressed_costs,
+    serial_time,
+    tail_of_leads,
+    zero_costs,
+)
 from commsim.topology.placement import PLACEMENTS
 from commsim.workload.model import BACKWARD_FACTOR, Workload
+
+NO_TAIL = Tail(np.zeros(1), np.zeros(1), 0.0, 0.0, 0.0, 0.0)  # nothing to sync
 
 
 @dataclass(frozen=True)
 class SyncPlan:
-    """One stage's data-parallel sync under one way of reducing: its buckets, their costs,
-    and the closed-form schedule (ZeRO 0-2) or the per-micro-batch volume (ZeRO-3)."""
+    """One stage's data-parallel sync under one way of reducing: its model chunks' buckets
+    in launch order (the last chunk first), their costs and the closed forms: `reduce`,
+    the gradients' collectives (and a hook's codec) against the backward or the cool-down,
+    `gather`, ZeRO 1-2's parameter all-gathers against the next forward, and `serial`, the
+    whole sync after the backward (overlap off)."""
 
-    buckets: BucketPlan
-    costs: BucketCosts
-    tail: Tail
+    chunks: tuple[BucketPlan, ...]
+    chunk: np.ndarray  # each bucket's model chunk on its stage (0: the first)
+    leads: np.ndarray  # each bucket's lead in units of Tail.at's x (see chunk_leads)
+    costs: BucketCosts  # network: gradient and parameter collectives together
+    params: np.ndarray  # of costs.network: the parameter all-gathers (ZeRO 1-2)
+    reduce: Tail
+    gather: Tail
+    serial: float
+
+    @property
+    def buckets(self) -> BucketPlan:
+        """The buckets of every chunk in launch order (tensors index each chunk's own)."""
+        if len(self.chunks) == 1:
+            return self.chunks[0]
+
+        def cat(arrays: list[np.ndarray], dtype=float) -> np.ndarray:  # none under ZeRO-3
+            return np.concatenate(arrays) if arrays else np.zeros(0, dtype)
+
+        return BucketPlan(
+            bytes=cat([c.bytes for c in self.chunks]),
+            expert=cat([c.expert for c in self.chunks], bool),
+            ready=cat([c.ready for c in self.chunks]),
+            tensors=tuple(t for c in self.chunks for t in c.tensors),
+            layer_of=cat([c.layer_of for c in self.chunks], np.int64),
+        )
+
+
+def chunk_blocks(kind: str, blocks: int, v: int) -> list[int]:
+    """Blocks in each of a stage's v model chunks (0 first): equal where they divide; on an
+    end stage that does not, the chunks beside the embedding (first stage) or the head (last)
+    hold one fewer, as Llama 3's first chunk holds only the embedding (arXiv:2407.21783
+    Sec. 3.3.2; Megatron-core's first/last-stage layers split evenly over the chunks)."""
+    base, extra = divmod(blocks, v)
+    if kind == "last":
+        return [base + int(c < extra) for c in range(v)]
+    return [base + int(c >= v - extra) for c in range(v)]
+
+
+def chunk_kind(kind: str, c: int, v: int) -> str:
+    """What chunk c of a stage of this kind holds (STAGE_KINDS): the embedding with the first
+    stage's first chunk, the head with the last stage's last, blocks only elsewhere."""
+    if v == 1 or (kind == "first" and c == 0) or (kind == "last" and c == v - 1):
+        return kind
+    return "middle"
+
+
+def chunk_leads(chunk: np.ndarray, ready: np.ndarray, v: int) -> np.ndarray:
+    """Each bucket's launch before the backward's end (and, reversed, its need after the
+    forward's start) in units of the x that model.StepModel passes: 1 - its ready fraction
+    of one micro-batch's stage backward (v = 1), or its chunk's index, x being g chunk
+    backward (forward) ops (v > 1; see the module docstring)."""
+    return 1.0 - ready if v == 1 else chunk.astype(float)
 
 
 class DataParallel:
@@ -39,13 +120,15 @@ class DataParallel:
     def __init__(self, workload: Workload, shape: Shape, gpu: GPUSpec, groups: Groups):
         self.workload, self.shape, self.gpu, self.groups = workload, shape, gpu, groups
         self._sync: dict[tuple, SyncPlan] = {}
+        self._holds: dict[tuple[str, int], bool] = {}
 
-    def sync(self, L: Layouts, span: np.ndarray):
-        """(network seconds, seconds from the end of the last backward (of length `span`)
-        to the optimizer's start, codec seconds, parameters the optimizer steps) of each
-        layout's ZeRO 0-2 sync on the stage with the most parameters: the buckets' serial
-        stream under that backward (sync.Tail), a comm hook's encodes stretching it. ZeRO-3
-        rows are left at 0 (step.fsdp prices them) but for their optimizer's parameters."""
+    def sync(self, L: Layouts, x_reduce: np.ndarray, x_gather: np.ndarray):
+        """(network seconds, exposed seconds, codec seconds, parameters the optimizer steps)
+        of each layout's ZeRO 0-2 sync on the stage with the most parameters. Exposed: with
+        overlap, the reductions' tail after the backward (sync.Tail at x_reduce) and the
+        gathers' wait before the forward (at x_gather), a comm hook's encodes stretching the
+        backward; without, the whole serial sync. ZeRO-3 rows are left at 0 (step.fsdp
+        prices them) but for their optimizer's parameters."""
         sh = self.shape
         ends = (sh.pre_params + sh.post_params, sh.pre_params, sh.post_params)
         which, held, params = slowest(
@@ -57,18 +140,17 @@ class DataParallel:
         kind = np.where(L.pp == 1, 0, which + 1)  # STAGE_KINDS
         inverse, firsts = _group_rows(_sync_columns(L, kind, held))
         plans = [self._sync_plan(L, int(i), int(kind[i]), int(held[i])) for i in firsts]
-        network = np.array([p.tail.network for p in plans])[inverse]
-        encode = np.array([p.tail.encode for p in plans])[inverse]
-        codec = np.array([p.tail.codec for p in plans])[inverse]
-        width = max((len(p.tail.slopes) for p in plans), default=1)
-        slopes = np.zeros((len(plans), width))
-        cuts = np.full((len(plans), width), -np.inf)
-        for k, p in enumerate(plans):
-            slopes[k, : len(p.tail.slopes)] = p.tail.slopes
-            cuts[k, : len(p.tail.intercepts)] = p.tail.intercepts
-        hidden = np.max(cuts[inverse] + slopes[inverse] * span[:, None], axis=1)
-        serial = np.array([p.tail.serial for p in plans])[inverse]
-        sync_exposed = encode + np.where(L.overlap, hidden, serial)
+        network = np.array([p.reduce.network + p.gather.network for p in plans])[inverse]
+        encode = np.array([p.reduce.encode for p in plans])[inverse]
+        codec = np.array([p.reduce.codec for p in plans])[inverse]
+        gathers = np.array([p.params.any() for p in plans], dtype=bool)[inverse]
+        serial = np.array([p.serial for p in plans])[inverse]
+        exposed = serial.copy()
+        on = L.overlap
+        exposed[on] = _at([p.reduce for p in plans], inverse[on], x_reduce[on])
+        both = on & gathers
+        exposed[both] += _at([p.gather for p in plans], inverse[both], x_gather[both])
+        sync_exposed = encode + exposed
         # ZeRO shards optimizer states over dp (and cp), expert ones over the expert-data-
         # parallel ranks holding the same expert shard (step.shape.expert_shards); hybrid
         # sharding over its shard groups
@@ -91,40 +173,72 @@ class DataParallel:
         return self._sync_plan(L, i, kind, int(held))
 
     def _sync_plan(self, L: Layouts, i: int, kind: int, blocks: int) -> SyncPlan:
-        """The sync of layout i's stage (STAGE_KINDS[kind], `blocks` blocks), cached: a
-        search meets each a few hundred times."""
+        """The sync of layout i's stage (STAGE_KINDS[kind], `blocks` blocks in its model
+        chunks), cached: a search meets each a few hundred times."""
         key = (kind, blocks, *_sync_key(L, i))
         if key in self._sync:
             return self._sync[key]
         r = L.row(i)
-        g = int(L.grad_bytes[i])
-        if r["zero"] == 3:  # ZeRO-3 syncs per unit (step.fsdp)
-            none = BucketPlan(np.zeros(0), np.zeros(0, bool), np.zeros(0), (), np.zeros(0))
-            zero = np.zeros(0)
-            costs = BucketCosts(zero, zero, zero)
-            self._sync[key] = plan = SyncPlan(none, costs, tail(costs, zero))
-            return plan
-        buckets = stage_buckets(
-            self.workload,
-            STAGE_KINDS[kind],
-            blocks,
-            r["tp"],
-            r["ep"],
-            g,
-            r["bucket_mb"] * MIB,
-            r["first_bucket_mb"] * MIB,
-            self.layer_weights(r["recompute"]),
-            r["etp"],
+        g, v = int(L.grad_bytes[i]), r["interleave"]
+        chunks: list[BucketPlan] = []
+        ids: list[np.ndarray] = []
+        if r["zero"] != 3:  # ZeRO-3 syncs per unit (step.fsdp)
+            stage = STAGE_KINDS[kind]
+            counts = chunk_blocks(stage, blocks, v)
+            weights = self.layer_weights(r["recompute"])
+            for c in reversed(range(v)):  # the last chunk finishes its backward first
+                part = chunk_kind(stage, c, v)
+                if not self._holds_layers(part, counts[c]):
+                    continue
+                plan = stage_buckets(
+                    self.workload,
+                    part,
+                    counts[c],
+                    r["tp"],
+                    r["ep"],
+                    g,
+                    r["bucket_mb"] * MIB,
+                    r["first_bucket_mb"] * MIB,
+                    weights,
+                    r["etp"],
+                )
+                chunks.append(plan)
+                ids.append(np.full(len(plan), c))
+        chunk = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+        nbytes = np.concatenate([c.bytes for c in chunks]) if chunks else np.zeros(0)
+        expert = np.concatenate([c.expert for c in chunks]) if chunks else np.zeros(0, bool)
+        ready = np.concatenate([c.ready for c in chunks]) if chunks else np.zeros(0)
+        costs, params = self.bucket_costs(r, nbytes, expert, g)
+        leads = chunk_leads(chunk, ready, v)
+        reduce = BucketCosts(costs.network - params, costs.encode, costs.decode)
+        no_codec = np.zeros(len(params))
+        self._sync[key] = plan = SyncPlan(
+            chunks=tuple(chunks),
+            chunk=chunk,
+            leads=leads,
+            costs=costs,
+            params=params,
+            reduce=tail_of_leads(reduce, leads),
+            gather=tail_of_leads(BucketCosts(params, no_codec, no_codec), leads)
+            if params.any()
+            else NO_TAIL,
+            serial=serial_time(costs),
         )
-        costs = self.bucket_costs(r, buckets.bytes, buckets.expert, g)
-        self._sync[key] = plan = SyncPlan(buckets, costs, tail(costs, buckets.ready))
         return plan
+
+    def _holds_layers(self, kind: str, blocks: int) -> bool:
+        """Whether a chunk of this kind and blocks holds any layer (cached)."""
+        key = (kind, blocks)
+        if key not in self._holds:
+            self._holds[key] = bool(len(stage_layer_range(self.workload, kind, blocks)))
+        return self._holds[key]
 
     def bucket_costs(
         self, r: dict, nbytes: np.ndarray, expert: np.ndarray, grad_bytes: int
-    ) -> BucketCosts:
+    ) -> tuple[BucketCosts, np.ndarray]:
         """Network and codec seconds of buckets of `nbytes` (expert: on the expert-data-
-        parallel group) under one layout (a Layouts.row)."""
+        parallel group) under one layout (a Layouts.row), and of the network seconds the
+        parameter all-gathers' (ZeRO 1-2)."""
         dp, ep = r["dp"], r["ep"]
         shape = (
             r["tp"],
@@ -145,10 +259,10 @@ class DataParallel:
 
         none = np.zeros(len(nbytes))
         if dp * r["cp"] == 1:
-            return BucketCosts(none, none, none)
+            return BucketCosts(none, none, none), none
         alg = r["algorithm"]
         if r["compression"] != "none":
-            return compressed_costs(
+            hooked = compressed_costs(
                 price,
                 alg,
                 lambda op: OP_ALGORITHMS[op],
@@ -158,8 +272,9 @@ class DataParallel:
                 self.gpu,
                 r["error_feedback"],
             )
-        network = allreduce_costs(price, alg, nbytes, expert, r["zero"], grad_bytes)
-        return BucketCosts(network, none, none)
+            return hooked, none
+        reduce, gather = zero_costs(price, alg, nbytes, expert, r["zero"], grad_bytes)
+        return BucketCosts(reduce + gather, none, none), gather
 
     def layer_weights(self, recompute: str) -> tuple[float, ...]:
         """Each workload layer's share of a backward (any scale): 2x its forward FLOPs, and
@@ -192,6 +307,7 @@ _SYNC_KEY = (
     "error_feedback",
     "cp",
     "order",
+    "interleave",
 )
 
 
@@ -213,3 +329,14 @@ def _sync_columns(L: Layouts, kind: np.ndarray, held: np.ndarray) -> list[np.nda
             col = np.unique(col, return_inverse=True)[1]
         cols.append(col)
     return cols
+
+
+def _at(tails: list[Tail], inverse: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Each layout's Tail (tails[inverse]) at its x: the upper envelope of its lines."""
+    width = max((len(t.slopes) for t in tails), default=1)
+    slopes = np.zeros((len(tails), width))
+    cuts = np.full((len(tails), width), -np.inf)
+    for k, t in enumerate(tails):
+        slopes[k, : len(t.slopes)] = t.slopes
+        cuts[k, : len(t.intercepts)] = t.intercepts
+    return np.max(cuts[inverse] + slopes[inverse] * x[:, None], axis=1)

@@ -23,11 +23,13 @@ import numpy as np
 
 from commsim.specs import GPUSpec
 from commsim.step.compute import StageTimes, stage_times
+from commsim.step.context import merge_bytes, replays_attention, ring_attention
 from commsim.step.dpsync import DataParallel
 from commsim.step.fsdp import fsdp_per_micro_batch
 from commsim.step.groups import Groups, _group_rows
 from commsim.step.layouts import Layouts
 from commsim.step.memory import memory_per_gpu_batch, usable_bytes
+from commsim.step.pipeline import schedule_group
 from commsim.step.shape import Shape, slowest, stage_layers
 from commsim.step.timeline import adam_step_time
 from commsim.topology.build import Cluster
@@ -54,6 +56,15 @@ def cp_bytes(L: Layouts, sh: Shape, arch) -> np.ndarray:
     return L.micro_batch * sh.seq_len / L.cp * kv / L.tp * ACT_BYTES
 
 
+def cp_merge_bytes(L: Layouts, sh: Shape, arch) -> tuple[np.ndarray, np.ndarray]:
+    """HBM bytes of merging a layer's ring-attention steps on one GPU, forward and backward
+    (step.context.merge_bytes), for this rank's queries and keys (b s / cp tokens, split
+    over tp)."""
+    tokens = L.micro_batch * sh.seq_len / L.cp
+    keys = tokens * arch.kv_heads * arch.head_width / L.tp
+    return merge_bytes(L.cp, tokens * arch.heads * arch.head_width / L.tp, keys)
+
+
 def etp_bytes(L: Layouts, sh: Shape) -> np.ndarray:
     """Bytes of the expert tensor-parallel all-gather's output (and the reduce-scatter's
     input) around the experts: the etp ranks' received token copies (_expert_parallel)."""
@@ -74,6 +85,21 @@ def state_grad_bytes(plain, grad_bytes):
     return np.where(plain, 2, grad_bytes)
 
 
+def schedule_groups(pp: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Micro-batches in the first and the last group of each layout's interleaved schedule
+    (pipeline.schedule_group): how many forwards of chunk c precede chunk c + 1's on the
+    first stage, and backwards of chunk c + 1 its last of chunk c in the cool-down."""
+    pp, m = np.asarray(pp, dtype=np.int64), np.asarray(m, dtype=np.int64)
+    keys, inverse = np.unique(pp * (int(m.max(initial=0)) + 1) + m, return_inverse=True)
+    firsts = np.zeros(len(keys), dtype=np.int64)
+    firsts[inverse] = np.arange(len(pp))  # a row of each pair
+    p_, m_ = pp[firsts], m[firsts]
+    size = np.array([schedule_group(int(a), int(b)) for a, b in zip(p_, m_, strict=True)])
+    first = np.minimum(size, m_)[inverse]
+    last = ((m_ - 1) % size + 1)[inverse]
+    return first.astype(float), last.astype(float)
+
+
 @dataclass(frozen=True)
 class StepBreakdown:
     """Per-layout arrays of where a step's time goes (seconds) and its figures of merit."""
@@ -87,6 +113,7 @@ class StepBreakdown:
     cp_comm: np.ndarray  # context-parallel K/V exchange not hidden under attention
     ep_comm: np.ndarray  # expert all-to-alls and etp gathers (MoE), on the critical path
     pp_comm: np.ndarray  # pipeline sends between stages, on the critical path
+    comm_forward: np.ndarray  # of tp + cp + ep comm: the forwards' share
     dp_comm: np.ndarray  # data-parallel / ZeRO collectives in all
     dp_exposed: np.ndarray  # the data-parallel sync (and a comm hook's codec) not hidden
     codec: np.ndarray  # a comm hook's encode + decode (compute-stream seconds)
@@ -151,15 +178,21 @@ class StepModel:
         cp_f, cp_b = self._context_parallel(L, c)
         ep_f, ep_b = self._expert_parallel(L, c.blocks)
         z3_net, z3_exposed = fsdp_per_micro_batch(self, L, c)
-        p2p = np.where(pp == 1, 0.0, self._sends(L) * v)
+        send = np.where(pp == 1, 0.0, self._sends(L))  # one hand-off
+        p2p = send * v
         comm = tp_f + tp_b + cp_f + cp_b + ep_f + ep_b + z3_exposed
         tick = c.forward + c.backward + comm + 2.0 * p2p
         # 1F1B: (m + p - 1) ticks; interleaved with v chunks: (m + (p - 1) / v) ticks
         # (Narayanan et al. 2021, Sec. 2.2); the bubble is the (p - 1) / v extra ticks.
         pipeline = (m + (pp - 1) / v) * tick
-        # the ZeRO 0-2 sync hides under the last micro-batch's backward, its collectives too
-        span = c.backward + tp_b + cp_b + ep_b
-        dp_comm, tail, codec, local_params = self.dp.sync(L, span)
+        # the ZeRO 0-2 sync (step.dpsync): under the last backward of the stage, or with v
+        # chunks under the cool-down's g chunk backwards a chunk (each with its send); the
+        # parameter gathers under the first forward, or the first group's chunk forwards
+        span_b, span_f = c.backward + tp_b + cp_b + ep_b, c.forward + tp_f + cp_f + ep_f
+        first, last = schedule_groups(pp, m)
+        x_b = np.where(v > 1, last * (span_b / v + send), span_b)
+        x_f = np.where(v > 1, first * (span_f / v + send), span_f)
+        dp_comm, tail, codec, local_params = self.dp.sync(L, x_b, x_f)
         zero3 = L.zero == 3
         optimizer = adam_step_time(local_params, self.gpu, L.grad_bytes)
         step = pipeline + tail + optimizer
@@ -181,6 +214,7 @@ class StepModel:
             cp_comm=m * (cp_f + cp_b),
             ep_comm=m * (ep_f + ep_b),
             pp_comm=m * 2.0 * p2p,
+            comm_forward=m * (tp_f + cp_f + ep_f),
             dp_comm=np.where(zero3, m * z3_net, dp_comm),
             dp_exposed=np.where(zero3, m * z3_exposed, tail),
             codec=codec,
@@ -259,21 +293,19 @@ class StepModel:
         return c.blocks * fwd, c.blocks * bwd
 
     def _context_parallel(self, L: Layouts, c: Compute):
-        """Seconds of ring attention's K/V exchange not hidden under attention, per micro-
-        batch (Megatron-core / Transformer Engine context parallelism, Liu et al. 2023 ring
-        attention): cp - 1 steps a layer, each passing this rank's K and V chunk (b s/cp
-        x kv width / tp, 2 bytes) to the next rank while attending to the one it holds;
-        backward passes K, V and their gradients. A step shows when its transfer outlasts a
-        1/cp share of the attention core."""
+        """Seconds of ring attention per micro-batch beyond its share of the compute,
+        forward and backward (step.context): the K/V transfers not hidden under attention
+        and the merging of its cp steps' partial results; what recomputation replays of
+        attention (selective or full) replays them too."""
         arch = self.workload.arch
         if arch is None:
             zero = np.zeros(len(L))
             return zero, zero
         step = self.groups.price("send-recv", "cp", L, cp_bytes(L, self.shape, arch))
-        core = c.core_fwd / L.cp
-        fwd = (L.cp - 1) * np.maximum(step - core, 0.0)
-        bwd = (L.cp - 1) * np.maximum(2.0 * step - 2.5 * core, 0.0)
-        return c.blocks * fwd, c.blocks * bwd * np.where(L.recompute == 2, 1.5, 1.0)
+        merge_f, merge_b = cp_merge_bytes(L, self.shape, arch)
+        hbm = self.gpu.hbm_bandwidth
+        fwd, bwd = ring_attention(L.cp, step, c.core_fwd, merge_f, merge_b, hbm)
+        return c.blocks * fwd, c.blocks * (bwd + np.where(replays_attention(L.recompute), fwd, 0))
 
     def _expert_parallel(self, L: Layouts, blocks: np.ndarray):
         """Seconds of the expert layers' collectives per micro-batch, forward and backward:

@@ -12,18 +12,28 @@ runs one at a time on its stage, so the bubble comes out of the schedule. A forw
 backward is its compute, then its tensor-parallel all-reduces (on the critical path), then
 its send to the neighbouring stage; sends are synchronous, as Megatron's default p2p: the
 sender waits for the transfer and the receiver starts when it lands. Durations come from the
-hybrid model's StepBreakdown (commsim.step.parallel). With free sends the makespan is its
+step model's StepBreakdown (commsim.step.model). With free sends the makespan is its
 (m + (p - 1) / v) ticks exactly (for m >= p when v > 1); the model charges every stage two
 sends a micro-batch and the end stages send one way, so paid sends make the simulation 3 sends
 shorter at v = 1 (p >= 3, m >= 2) and at most m + 1 sends shorter when interleaved.
+
+Given the step model's ZeRO 0-2 sync plan, every stage reduces its buckets as Megatron-core
+launches them on the simulated schedule (lay_out_sync): with free sends the step is the
+closed form's (step.dpsync) exactly, which the tests check.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from commsim.step.timeline import Event
+import numpy as np
+
+from commsim.step.timeline import Event, serial_ends
+
+if TYPE_CHECKING:
+    from commsim.step.dpsync import SyncPlan
 
 PIPELINE_KINDS = ("forward", "backward", "tp", "send")  # what the pipeline's makespan spans
 CRITICAL_KINDS = (*PIPELINE_KINDS, "dp", "optimizer")  # what keeps a stage busy
@@ -45,36 +55,38 @@ class ChunkTimes:
 
 
 def chunk_times(layout: dict, parts: dict) -> ChunkTimes:
-    """Per-chunk, per-micro-batch durations from one StepBreakdown row: its forward and its
-    backward (with what recomputation replays), tp all-reduces 1:1 (1:2 with full)."""
+    """Per-chunk, per-micro-batch durations from one StepBreakdown row: its forwards and
+    backwards (recomputation included), and its collectives on the critical path (tensor-
+    and context-parallel, expert all-to-alls), the forwards' share as it gives it."""
     m, v, zero = layout["micro_batches"], layout["interleave"], layout["zero"]
-    full = layout["recompute"] == "full"
-    # expert-parallel all-to-alls sit on the critical path like tp's, split the same way
-    tp = (parts["tp_comm"] + parts.get("ep_comm", 0.0)) / (m * v)
-    compute = parts["compute"] / (m * v)
-    forward = parts["forward"] / (m * v)
-    tp_forward = tp / (3.0 if full else 2.0)
+    ops = m * v
+    critical = parts["tp_comm"] + parts["cp_comm"] + parts["ep_comm"]
     prefetched = zero == 3 and layout["overlap"]
     # ZeRO-3 moves, per micro-batch, a forward gather, a backward gather and a gradient
     # reduce-scatter of about equal volume (2-byte parameters and gradients)
     return ChunkTimes(
-        forward=forward,
-        backward=compute - forward,
-        tp_forward=tp_forward,
-        tp_backward=tp - tp_forward,
-        send=parts["pp_comm"] / (2.0 * m * v),
-        gather=parts["dp_comm"] / (3.0 * m * v) if prefetched else 0.0,
+        forward=parts["forward"] / ops,
+        backward=parts["backward"] / ops,
+        tp_forward=parts["comm_forward"] / ops,
+        tp_backward=(critical - parts["comm_forward"]) / ops,
+        send=parts["pp_comm"] / (2.0 * ops),
+        gather=parts["dp_comm"] / (3.0 * ops) if prefetched else 0.0,
         dp_hidden=0.0 if zero == 3 else parts["dp_comm"] - parts["dp_exposed"],
         dp_exposed=parts["dp_exposed"],
         optimizer=parts["optimizer"],
     )
 
 
+def schedule_group(p: int, m: int) -> int:
+    """Micro-batches per group of the interleaved schedule: p, or the fewest that leave no
+    group under p (Megatron-core rejects the others); m < p, which it rejects, runs as one
+    group."""
+    return next((n for n in range(p, m + 1) if m % n == 0 or m % n >= p), m)
+
+
 def stage_order(p: int, m: int, v: int, k: int) -> list[tuple[str, int, int]]:
     """The ops of stage k in run order: ("F" or "B", model chunk, micro-batch)."""
-    # micro-batches run in groups of p, or of the fewest that leave no group under p
-    # (Megatron-core rejects the others); m < p, which it rejects, runs as one group
-    size = next((n for n in range(p, m + 1) if m % n == 0 or m % n >= p), m)
+    size = schedule_group(p, m)
     table = [
         (c, i) for g in range(0, m, size) for c in range(v) for i in range(g, min(g + size, m))
     ]
@@ -136,10 +148,12 @@ def simulate(p: int, m: int, v: int, t: ChunkTimes) -> list[Op]:
     return sorted(done.values(), key=lambda op: (op.stage, op.start))
 
 
-def pipeline_events(layout: dict, parts: dict) -> list[Event]:
+def pipeline_events(layout: dict, parts: dict, sync: SyncPlan | None = None) -> list[Event]:
     """The step of one layout (a Layouts.row) priced by one StepBreakdown.row, as events on
     streams "stage k" (compute, dp sync, optimizer), "stage k tp", "stage k send",
-    "stage k zero3" (prefetched gathers) and "stage k dp" (sync hidden under backward)."""
+    "stage k zero3" (prefetched gathers) and "stage k dp" (sync hidden under the pipeline).
+    With the step model's ZeRO 0-2 sync plan (dpsync.SyncPlan) its buckets are laid out on
+    the simulated schedule (lay_out_sync); without, the breakdown's sync is drawn whole."""
     p, m, v = layout["pp"], layout["micro_batches"], layout["interleave"]
     t = chunk_times(layout, parts)
     ops = simulate(p, m, v, t)  # sorted by stage, then start
@@ -156,7 +170,8 @@ def pipeline_events(layout: dict, parts: dict) -> list[Event]:
             for op in reversed(by_stage[k]):
                 ready = min(op.start, ready) - t.gather
                 gathers.append((op, ready))
-    shift = max([0.0] + [-s for _, s in gathers])
+    laid = lay_out_sync(layout, by_stage, sync) if sync and layout["zero"] != 3 else None
+    shift = max([0.0, laid.wait if laid else 0.0] + [-s for _, s in gathers])
     for op, s in gathers:
         events.append(
             Event(
@@ -164,38 +179,112 @@ def pipeline_events(layout: dict, parts: dict) -> list[Event]:
             )
         )
     for op in ops:
-        what, k = _name(op, v), op.stage
-        events.append(Event(f"stage {k}", what, op.start + shift, op.compute_end + shift))
-        if op.tp_end > op.compute_end:
-            events.append(
-                Event(
-                    f"stage {k} tp",
-                    f"tp all-reduce {what}",
-                    op.compute_end + shift,
-                    op.tp_end + shift,
-                )
-            )
-        if op.end > op.tp_end:
-            events.append(
-                Event(
-                    f"stage {k} send",
-                    f"send {what} to stage {op.to}",
-                    op.tp_end + shift,
-                    op.end + shift,
-                )
-            )
-    exposed = max(t.dp_exposed - shift, 0.0)
-    for k in range(p):
-        last = max(op.end for op in by_stage[k]) + shift
-        if t.dp_hidden > 0:
-            events.append(Event(f"stage {k} dp", "dp sync (hidden)", last - t.dp_hidden, last))
-        if exposed > 0:
-            events.append(Event(f"stage {k}", "dp sync", last, last + exposed))
-        if t.optimizer > 0:
-            events.append(
-                Event(f"stage {k}", "optimizer", last + exposed, last + exposed + t.optimizer)
-            )
+        events += _op_events(op, v, shift)
+    if laid:
+        events += [Event(e.stream, e.label, e.start_s + shift, e.end_s + shift) for e in laid.bars]
+        done = [d + shift for d in laid.done]
+    else:
+        exposed = max(t.dp_exposed - shift, 0.0)
+        done = []
+        for k in range(p):
+            last = max(op.end for op in by_stage[k]) + shift
+            if t.dp_hidden > 0:
+                events.append(Event(f"stage {k} dp", "dp sync (hidden)", last - t.dp_hidden, last))
+            if exposed > 0:
+                events.append(Event(f"stage {k}", "dp sync", last, last + exposed))
+            done.append(last + exposed)
+    if t.optimizer > 0:
+        events += [Event(f"stage {k}", "optimizer", d, d + t.optimizer) for k, d in enumerate(done)]
     return events
+
+
+def _op_events(op: Op, v: int, shift: float) -> list[Event]:
+    """An op's compute, its collectives on the critical path and its send, as events."""
+    what, k = _name(op, v), op.stage
+    out = [Event(f"stage {k}", what, op.start + shift, op.compute_end + shift)]
+    if op.tp_end > op.compute_end:
+        out.append(
+            Event(
+                f"stage {k} tp", f"tp all-reduce {what}", op.compute_end + shift, op.tp_end + shift
+            )
+        )
+    if op.end > op.tp_end:
+        out.append(
+            Event(
+                f"stage {k} send",
+                f"send {what} to stage {op.to}",
+                op.tp_end + shift,
+                op.end + shift,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class SyncLayout:
+    """A ZeRO 0-2 sync laid out on a simulated schedule (unshifted times): how long the
+    first forwards wait for parameter gathers, when each stage's sync is done, its bars."""
+
+    wait: float
+    done: list[float]
+    bars: list[Event]
+
+
+def lay_out_sync(layout: dict, by_stage: list[list[Op]], sync: SyncPlan) -> SyncLayout:
+    """Every stage reduces the priced stage's buckets as Megatron-core launches them
+    (dpsync's docstring), one at a time in launch order: with overlap, under its last
+    backward (v = 1, the first stage or a stage alone; the others at their end), or each
+    model chunk's after the backward that Megatron aligns to the first stage's last of that
+    chunk (v > 1); the parameter gathers from the step's start, in forward order, each
+    waited for by the first forward that needs it. Without overlap all of it after the
+    stage's last op."""
+    p, m, v = layout["pp"], layout["micro_batches"], layout["interleave"]
+    n = len(sync.chunk)
+    overlap = bool(layout["overlap"])
+    backs = [c for kind, c, _ in stage_order(p, m, v, 0) if kind == "B"]
+    last_of = {c: max(j for j, cc in enumerate(backs) if cc == c) for c in range(v)}
+    ready = 1.0 - sync.leads if v == 1 else np.zeros(n)
+    reduce = sync.costs.network - sync.params if overlap else sync.costs.network
+    wait, done, bars = 0.0, [], []
+    for k, ops in enumerate(by_stage):
+        bops = [op for op in ops if op.kind == "B"]
+        end = max(op.end for op in ops)
+        if not overlap or (v == 1 and k > 0):
+            launch = np.full(n, end)
+        elif v == 1:
+            last = bops[-1]
+            launch = last.tp_end - (1.0 - ready) * (last.tp_end - last.start)
+        else:
+            ids = [last_of[int(c)] + k for c in sync.chunk]
+            launch = np.array([bops[j].tp_end if j < len(bops) else end for j in ids])
+        ends = serial_ends(launch, reduce)
+        done.append(max(end, float(ends.max(initial=end))))
+        bars += _chunk_bars(k, "reduce", sync.chunk, ends - reduce, ends)
+        if done[-1] > end:
+            bars.append(Event(f"stage {k}", "dp sync", end, done[-1]))
+        if overlap and sync.params.any():
+            fops = [op for op in ops if op.kind == "F"]
+            if v == 1:
+                f0 = fops[0]
+                need = f0.start + (1.0 - ready) * (f0.tp_end - f0.start)
+            else:
+                first = {c: min(op.start for op in fops if op.chunk == c) for c in range(v)}
+                need = np.array([first[int(c)] for c in sync.chunk])
+            g_ends = serial_ends(np.zeros(n), sync.params[::-1])[::-1]  # forward order
+            wait = max(wait, float(np.max(g_ends - need)))
+            bars += _chunk_bars(k, "gather", sync.chunk, g_ends - sync.params, g_ends)
+    return SyncLayout(wait, done, bars)
+
+
+def _chunk_bars(k: int, what: str, chunk, starts, ends) -> list[Event]:
+    """One hidden-stream bar per model chunk: its buckets' collectives, first to last."""
+    bars = []
+    for c in sorted(set(chunk.tolist())):
+        mine = chunk == c
+        if np.any(ends[mine] > starts[mine]):
+            lo, hi = float(starts[mine].min()), float(ends[mine].max())
+            bars.append(Event(f"stage {k} dp", f"dp {what} chunk {c}", lo, hi))
+    return bars
 
 
 def _name(op: Op, v: int) -> str:

@@ -65,7 +65,7 @@ def predict(
         report = layouts_timeline(setup, model, layouts, b["optimizer"])
         buckets, events = tuple(report.buckets), tuple(report.events)
         return prediction(setup, strategy, b, single, memory, buckets, events)
-    events = tuple(pipeline_events(layouts.row(0), b))
+    events = tuple(pipeline_events(layouts.row(0), b, model.dp.sync_plan(layouts, 0)))
     return prediction(setup, strategy, b, single, memory, events=events)
 
 

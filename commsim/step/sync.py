@@ -4,10 +4,13 @@ the last backward hides.
 The network stream runs the buckets one after another, each once it is ready and the one
 before it is done; a compressing comm hook encodes each bucket on the compute stream when it
 is ready (delaying the rest of the backward) and decodes after the backward, each once its
-exchange is done; the optimizer starts when everything is. `tail` is that schedule in closed
-form: the time from the end of the backward to the optimizer's start, as a function of the
-backward's length, which is all a search needs. timeline.schedule_streams lays the same
-schedule out event by event (the tests hold the two equal).
+exchange is done; the optimizer starts when everything is. `tail_of_leads` is that schedule in
+closed form: the time from the end of the backward to the optimizer's start, as a function of
+the backward's length (bucket i launched (1 - its ready fraction) x that length before the
+end), which is all a search needs. timeline.schedule_streams lays the same schedule out event
+by event (the tests hold the two equal). With each bucket's lead its model chunk's place in a
+pipeline's cool-down, the same closed form prices the chunks reducing during the cool-down
+and, read backwards in time, the parameter all-gathers a forward waits for (step.dpsync).
 """
 
 from __future__ import annotations
@@ -37,32 +40,38 @@ class BucketCosts:
     decode: np.ndarray
 
 
-def allreduce_costs(
+def allreduce_costs(*args) -> np.ndarray:
+    """Network seconds per bucket of a ZeRO 0-2 step, both of zero_costs' parts (its
+    arguments)."""
+    reduce, gather = zero_costs(*args)
+    return reduce + gather
+
+
+def zero_costs(
     price: Price,
     algorithm: str,
     nbytes: np.ndarray,
     expert: np.ndarray,
     zero: int,
     grad_bytes: int,
-) -> np.ndarray:
-    """Network seconds per bucket of a ZeRO 0-2 step: an all-reduce of the bucket (stage 0),
-    or a reduce-scatter of its gradients and an all-gather of its updated bf16 parameters,
-    the same volume (stages 1, 2; ZeRO Sec. 7). Reduce-scatter and all-gather run by ring
-    unless the algorithm names one of theirs."""
-    out = np.zeros(nbytes.shape)
+) -> tuple[np.ndarray, np.ndarray]:
+    """(gradient, parameter) network seconds per bucket of a ZeRO 0-2 step: an all-reduce of
+    the bucket and nothing (stage 0), or a reduce-scatter of its gradients and an all-gather
+    of its updated bf16 parameters, the same volume (stages 1, 2; ZeRO Sec. 7). Reduce-scatter
+    and all-gather run by ring unless the algorithm names one of theirs."""
+    reduce, gather = np.zeros(nbytes.shape), np.zeros(nbytes.shape)
     for e in (False, True):
         mine = expert == e
         if not mine.any():
             continue
         sizes = nbytes[mine]
         if zero == 0:
-            out[mine] = price("all-reduce", algorithm, sizes, e)
+            reduce[mine] = price("all-reduce", algorithm, sizes, e)
         else:
             params = sizes / grad_bytes
-            out[mine] = price("reduce-scatter", algorithm, sizes, e) + price(
-                "all-gather", algorithm, params * PARAM_WIRE_BYTES, e
-            )
-    return out
+            reduce[mine] = price("reduce-scatter", algorithm, sizes, e)
+            gather[mine] = price("all-gather", algorithm, params * PARAM_WIRE_BYTES, e)
+    return reduce, gather
 
 
 def compressed_costs(
@@ -127,7 +136,7 @@ class Tail:
     The first is the upper envelope of lines in x: `slopes` / `intercepts` keep only the
     lines on it for x >= 0 (a handful), so pricing many backward lengths is cheap."""
 
-    slopes: np.ndarray  # -(1 - f_i) of the envelope's lines
+    slopes: np.ndarray  # -(1 - f_i) of the envelope's lines (-lead_i: tail_of_leads)
     intercepts: np.ndarray
     serial: float  # C_0: the tail with overlap off
     encode: float  # sum of encodes: how much the hook stretches the backward
@@ -142,22 +151,24 @@ class Tail:
         return np.where(overlap, hidden, self.serial)
 
 
-def tail(costs: BucketCosts, ready: np.ndarray) -> Tail:
-    """The Tail of buckets with these costs, ready at these fractions of the backward."""
+def tail_of_leads(costs: BucketCosts, leads: np.ndarray) -> Tail:
+    """The Tail of buckets with these costs, bucket i launched leads[i] x before the end of
+    the (encode-stretched) backward, x the variable Tail.at takes: 1 - its ready fraction
+    under one backward of length x, or its model chunk's place in the cool-down
+    (step.dpsync)."""
     t, e, d = costs.network, costs.encode, costs.decode
     n = t.size
     if not np.all(np.isfinite(t)):  # an algorithm the group cannot run
         inf = np.array([np.inf])
         return Tail(np.zeros(1), inf, np.inf, float(e.sum()), np.inf, float(e.sum() + d.sum()))
-    decodes = np.concatenate([np.cumsum(d[::-1])[::-1], [0.0]])  # D_i, D_B = 0
-    chain = np.empty(n)
-    after = -np.inf
-    for i in range(n - 1, -1, -1):  # C_i = T_i + max(D_i, C_{i+1})
-        after = t[i] + max(decodes[i], after)
-        chain[i] = after
+    chain, decodes = _chain(t, d)
     later_encodes = np.concatenate([np.cumsum(e[::-1])[::-1][1:], [0.0]]) if n else e
-    slopes = np.concatenate([[0.0], -(1.0 - ready)])
+    slopes = np.concatenate([[0.0], -np.asarray(leads, dtype=float)])
     intercepts = np.concatenate([[decodes[0]], chain - later_encodes])
+    # of lines with one slope (a chunk's buckets) only the highest can be on the envelope
+    order = np.lexsort((intercepts, slopes))
+    last = np.r_[slopes[order][1:] != slopes[order][:-1], True]
+    slopes, intercepts = slopes[order][last], intercepts[order][last]
     keep = upper_envelope(slopes, intercepts)
     return Tail(
         slopes=slopes[keep],
@@ -167,6 +178,29 @@ def tail(costs: BucketCosts, ready: np.ndarray) -> Tail:
         network=float(t.sum()),
         codec=float(e.sum() + d.sum()),
     )
+
+
+def serial_time(costs: BucketCosts) -> float:
+    """Seconds from the backward's end to the optimizer's start when every bucket launches
+    then (overlap off): C_0 of Tail's recurrence."""
+    if not np.all(np.isfinite(costs.network)):
+        return np.inf
+    chain, _ = _chain(costs.network, costs.decode)
+    return float(chain[0]) if chain.size else 0.0
+
+
+def _chain(t: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(C_i, D_i) of Tail's recurrence: C_i = T_i + max(D_i, C_{i+1}), D_i the decodes from
+    bucket i on (D_B = 0); without decodes C_i is the network seconds from i on."""
+    decodes = np.concatenate([np.cumsum(d[::-1])[::-1], [0.0]])
+    if not d.any():
+        return np.cumsum(t[::-1])[::-1], decodes
+    chain = np.empty(t.size)
+    after = -np.inf
+    for i in range(t.size - 1, -1, -1):
+        after = t[i] + max(decodes[i], after)
+        chain[i] = after
+    return chain, decodes
 
 
 def upper_envelope(slopes: np.ndarray, intercepts: np.ndarray) -> np.ndarray:

@@ -149,10 +149,10 @@ def schedule_streams(
     backward_done += float(encoded_before[-1])
     ready = ready + encoded_before[:-1]
     launch = ready + enc if overlap else np.full(len(buckets), backward_done)
-    ends = _serial_ends(launch, times)
+    ends = serial_ends(launch, times)
     starts = ends - times
     # decode b starts at max(end of decode b-1, all-reduce b's end), after the backward
-    dec_ends = _serial_ends(np.maximum(ends, backward_done), dec)
+    dec_ends = serial_ends(np.maximum(ends, backward_done), dec)
     opt_start = float(max(ends.max(initial=backward_done), dec_ends.max(initial=backward_done)))
     step = opt_start + optimizer_s
 
@@ -230,7 +230,7 @@ def schedule_streams(
     )
 
 
-def _serial_ends(launch: np.ndarray, times: np.ndarray) -> np.ndarray:
+def serial_ends(launch: np.ndarray, times: np.ndarray) -> np.ndarray:
     """End times of jobs run in order on one stream: end_b = max(launch_b, end_{b-1}) + t_b,
     unrolled as max over j <= b of (launch_j + t_j + ... + t_b)."""
     done = np.cumsum(times)

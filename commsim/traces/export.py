@@ -32,7 +32,7 @@ step model schedules it, so a user without GPUs can feed other simulators.
   steps (Writer.ring, as step.model._context_parallel prices them); on one stage its
   replay is `predict`'s step.
 
-Not exported (one line each): context parallelism with full recomputation or ZeRO-3,
+Not exported (one line each): context parallelism with ZeRO-3,
 ZeRO-3 of expert parameters, hybrid sharding, compression, the parameter-server algorithm.
 """
 
@@ -42,10 +42,12 @@ import numpy as np
 
 from commsim.scenario import Setup, check_layout
 from commsim.specs import SpecError, Strategy
+from commsim.step.context import replays_attention
 from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.model import (
     ALL_TO_ALLS_FORWARD,
     cp_bytes,
+    cp_merge_bytes,
     ep_bytes,
     etp_bytes,
     send_bytes,
@@ -62,7 +64,6 @@ from commsim.traces.writer import Ring, Writer, Zero3, sync_start
 def _refuse(strategy: Strategy) -> None:
     for flag, bad in (
         ("--fsdp-shard", strategy.zero == 3 and bool(strategy.fsdp_shard)),
-        ("--cp with --recompute full", strategy.cp > 1 and strategy.recompute == "full"),
         ("--cp with --zero 3", strategy.cp > 1 and strategy.zero == 3),
         ("--etp", strategy.expert_tp != strategy.tp),  # a folded expert grid
         ("--compression", strategy.compression != "none"),
@@ -265,7 +266,11 @@ def _ring(model, L: Layouts, blocks: float) -> Ring:
     nbytes = float(cp_bytes(L, model.shape, model.workload.arch)[0])
     step = float(model.groups.price("send-recv", "cp", L, np.array([nbytes]))[0])
     core = float(model.compute(L).core_fwd[0]) / int(L.cp[0])
-    return Ring(int(round(blocks)), nbytes, step, core, int(L.cp[0]))
+    merge_f, merge_b = cp_merge_bytes(L, model.shape, model.workload.arch)
+    hbm = model.gpu.hbm_bandwidth
+    merge = (float(merge_f[0]) / hbm, float(merge_b[0]) / hbm)
+    replay = bool(replays_attention(L.recompute)[0])
+    return Ring(int(round(blocks)), nbytes, step, core, int(L.cp[0]), merge, replay)
 
 
 def _zero3(model, L: Layouts, blocks: float) -> Zero3:

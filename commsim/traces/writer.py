@@ -36,6 +36,8 @@ class Ring:
     step: float  # seconds of one transfer
     core: float  # seconds of a block's forward attention core, this rank's share per step
     cp: int
+    merge: tuple[float, float]  # seconds of merging a block's steps, forward and backward
+    replay: bool  # the backward replays the forward's ring first (recomputation)
 
 
 class Writer:
@@ -49,35 +51,48 @@ class Writer:
         self.stream: tuple[int, ...] = ()  # the last ZeRO-3 collective (one stream, in order)
 
     def ring(self, what, fwd: bool, compute: float, ring: Ring, ranks, rank: int, last):
-        """An op's compute as its blocks, each running cp - 1 ring steps before the rest
-        of its compute: a step sends this rank's chunk to the next rank (backward, then the
-        gradients' too), receives the previous rank's, and attends to the one it holds
-        (the core's share; backward ATTENTION_BACKWARD times it), the next step waiting for
-        all three."""
+        """An op's compute as its blocks, each running cp - 1 ring steps, the merge of the
+        steps' partial results through HBM, then the rest of its compute; a backward under
+        recomputation replays the forward's steps and merge first. A step sends this rank's
+        chunk to the next rank (backward, then the gradients' too), receives the previous
+        rank's, and attends to the one it holds (the core's share; backward
+        ATTENTION_BACKWARD times it), the next step waiting for all three."""
         pg = ranks.pg[("cp", rank)]
         members = ranks.groups[pg][1]
         at = members.index(rank)
-        nxt, prv = members[(at + 1) % ring.cp], members[(at - 1) % ring.cp]
-        sends = 1 if fwd else 2  # K and V; backward also their gradients
-        part = ring.core * (1.0 if fwd else ATTENTION_BACKWARD)
-        rest = compute / ring.blocks - (ring.cp - 1) * part
+        peers = members[(at + 1) % ring.cp], members[(at - 1) % ring.cp]
+        passes = [True] if fwd else [True, False] if ring.replay else [False]
+        part = {True: ring.core, False: ring.core * ATTENTION_BACKWARD}
+        merge = {True: ring.merge[0], False: ring.merge[1]}
+        rest = compute / ring.blocks - sum((ring.cp - 1) * part[p] for p in passes)
         if rest < 0:
             raise SpecError("--cp", "", "a block's attention outlasts its compute: not exported")
         kw = dict(op="send-recv", bytes=ring.nbytes, pg=pg)
         for b in range(ring.blocks):
-            for s in range(1, ring.cp):
-                step = f"{what} block {b} ring step {s}"
-                sent = last
-                for j in range(sends):
-                    sent = self.add("send", f"{step} send {j}", ring.step, sent, peer=nxt, **kw)
-                got = last
-                for j in range(sends):  # the ring is symmetric: the previous rank's send
-                    # lands when this rank's own j-th does
-                    landed = self.ends[sent[0] - (sends - 1 - j)]
-                    got = self.add("recv", f"{step} recv {j}", 0.0, got, landed, peer=prv, **kw)
-                core = self.add("comp", f"{step} attention", part, last)
-                last = (*sent, *got, *core)
+            for forward in passes:
+                name = f"{what} block {b}" + (" replay" if forward and not fwd else "")
+                last = self._steps(name, forward, part[forward], ring, peers, last, kw)
+                last = self.add("comp", f"{name} ring merge", merge[forward], last)
             last = self.add("comp", f"{what} block {b}", rest, last)
+        return last
+
+    def _steps(self, name, forward: bool, part: float, ring: Ring, peers, last, kw):
+        """A block's cp - 1 ring steps in one direction (forward: K and V; backward: also
+        their gradients)."""
+        nxt, prv = peers
+        sends = 1 if forward else 2
+        for s in range(1, ring.cp):
+            step = f"{name} ring step {s}"
+            sent = last
+            for j in range(sends):
+                sent = self.add("send", f"{step} send {j}", ring.step, sent, peer=nxt, **kw)
+            got = last
+            for j in range(sends):  # the ring is symmetric: the previous rank's send
+                # lands when this rank's own j-th does
+                landed = self.ends[sent[0] - (sends - 1 - j)]
+                got = self.add("recv", f"{step} recv {j}", 0.0, got, landed, peer=prv, **kw)
+            core = self.add("comp", f"{step} attention", part, last)
+            last = (*sent, *got, *core)
         return last
 
     def units(self, what, fwd: bool, compute: float, z3: Zero3, pg: str, before):

@@ -1,0 +1,66 @@
+"""Context parallelism's per-layer costs beyond the split compute: ring attention as
+Transformer Engine runs it for Megatron-core (--context-parallel-size, p2p K/V exchange;
+transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
+AttnFuncWithCPAndKVP2P, at NVIDIA/TransformerEngine d0067d0da).
+
+Each sequence is cut into 2 cp chunks, rank r holding chunks r and 2 cp - 1 - r (load
+balance under the causal mask), and attention runs as cp steps a layer: step i attends this
+rank's queries to the K/V chunk pair received i hops round the ring while the next pair is
+sent on. Per step, on the critical path of the slowest rank:
+- the K/V transfer, where it outlasts the step's share (1/cp) of the attention core; the
+  backward passes K, V and their gradients, against 2.5x the core (Liu et al. 2023,
+  "Ring Attention with Blockwise Transformers", arXiv:2310.01889: hidden when a block's
+  compute outlasts its transfer);
+- the merge of the steps' partial results, passes through HBM that attention without CP
+  does not make. Forward: step 0 writes its output into an fp32 accumulator
+  (flash_attn_fwd_out_correction_init: read 2, write 4 bytes an element), each later step
+  rescales it by the softmax log-sum-exps and adds its own (flash_attn_fwd_out_correction:
+  read the step's bf16 output 2, read and write the fp32 sum 4 + 4), and the sum is cast
+  back (read 4, write 2). Backward: each step's dQ, dK and dV are added into the running
+  gradients (bf16: read 2 + 2, write 2; step 0 copies: read 2, write 2). The last rank's
+  steps all cover its whole chunk pair, so it is the one priced.
+Recomputation that replays attention (selective or full) replays its steps too. Llama 3's
+context parallelism all-gathers K and V, then attends (arXiv:2407.21783 Sec. 3.3.2); it is
+priced as this scheme.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from commsim.step.compute import ATTENTION_BACKWARD
+
+MERGE_INIT = 2 + 4  # forward, step 0: read its bf16 output, write the fp32 accumulator
+MERGE_STEP = 2 + 4 + 4  # forward, later steps: read the step's output, read + write the sum
+MERGE_CAST = 4 + 2  # forward, after the last step: fp32 sum to bf16
+GRAD_COPY = 2 + 2  # backward, step 0: copy each gradient into its running buffer
+GRAD_ADD = 2 + 2 + 2  # backward, later steps: add each gradient into its running buffer
+
+
+def merge_bytes(cp, queries, keys) -> tuple[np.ndarray, np.ndarray]:
+    """HBM bytes per layer of merging cp steps' partial results on one GPU, forward and
+    backward, for `queries` query elements (b s/cp x heads / tp x head width) and `keys` key
+    (or value) elements; zero without context parallelism."""
+    cp = np.asarray(cp, dtype=float)
+    forward = (MERGE_INIT + (cp - 1.0) * MERGE_STEP + MERGE_CAST) * queries
+    backward = (GRAD_COPY + (cp - 1.0) * GRAD_ADD) * (queries + 2.0 * keys)
+    on = cp > 1
+    return np.where(on, forward, 0.0), np.where(on, backward, 0.0)
+
+
+def replays_attention(recompute) -> np.ndarray:
+    """Recomputation codes (step.memory.RECOMPUTE) that replay attention, its ring steps
+    with it: selective and full; op-level checkpointing keeps the attention's output."""
+    recompute = np.asarray(recompute)
+    return (recompute == 1) | (recompute == 2)
+
+
+def ring_attention(cp, step, core, merge_fwd, merge_bwd, hbm: float):
+    """Seconds a layer of ring attention adds per micro-batch, forward and backward: the
+    K/V transfers a step's attention cannot hide (cp - 1 of them, `step` seconds each, the
+    core's forward `core` seconds for the whole chunk pair) and the merges' HBM bytes at
+    `hbm` bytes/s."""
+    share = core / cp
+    fwd = (cp - 1) * np.maximum(step - share, 0.0) + merge_fwd / hbm
+    bwd = (cp - 1) * np.maximum(2.0 * step - ATTENTION_BACKWARD * share, 0.0) + merge_bwd / hbm
+    return fwd, bwd
