@@ -254,9 +254,17 @@ def _check_experts(setup: Setup, strategy: Strategy) -> None:
         )
 
 
+def check_pins(w: Workload, strategy: Strategy, pins: set[str], src: str) -> None:
+    """The strategy fields a search holds (`pins`) against the model's own limits
+    (check_model_axes), the other fields at their defaults: a pin no layout can take."""
+    pinned = {k: getattr(strategy, k) for k in pins if k in Strategy.model_fields}
+    check_model_axes(w, Strategy(**pinned), src)
+
+
 def check_model_axes(w: Workload, strategy: Strategy, src: str) -> None:
     """The model's own limits on the degrees, whatever the GPU count: tp divides the attention
-    heads, pp at most the layers, ep divides the experts (SpecError)."""
+    heads, pp at most the layers, ep divides the experts, expert flags need experts
+    (SpecError)."""
     blocks = sum(layer.name.startswith("block.") for layer in w.layers)
     if w.heads is not None and w.heads % strategy.tp:
         raise SpecError(
@@ -268,6 +276,8 @@ def check_model_axes(w: Workload, strategy: Strategy, src: str) -> None:
         raise SpecError(src, "strategy.pp", f"{strategy.pp} pipeline stages for {blocks} layers")
     if strategy.ep > 1 and not w.moe:
         raise SpecError(src, "strategy.ep", f"expert parallelism needs experts; {w.name} has none")
+    if strategy.ep_overlap and not w.moe:
+        raise SpecError(src, "strategy.ep_overlap", f"needs expert all-to-alls; {w.name} has none")
     if strategy.ep > 1 and w.experts % strategy.ep:
         raise SpecError(
             src, "strategy.ep", f"{strategy.ep} does not divide the model's {w.experts} experts"
@@ -283,6 +293,8 @@ def _check_kernels(setup: Setup, strategy: Strategy) -> None:
         raise SpecError(src, "strategy.precision", f"{setup.gpu.name} has no FP8 tensor cores")
     if strategy.tp_overlap and strategy.tp == 1:
         raise SpecError(src, "strategy.tp_overlap", "needs tensor parallelism (tp > 1)")
+    if strategy.ep_overlap and strategy.ep == 1:
+        raise SpecError(src, "strategy.ep_overlap", "needs expert parallelism (ep > 1)")
     if strategy.fsdp_shard is not None:
         if strategy.zero != 3:
             raise SpecError(src, "strategy.fsdp_shard", "hybrid sharding is ZeRO-3 (FSDP)")

@@ -357,6 +357,9 @@ class Strategy(Spec):
     precision: Literal["bf16", "fp8"] = "bf16"  # the blocks' GEMMs (Transformer Engine FP8)
     flash_attention: bool = True  # fused attention: no s x s scores kept, causal half computed
     tp_overlap: bool = False
+    # the expert all-to-alls run under another micro-batch's compute (Megatron-core's
+    # --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)
+    ep_overlap: bool = False
     # how ZeRO-3 keeps its shards: bf16 weights beside an fp32 master copy ("zero": DeepSpeed,
     # Megatron) or fp32 weights that are the master ("fsdp": PyTorch FSDP, step.memory._states)
     states: Literal["zero", "fsdp"] = (

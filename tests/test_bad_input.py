@@ -123,8 +123,13 @@ def test_petabyte_sizes_in_both_spellings():
         (("predict", "--zero", "3", "--bucket-mb", "50"), "--bucket-mb 50.0: ZeRO-3/FSDP"),
         (("predict", "--zero", "3", "--compression", "int8"), "--compression int8: a DDP comm"),
         (("calibrate", "fit", "r.jsonl", "--cluster", "x", "-o", "/no/p.yaml"), "-o '/no/p.yaml'"),
-        (("plan", "--tp", "3"), "--tp 3: tp x pp x cp = 3 x 1 x 1 does not divide the 64"),
-        (("plan", "--pp", "100"), "--pp 100: tp x pp x cp = 1 x 100 x 1 does not divide"),
+        (("plan", "--tp", "3"), "--tp 3: 3 does not divide the model's 25 attention heads"),
+        (
+            ("plan", "--tp", "5", "--gpus", "32"),
+            "--tp 5: tp x pp x cp = 5 x 1 x 1 does not divide the 32",
+        ),
+        (("plan", "--pp", "100"), "--pp 100: 100 pipeline stages for 48 layers"),
+        (("plan", "--pp", "3"), "--pp 3: tp x pp x cp = 1 x 3 x 1 does not divide"),
         (("plan", "--cluster", "dgx-a100-ib", "--pp", "64"), "--pp 64: 64 pipeline stages for 48"),
         (
             ("plan", "--tokens", "1e9", "--gpus", "8:1000000000"),

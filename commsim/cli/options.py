@@ -164,6 +164,13 @@ TpOverlapOpt = Annotated[
     bool | None,
     typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap tensor-parallel comm with GEMMs."),
 ]
+EpOverlapOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--ep-overlap/--no-ep-overlap",
+        help="Hide expert all-to-alls under another micro-batch's compute (DualPipe-style).",
+    ),
+]
 TokensOpt = Annotated[float | None, typer.Option(help="Training tokens, for time to train.")]
 ProfileOpt = Annotated[
     str | None, typer.Option(help="Calibration profile (commsim calibrate fit) for the cluster.")

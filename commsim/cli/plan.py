@@ -12,6 +12,7 @@ from commsim.cli.options import (
     ClusterOpt,
     CsvOpt,
     DeepSpeedOpt,
+    EpOverlapOpt,
     ErrorFeedbackOpt,
     FirstLayersOpt,
     FlashOpt,
@@ -129,6 +130,7 @@ def plan_cmd(
     precision: PrecisionOpt = None,
     flash_attention: FlashOpt = None,
     tp_overlap: TpOverlapOpt = None,
+    ep_overlap: EpOverlapOpt = None,
     deepspeed: DeepSpeedOpt = None,
     tokens: TokensOpt = None,
     price_per_gpu_hour: PriceOpt = None,
@@ -147,6 +149,7 @@ def plan_cmd(
     x overlap x placement x compression) and, for transformers, data x tensor x pipeline
     layouts (micro-batch, ZeRO, recomputation, interleaving, bucket, algorithm, overlap)."""
     from commsim.files import check_output
+    from commsim.scenario import check_pins
 
     training = dict(  # the same in both modes
         global_batch=global_batch,
@@ -183,6 +186,7 @@ def plan_cmd(
         fsdp_shard=fsdp_shard,
         precision=precision,
         tp_overlap=tp_overlap,
+        ep_overlap=ep_overlap,
     )
     stack = dict(flash_attention=flash_attention)  # every searched layout runs it, none searched
     one_cluster = dict(
@@ -238,6 +242,7 @@ def plan_cmd(
         )
         setup, traced = with_trace(setup, trace, trace_tp, trace_pp, trace_micro_batch)
         pinned = pins | ({"interleave"} if layers_per_virtual_stage else set())
+        check_pins(setup.workload, setup.scenario.strategy, pinned, setup.source)
         result, sweep = _search(setup, pinned, plot)
         doc = plan_show.plan_doc(setup, result, sweep) | ({"trace": traced} if traced else {})
         if not doc["candidates"]:

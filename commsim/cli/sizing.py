@@ -119,16 +119,14 @@ def _limits(deadline: str | None, budget: float | None) -> tuple[float | None, f
 
 
 def _check_sizes(sizes: list[int], spec: Any, source: str, pins: set[str]) -> None:
-    """Refuse, before any work, pins the model cannot take at any size (check_model_axes)
+    """Refuse, before any work, pins the model cannot take at any size (check_pins)
     and a size no layout can use: more GPUs than global batch x attention heads x layers
     (dp <= global batch, tp divides the heads, pp <= layers), or than MAX_SIZING_GPUS."""
-    from commsim.scenario import check_model_axes
-    from commsim.specs import Strategy
+    from commsim.scenario import check_pins
     from commsim.workload.presets import build_workload
 
     w = build_workload(spec.model, spec.seq_len, source)
-    pinned = {k: getattr(spec.strategy, k) for k in pins if k in Strategy.model_fields}
-    check_model_axes(w, Strategy(**pinned), source)
+    check_pins(w, spec.strategy, pins, source)
     blocks = sum(layer.name.startswith("block.") for layer in w.layers)
     most = spec.global_batch * (w.heads or 1) * max(blocks, 1)
     if sizes[-1] > min(most, MAX_SIZING_GPUS):

@@ -256,6 +256,7 @@ def enumerate_layouts(
         grad_dtype=GRAD_DTYPES.index(base.grad_dtype),
         flash=base.flash_attention,
         fsdp_states=base.states == "fsdp",
+        ep_overlap=base.ep_overlap & (cols["ep"] > 1),  # where there are all-to-alls
         zero3_issue=ZERO3_ISSUES.index(base.zero3_issue),  # the stack's, as its dtype
     )
 

@@ -50,6 +50,7 @@ _DEFAULTS: dict[str, Any] = {
     "fp8": False,
     "flash": True,
     "tp_overlap": False,
+    "ep_overlap": False,
     "fsdp_shard": 0,
     "zero3_issue": 0,
     "order": 0,
@@ -87,6 +88,7 @@ class Layouts:
     fp8: np.ndarray  # the blocks' linear layers in FP8 (Transformer Engine)
     flash: np.ndarray  # FlashAttention (fused attention: no s x s scores kept)
     tp_overlap: np.ndarray  # tensor-parallel collectives overlapped with the GEMMs
+    ep_overlap: np.ndarray  # expert all-to-alls under another micro-batch's compute
     fsdp_shard: np.ndarray  # ZeRO-3 shards over groups of this many dp ranks (0: all of dp)
     zero3_issue: np.ndarray  # code into ZERO3_ISSUES: how ZeRO-3 issues its collectives
     order: np.ndarray  # code into RANK_ORDERS
@@ -107,7 +109,8 @@ class Layouts:
         values = [np.asarray(columns.get(n, _DEFAULTS[n])) for n in names]
         arrays = np.broadcast_arrays(*(np.atleast_1d(v) for v in values))
         types = {"bucket_mb": float, "first_bucket_mb": float}
-        flags = ("overlap", "error_feedback", "fp8", "flash", "tp_overlap", "fsdp_states")
+        flags = ("overlap", "error_feedback", "fp8", "flash", "tp_overlap", "ep_overlap")
+        flags += ("fsdp_states",)
         types |= {k: bool for k in flags}
         cast = {n: a.astype(types.get(n, np.int64)) for n, a in zip(names, arrays, strict=True)}
         return cls(**cast, compressions=tuple(compressions))
@@ -147,6 +150,7 @@ class Layouts:
             fp8=col(lambda s: s.precision == "fp8"),
             flash=col(lambda s: s.flash_attention),
             tp_overlap=col(lambda s: s.tp_overlap),
+            ep_overlap=col(lambda s: s.ep_overlap),
             fsdp_shard=col(lambda s: s.fsdp_shard or 0),
             zero3_issue=col(lambda s: ZERO3_ISSUES.index(s.zero3_issue)),
             order=col(lambda s: RANK_ORDERS.index(s.order)),
@@ -232,6 +236,7 @@ _STRATEGY_FIELDS = (
     "grad_dtype",
     "cp",
     "tp_overlap",
+    "ep_overlap",
     "zero3_issue",
     "order",
 )

@@ -176,7 +176,7 @@ class StepModel:
         c = self.compute(L)
         tp_f, tp_b = self._tensor_parallel(L, c)
         cp_f, cp_b = self._context_parallel(L, c)
-        ep_f, ep_b = self._expert_parallel(L, c.blocks)
+        ep_f, ep_b = self._expert_parallel(L, c)
         z3_net, z3_exposed = fsdp_per_micro_batch(self, L, c)
         send = np.where(pp == 1, 0.0, self._sends(L))  # one hand-off
         p2p = send * v
@@ -307,7 +307,7 @@ class StepModel:
         fwd, bwd = ring_attention(L.cp, step, c.core_fwd, merge_f, merge_b, hbm)
         return c.blocks * fwd, c.blocks * (bwd + np.where(replays_attention(L.recompute), fwd, 0))
 
-    def _expert_parallel(self, L: Layouts, blocks: np.ndarray):
+    def _expert_parallel(self, L: Layouts, c: Compute):
         """Seconds of the expert layers' collectives per micro-batch, forward and backward:
         per MoE layer one all-to-all dispatches tokens to their experts and one combines
         them back, again backward (and with a full recompute's replayed forward). Each GPU
@@ -317,15 +317,26 @@ class StepModel:
         the tokens over tp. With expert tensor parallelism (etp > 1) the received copies are
         all-gathered over the etp group before the experts and reduce-scattered after them
         (Megatron-core's all-to-all dispatcher), priced as an all-reduce of the gathered
-        bytes as tensor parallelism's are. ep = etp = 1: all experts are local."""
+        bytes as tensor parallelism's are. ep = etp = 1: all experts are local. With
+        ep_overlap, a micro-batch's all-to-alls run under another's compute (Megatron-core's
+        1F1B A2A overlap merges one micro-batch's forward with another's backward; DeepSeek-V3's
+        DualPipe, arXiv:2412.19437 Sec. 3.2.1, pairs chunks the same way): only what outlasts
+        a micro-batch's forward and backward shows, and only with two micro-batches or more."""
         sh = self.shape
         if not sh.routed:
             zero = np.zeros(len(L))
             return zero, zero
         a2a = self.groups.price("all-to-all", "ep", L, ep_bytes(L, sh))
         gather = self.groups.price("all-reduce", "etp", L, etp_bytes(L, sh))
-        forward = sh.moe_share * blocks * (ALL_TO_ALLS_FORWARD * a2a + gather)
-        return forward, forward * np.where(L.recompute == 2, 2.0, 1.0)
+        forward = sh.moe_share * c.blocks * ALL_TO_ALLS_FORWARD * a2a
+        backward = forward * np.where(L.recompute == 2, 2.0, 1.0)
+        both = forward + backward
+        hides = L.ep_overlap & (L.micro_batches > 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            shown = np.where(hides, np.maximum(both - c.forward - c.backward, 0.0) / both, 1.0)
+        shown = np.where(both > 0, shown, 1.0)
+        etp = sh.moe_share * c.blocks * gather
+        return forward * shown + etp, backward * shown + etp * np.where(L.recompute == 2, 2, 1)
 
     def _sends(self, L: Layouts) -> np.ndarray:
         """Seconds of one activation hand-off between neighbouring stages: each micro-batch
