@@ -272,7 +272,7 @@ def subsets(rows: list[Row]) -> dict[str, list[Row]]:
         "Megatron PTD-P with pp > 1 (Narayanan Tables 1-2)": [
             r for r in rows if r.id.startswith("sc21") and r.pp > 1
         ],
-        "H100-era rows": [r for r in rows if r.gpu in ("h100", "h200")],
+        "H100-era rows (Hopper)": [r for r in rows if r.gpu.startswith(("h100", "h200", "h800"))],
     }
     return {name: sub for name, sub in families.items() if sub}
 
