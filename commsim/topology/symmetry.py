@@ -200,15 +200,15 @@ def _quotient(cluster: Cluster, paths, used, flow_pairs, link_pairs) -> Reductio
     """Representatives, orbit sizes and hop weights from the accepted symmetries."""
     n_orbits, orbit = _components(paths.shape[0], flow_pairs)
     reps, flow_size = _first_of(orbit, n_orbits), np.bincount(orbit)
-    _, link_label = _components(cluster.capacity.size, link_pairs)
-    present = np.zeros(link_label.max() + 1, dtype=bool)
-    present[link_label[used]] = True
-    renumber = np.cumsum(present) - 1  # link orbits in use, numbered 0..
-    link_orbit = renumber[link_label[used]]
+    # a symmetry carries the links in use onto links in use: their orbits, numbered 0..
+    position = np.full(cluster.capacity.size, -1, dtype=np.int64)
+    position[used] = np.arange(used.size)
+    moved = [(position[a], position[b]) for a, b in link_pairs]
+    n_link_orbits, link_orbit = _components(used.size, moved)
     of_link = np.full(cluster.capacity.size, -1, dtype=np.int64)
     of_link[used] = link_orbit
-    link_size = np.bincount(link_orbit)
-    first = used[_first_of(link_orbit, link_size.size)]
+    link_size = np.bincount(link_orbit, minlength=n_link_orbits)
+    first = used[_first_of(link_orbit, n_link_orbits)]
     rep_paths = paths[reps]
     hop = rep_paths >= 0
     quotient = np.where(hop, of_link[np.where(hop, rep_paths, 0)], -1)
