@@ -10,6 +10,7 @@ the step (alpha_with_fanin): an endpoint sends and receives its messages one by 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -235,22 +236,50 @@ FLUID_BAND = 0.05  # flows finishing within 5% of the first are released togethe
 FLUID_ROUNDS = 4
 
 
+def grid_step_time(cluster: Cluster, gpu: np.ndarray, src, dst, nbytes, rail) -> float:
+    """step_time of every group (a row of gpu: its GPUs in rank order) running one step,
+    ranks src -> dst with nbytes on rail. Keyed by the grid and the step's ranks, so a
+    step asked again (at another size, or by another op with the same flows) builds no
+    flows: at 131,072 GPUs most of a plan's questions are such repeats."""
+    src, dst, shape, scale = _unit_step(src, dst, nbytes)
+    if src.size == 0:
+        return 0.0
+    rail = np.full(src.shape, -1, dtype=np.int64) if rail is None else np.asarray(rail)
+    key = _digest(b"grid", gpu, src, dst, rail, shape)
+    if key not in cluster.solved_steps:
+        flows = (gpu[:, src].ravel(), gpu[:, dst].ravel(), np.tile(rail, gpu.shape[0]))
+        _store(cluster, key, _solved(cluster, *flows, np.tile(shape, gpu.shape[0])))
+    pairs = cluster.solved_steps[key]
+    return float(np.max(pairs[:, 0] + scale * pairs[:, 1]))
+
+
+def _digest(*parts) -> bytes:
+    """A 128-bit digest of arrays' contents, read in place (no copies of the flows)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else np.ascontiguousarray(part).data)
+    return digest.digest()
+
+
+def _store(cluster: Cluster, key: bytes, pairs: np.ndarray) -> None:
+    """Cache a step's slowest flows, the oldest steps leaving first past the limits."""
+    cache = cluster.solved_steps
+    while cache and (
+        len(cache) >= _CACHE_SIZE
+        or sum(v.shape[0] for v in cache.values()) + pairs.shape[0] > _CACHE_PAIRS
+    ):
+        del cache[next(iter(cache))]
+    cache[key] = pairs
+
+
 def _solved(cluster, src, dst, rail, shape) -> np.ndarray:
     """The step's slowest flows at every scale, (latency, finishing time at unit scale)
     rows (_frontier), cached on the cluster: a symmetric step has a few, so the cache
     holds hundreds of steps at 131,072 GPUs rather than dozens."""
-    parts = (src, dst, np.full(src.shape, -1) if rail is None else np.asarray(rail), shape)
-    key = hash(b"".join(np.ascontiguousarray(a).tobytes() for a in parts))
-    cache = cluster.solved_steps
-    if key not in cache:
-        pairs = _frontier(*_solve(cluster, src, dst, rail, shape))
-        while cache and (
-            len(cache) >= _CACHE_SIZE
-            or sum(v.shape[0] for v in cache.values()) + pairs.shape[0] > _CACHE_PAIRS
-        ):
-            del cache[next(iter(cache))]
-        cache[key] = pairs
-    return cache[key]
+    key = _digest(src, dst, np.full(src.shape, -1) if rail is None else np.asarray(rail), shape)
+    if key not in cluster.solved_steps:
+        _store(cluster, key, _frontier(*_solve(cluster, src, dst, rail, shape)))
+    return cluster.solved_steps[key]
 
 
 def _frontier(lat: np.ndarray, unit: np.ndarray) -> np.ndarray:
