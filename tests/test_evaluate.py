@@ -110,3 +110,21 @@ def test_evaluate_takes_any_step_time():
     # a step costing 1 s: (3 chunks + 3 stages - 1) rounds
     assert evaluate(steps, None, np.arange(4), lambda *args: 1.0) == 5.0
     assert evaluate([], None, np.arange(1)) == 0.0
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "hierarchical", "rhd"])
+def test_asking_by_the_grid_equals_asking_by_the_flows(algorithm):
+    # grid_step_time (the routed default, keyed by the groups and the step's ranks) gives
+    # what routing every group's flows gives, bit for bit, at every size and again
+    from commsim.topology.routing import step_time
+
+    c = make_cluster(nodes=8, gpus_per_node=4, nics=2, nodes_per_leaf=2, routing="hash")
+    gpus = np.arange(32).reshape(4, 8).T.copy()  # 8 groups of 4, one GPU a node each
+    gpus = np.arange(32).reshape(2, 16) if algorithm == "hierarchical" else gpus
+    kw = dict(gpus_per_node=4, channels=2) if algorithm == "hierarchical" else {}
+    for size in (0.0, 1e3, 2.0**20, 2.0**28, 2.0**20):
+        fast = graph_time("all-reduce", algorithm, size, c, gpus, **kw)
+        flows = graph_time(
+            "all-reduce", algorithm, size, c, gpus, step_time=lambda *a: step_time(*a), **kw
+        )
+        assert fast == flows

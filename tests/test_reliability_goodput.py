@@ -221,3 +221,20 @@ def test_no_failures_no_badput(jobs):
     assert analytical_goodput(m) == (1.0, {})
     assert simulate(m, DAY, runs=1).goodput == 1.0
     assert ck.goodput(100.0, 1.0, 0.0, 1e15, [(1.0, 60.0)]) == pytest.approx(100 / 101)
+
+
+def test_nodes_out_equal_the_dense_convolution():
+    # kinds that take 1, 4 and 64 nodes out at once: the sparse sum of shifted copies
+    # gives what a convolution with the whole (mostly zero) kernel gives
+    repairs = [(2.0 / 3600, 1.0, 10 * 3600.0), (0.3 / 3600, 4.0, 6 * 3600.0)]
+    repairs += [(0.01 / 3600, 64.0, 24 * 3600.0)]
+    n = nodes_out_pmf(repairs).size - 1
+    pmf = np.zeros(n + 1)
+    pmf[0] = 1.0
+    for rate, b, repair_s in repairs:
+        k = np.arange(n // int(b) + 1)
+        kernel = np.zeros(n + 1)
+        kernel[k * int(b)] = poisson.pmf(k, rate * repair_s)
+        pmf = np.convolve(pmf, kernel)[: n + 1]
+    assert nodes_out_pmf(repairs) == pytest.approx(pmf, rel=1e-12, abs=1e-300)
+    assert pmf.sum() == pytest.approx(1.0, abs=1e-12)

@@ -8,7 +8,11 @@ import pytest
 from typer.testing import CliRunner
 
 from commsim.cli.app import app
+from commsim.planner.plan import plan
+from commsim.planner.search import enumerate_layouts, search
 from commsim.planner.sizing import SizingRow, pareto_front, pick_size
+from commsim.scenario import load_scenario, resolve
+from commsim.step.predict import step_model
 
 
 class _Best:
@@ -116,3 +120,23 @@ def test_a_size_without_a_layout_says_why_and_no_deadline_is_blamed():
     empty = CliRunner().invoke(app, ["plan", "--gpus", "8:16", "--tokens", "1e9", "--pp", "32"])
     assert "no size has a layout that runs" in empty.output
     assert "deadline" not in empty.output
+
+
+@pytest.mark.parametrize("model", ["llama3-8b", "gpt2-xl"])
+def test_the_best_alone_is_the_full_searchs_best(model):
+    # best_only prices the layouts in order of their no-network bound and stops once the
+    # bound passes the best: the same winner as pricing all of them, from fewer layouts;
+    # and the bound is below every layout's step
+    sc, src = load_scenario(None, dict(model=model, cluster="dgx-h100-ib", gpus=64))
+    setup = resolve(sc.model_copy(update={"global_batch": 256}), src, check=False)
+    whole = plan(setup, setup.scenario.strategy, set())
+    alone = plan(setup, setup.scenario.strategy, set(), best_only=True)
+    assert alone.ranked[0].strategy == whole.ranked[0].strategy
+    assert alone.ranked[0].step_time_s == whole.ranked[0].step_time_s
+    assert (alone.searched, alone.fitting) == (whole.searched, whole.fitting)
+    model = step_model(setup)
+    layouts = enumerate_layouts(setup, {}, setup.scenario.strategy)
+    found = search(model, layouts)
+    bound = model.step_bound(layouts.take(found.fitting))
+    assert (bound <= found.breakdown.step).all()
+    assert len(search(model, layouts, best_only=True).fitting) < len(found.fitting)

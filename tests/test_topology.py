@@ -200,3 +200,17 @@ def test_too_many_gpus_and_disconnected_fabric():
 def test_builds_only_the_nodes_a_job_needs():
     c = build_cluster(make_spec(nodes=8, gpus_per_node=8), 20)
     assert c.n_nodes == 3 and c.n_gpus == 24
+
+
+@pytest.mark.parametrize("routing", ["hash", "balanced"])
+def test_step_time_is_the_slowest_flow_at_every_scale(routing):
+    # step_time keeps a step's slowest flows (latency vs time a byte) once, then scales
+    # them: the same as the slowest of every flow's time, bit for bit, at every size
+    c = make_cluster(nodes=8, gpus_per_node=2, nics=1, nodes_per_leaf=2, routing=routing)
+    rng = np.random.default_rng(3)
+    src = rng.integers(0, c.n_gpus, 200)
+    dst = rng.integers(0, c.n_gpus, 200)
+    shape = rng.choice([1.0, 0.5, 0.25], 200)
+    for scale in (0.0, 1.0, 2.0**20, 3e9):
+        whole = float(np.max(flow_times(c, src, dst, shape * scale)))
+        assert step_time(c, src, dst, shape * scale) == whole

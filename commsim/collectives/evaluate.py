@@ -32,7 +32,7 @@ from commsim.collectives.algorithms.base import (
     pipeline_time,
 )
 from commsim.topology.build import Cluster
-from commsim.topology.routing import alpha_with_fanin
+from commsim.topology.routing import alpha_with_fanin, grid_step_time
 from commsim.topology.routing import step_time as routed_step_time
 
 StepTimeFn = Callable[..., float]
@@ -172,7 +172,10 @@ def evaluate(
 
 
 def _concurrent(step_time: StepTimeFn, cluster: Cluster, gpu: np.ndarray, s: Step, scale=1.0):
-    """One step run by every group (row of gpu) at once."""
+    """One step run by every group (row of gpu) at once (the routed default asked by the
+    grid and the step: grid_step_time)."""
+    if step_time is routed_step_time:
+        return grid_step_time(cluster, gpu, s.src, s.dst, s.nbytes * scale, s.rail)
     groups = gpu.shape[0]
     return step_time(
         cluster,

@@ -36,23 +36,25 @@ def plan(
     pinned: set[str],
     keep: int = KEEP,
     on_progress: Callable[[int, int], None] | None = None,
+    best_only: bool = False,
 ) -> PlanResult:
     """Search every layout with the `pinned` strategy fields (and "micro_batch") held at
-    base's (the scenario's) values, and return the best `keep` as predictions."""
+    base's (the scenario's) values, and return the best `keep` as predictions; with
+    `best_only` the fastest alone, pricing only the layouts that may be it (search)."""
     pins = {k: getattr(base, k) for k in pinned if k in Strategy.model_fields}
     if "micro_batch" in pinned:
         pins["micro_batch"] = setup.scenario.micro_batch
     model = step_model(setup)
     layouts = enumerate_layouts(setup, pins, base)
-    found = search(model, layouts, on_progress)
+    found = search(model, layouts, on_progress, best_only)
     result = PlanResult(
         ranked=[
             _prediction(setup, model, found, int(k), base, gantt=n == 0)
-            for n, k in enumerate(found.ranked[:keep])
+            for n, k in enumerate(found.ranked[: 1 if best_only else keep])
         ],
         searched=found.searched,
-        skipped=found.searched - len(found.ranked),
-        fitting=len(found.fitting),
+        skipped=found.dropped + len(found.fitting) - len(found.ranked),
+        fitting=int(found.fits.sum()),
     )
     result.notes = _notes(setup, found, pins)
     return result
@@ -104,7 +106,7 @@ def _notes(setup: Setup, found: SearchResult, pins: dict) -> list[str]:
             + f" at global batch {s.global_batch}"
         )
     if found.dropped:
-        dropped = np.setdiff1d(np.arange(found.searched), found.fitting)
+        dropped = np.nonzero(~found.fits)[0]
         smallest = found.layouts.take(dropped[[np.argmin(found.memory[dropped])]])
         variant = _at_micro_batch(setup, int(smallest.micro_batch[0]))
         why = layout_memory(variant, smallest.strategy(0, setup.scenario.strategy))

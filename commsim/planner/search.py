@@ -16,7 +16,7 @@ all-reduces and two bucket caps. Memory drops what does not fit before the step 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,7 @@ NCCL_ALGORITHMS = ("ring", "tree")  # what NCCL picks between for all-reduce
 COMPRESSIONS = ("none", "fp16", "int8", "topk:0.01", "topk:0.05+int8", "powersgd:4", "sign")
 LOSSLESS_ENOUGH = ("none", "fp16", "bf16")  # everything else is searched with error feedback
 CHUNK = 50_000  # layouts priced per pass (bounds memory; a progress bar counts them)
+BEST_FIRST_CHUNK = 2_000  # per pass when only the best is kept: the bound prunes between
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,11 @@ class SearchResult:
     """All layouts searched, the prices of those that fit, and those best first."""
 
     layouts: Layouts
-    fitting: np.ndarray  # indices (into layouts) of the layouts that fit in memory
+    fitting: np.ndarray  # indices (into layouts) of the layouts that fit and were priced
     breakdown: StepBreakdown  # of layouts.take(fitting)
     ranked: np.ndarray  # indices into `fitting` of the runnable ones, best first
     memory: np.ndarray  # bytes per GPU of every layout
+    fits: np.ndarray  # whether each layout fits in memory (all priced but with best_only)
 
     @property
     def searched(self) -> int:
@@ -68,7 +70,7 @@ class SearchResult:
     @property
     def dropped(self) -> int:
         """Layouts that do not fit in GPU memory."""
-        return self.searched - len(self.fitting)
+        return self.searched - int(self.fits.sum())
 
 
 def _divisors(n: int) -> list[int]:
@@ -315,18 +317,57 @@ def _with_hybrid_sharding(cols: dict[str, np.ndarray], pins: dict[str, Any], gpn
     return out
 
 
-def search(model: StepModel, layouts: Layouts, on_progress=None) -> SearchResult:
+def search(
+    model: StepModel, layouts: Layouts, on_progress=None, best_only: bool = False
+) -> SearchResult:
     """Drop the layouts that do not fit in GPU memory, price the rest (in chunks, calling
     on_progress(done, total) after each), rank the runnable ones by step time (a layout
-    whose algorithm cannot run on its groups costs inf)."""
+    whose algorithm cannot run on its groups costs inf). With `best_only` (a planner that
+    keeps the fastest alone) only the layouts that may beat the best are priced
+    (_best_first): the fastest is the same, ties broken alike."""
     memory = model.memory(layouts)
-    fitting = np.nonzero(memory <= model.usable)[0]
-    parts = []
-    for lo in range(0, len(fitting), CHUNK):
-        parts.append(model.evaluate(layouts.take(fitting[lo : lo + CHUNK])))
-        if on_progress:
-            on_progress(min(lo + CHUNK, len(fitting)), len(fitting))
-    breakdown = StepBreakdown.concat(parts) if parts else model.evaluate(layouts.take(fitting))
+    fits = memory <= model.usable
+    fitting = np.nonzero(fits)[0]
+    if best_only:
+        fitting, breakdown = _best_first(model, layouts, fitting, on_progress)
+    else:
+        parts = []
+        for lo in range(0, len(fitting), CHUNK):
+            parts.append(model.evaluate(layouts.take(fitting[lo : lo + CHUNK])))
+            if on_progress:
+                on_progress(min(lo + CHUNK, len(fitting)), len(fitting))
+        breakdown = StepBreakdown.concat(parts) if parts else model.evaluate(layouts.take(fitting))
     runnable = np.nonzero(np.isfinite(breakdown.step))[0]
     ranked = runnable[np.argsort(breakdown.step[runnable], kind="stable")]
-    return SearchResult(layouts, fitting, breakdown, ranked, memory)
+    return SearchResult(layouts, fitting, breakdown, ranked, memory, fits)
+
+
+def _best_first(
+    model: StepModel, layouts: Layouts, fitting: np.ndarray, on_progress
+) -> tuple[np.ndarray, StepBreakdown]:
+    """Price the fitting layouts in order of a lower bound on their step (StepModel.
+    step_bound: no network), BEST_FIRST_CHUNK at a time, leaving out every layout whose
+    bound passes the fastest step priced so far: it can neither beat nor tie the fastest.
+    Returns the priced ones (ascending, as `fitting`) and their breakdown."""
+    bound = model.step_bound(layouts.take(fitting))
+    order = np.argsort(bound, kind="stable")
+    best, taken, parts = np.inf, [], []
+    for lo in range(0, len(order), BEST_FIRST_CHUNK):
+        chunk = order[lo : lo + BEST_FIRST_CHUNK]
+        chunk = chunk[bound[chunk] <= best]
+        if chunk.size == 0:
+            break  # bounds ascend: every later layout's passes the best too
+        part = model.evaluate(layouts.take(fitting[chunk]))
+        best = min(best, float(part.step.min()))
+        taken.append(chunk)
+        parts.append(part)
+        if on_progress:
+            on_progress(min(lo + BEST_FIRST_CHUNK, len(order)), len(order))
+    if not parts:
+        return fitting, model.evaluate(layouts.take(fitting))
+    priced = np.concatenate(taken)
+    back = np.argsort(priced)
+    both = StepBreakdown.concat(parts)
+    return fitting[priced[back]], StepBreakdown(
+        **{f.name: getattr(both, f.name)[back] for f in fields(both)}
+    )

@@ -108,7 +108,7 @@ def _size_one(
     setup = resolve(scenario.model_copy(update={"cluster": grown, "gpus": n}), source, check=False)
     # a cluster's size is what is asked: gradient compression is left to `plan` proper
     base = scenario.strategy.model_copy(update={"compression": "none", "error_feedback": False})
-    found = plan(setup, base, {"compression", *pinned}, keep=1)
+    found = plan(setup, base, {"compression", *pinned}, best_only=True)
     best = found.ranked[0] if found.ranked else None
     note = "" if best else "; ".join(found.notes)
     return SizingRow(spec.name, n, best, note, fabric, _goodput(best, setup, policy))

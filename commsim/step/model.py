@@ -169,6 +169,19 @@ class StepModel:
         self.groups = Groups(cluster, n_gpus)
         self.dp = DataParallel(workload, self.shape, gpu, self.groups)
 
+    @staticmethod
+    def _pipeline(L: Layouts, tick: np.ndarray) -> np.ndarray:
+        """1F1B: (m + p - 1) ticks; interleaved with v chunks: (m + (p - 1) / v) ticks
+        (Narayanan et al. 2021, Sec. 2.2); the bubble is the (p - 1) / v extra ticks."""
+        return (L.micro_batches + (L.pp - 1) / L.interleave) * tick
+
+    def step_bound(self, L: Layouts) -> np.ndarray:
+        """A lower bound on each layout's step (evaluate's), priced with no network: its
+        pipeline of compute-only ticks; communication, the sync's tail and the optimizer
+        only add to it. A planner after the best layout skips those whose bound passes it."""
+        c = self.compute(L)
+        return self._pipeline(L, c.forward + c.backward)
+
     def evaluate(self, L: Layouts) -> StepBreakdown:
         """Step time, its parts, memory and utilisation of every layout."""
         sh = self.shape
@@ -182,9 +195,7 @@ class StepModel:
         p2p = send * v
         comm = tp_f + tp_b + cp_f + cp_b + ep_f + ep_b + z3_exposed
         tick = c.forward + c.backward + comm + 2.0 * p2p
-        # 1F1B: (m + p - 1) ticks; interleaved with v chunks: (m + (p - 1) / v) ticks
-        # (Narayanan et al. 2021, Sec. 2.2); the bubble is the (p - 1) / v extra ticks.
-        pipeline = (m + (pp - 1) / v) * tick
+        pipeline = self._pipeline(L, tick)
         # the ZeRO 0-2 sync (step.dpsync): under the last backward of the stage, or with v
         # chunks under the cool-down's g chunk backwards a chunk (each with its send); the
         # parameter gathers under the first forward, or the first group's chunk forwards

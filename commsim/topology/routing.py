@@ -10,6 +10,7 @@ the step (alpha_with_fanin): an endpoint sends and receives its messages one by 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -214,33 +215,81 @@ def flow_times(
     The latency is the path's plus (k - 1) o, with k from peer_counts and o from
     endpoint_overhead (alpha_with_fanin, the closed forms' rule). Scaling every flow's bytes
     by c scales every fluid finishing time by c (the rates and the order of finishing do
-    not change), so a step is solved once per pattern of relative sizes and cached."""
-    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
-    nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), src.shape)
-    scale = float(nbytes.max(initial=0.0))
-    lat, unit = _solved(cluster, src, dst, rail, nbytes / scale if scale > 0 else nbytes)
+    not change), so a step is solved once per pattern of relative sizes (step_time caches
+    that)."""
+    src, dst, shape, scale = _unit_step(src, dst, nbytes)
+    lat, unit = _solve(cluster, src, dst, rail, shape)
     return lat + scale * unit
 
 
+def _unit_step(src, dst, nbytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """(src, dst, relative sizes, scale): the step's sizes as scale x shape, max(shape) 1."""
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), src.shape)
+    scale = float(nbytes.max(initial=0.0))
+    return src, dst, nbytes / scale if scale > 0 else nbytes, scale
+
+
 _CACHE_SIZE = 512
-_CACHE_FLOWS = 4_000_000  # flows kept in all (16 bytes each): 64 MB at 131,072 GPUs
+_CACHE_PAIRS = 4_000_000  # (latency, time) pairs kept in all (16 bytes each): 64 MB
 FLUID_BAND = 0.05  # flows finishing within 5% of the first are released together
 FLUID_ROUNDS = 4
 
 
-def _solved(cluster, src, dst, rail, shape) -> tuple[np.ndarray, np.ndarray]:
-    """(latency, finishing time at unit scale) of each flow, cached on the cluster."""
-    parts = (src, dst, np.full(src.shape, -1) if rail is None else np.asarray(rail), shape)
-    key = hash(b"".join(np.ascontiguousarray(a).tobytes() for a in parts))
+def grid_step_time(cluster: Cluster, gpu: np.ndarray, src, dst, nbytes, rail) -> float:
+    """step_time of every group (a row of gpu: its GPUs in rank order) running one step,
+    ranks src -> dst with nbytes on rail. Keyed by the grid and the step's ranks, so a
+    step asked again (at another size, or by another op with the same flows) builds no
+    flows: at 131,072 GPUs most of a plan's questions are such repeats."""
+    src, dst, shape, scale = _unit_step(src, dst, nbytes)
+    if src.size == 0:
+        return 0.0
+    rail = np.full(src.shape, -1, dtype=np.int64) if rail is None else np.asarray(rail)
+    key = _digest(b"grid", gpu, src, dst, rail, shape)
+    if key not in cluster.solved_steps:
+        flows = (gpu[:, src].ravel(), gpu[:, dst].ravel(), np.tile(rail, gpu.shape[0]))
+        _store(cluster, key, _solved(cluster, *flows, np.tile(shape, gpu.shape[0])))
+    pairs = cluster.solved_steps[key]
+    return float(np.max(pairs[:, 0] + scale * pairs[:, 1]))
+
+
+def _digest(*parts) -> bytes:
+    """A 128-bit digest of arrays' contents, read in place (no copies of the flows)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else np.ascontiguousarray(part).data)
+    return digest.digest()
+
+
+def _store(cluster: Cluster, key: bytes, pairs: np.ndarray) -> None:
+    """Cache a step's slowest flows, the oldest steps leaving first past the limits."""
     cache = cluster.solved_steps
-    if key not in cache:
-        while cache and (
-            len(cache) >= _CACHE_SIZE
-            or sum(v[0].size for v in cache.values()) + src.size > _CACHE_FLOWS
-        ):
-            del cache[next(iter(cache))]
-        cache[key] = _solve(cluster, src, dst, rail, shape)
-    return cache[key]
+    while cache and (
+        len(cache) >= _CACHE_SIZE
+        or sum(v.shape[0] for v in cache.values()) + pairs.shape[0] > _CACHE_PAIRS
+    ):
+        del cache[next(iter(cache))]
+    cache[key] = pairs
+
+
+def _solved(cluster, src, dst, rail, shape) -> np.ndarray:
+    """The step's slowest flows at every scale, (latency, finishing time at unit scale)
+    rows (_frontier), cached on the cluster: a symmetric step has a few, so the cache
+    holds hundreds of steps at 131,072 GPUs rather than dozens."""
+    key = _digest(src, dst, np.full(src.shape, -1) if rail is None else np.asarray(rail), shape)
+    if key not in cluster.solved_steps:
+        _store(cluster, key, _frontier(*_solve(cluster, src, dst, rail, shape)))
+    return cluster.solved_steps[key]
+
+
+def _frontier(lat: np.ndarray, unit: np.ndarray) -> np.ndarray:
+    """The flows no other flow beats on both latency and unit time, as (lat, unit) rows:
+    for every scale s >= 0 the largest lat + s x unit is one of theirs, to the last bit
+    (a + s x b rounds monotonically in a and b)."""
+    order = np.argsort(-lat, kind="stable")
+    lat, unit = lat[order], unit[order]
+    keep = np.concatenate([[True], unit[1:] > np.maximum.accumulate(unit)[:-1]])
+    return np.stack([lat[keep], unit[keep]], axis=1)
 
 
 @dataclass(frozen=True)
@@ -315,7 +364,9 @@ def step_time(
     """Time of one step of concurrent flows: the slowest flow's completion (flow_times)."""
     if np.size(src) == 0:
         return 0.0
-    return float(np.max(flow_times(cluster, src, dst, nbytes, rail)))
+    src, dst, shape, scale = _unit_step(src, dst, nbytes)
+    pairs = _solved(cluster, src, dst, rail, shape)
+    return float(np.max(pairs[:, 0] + scale * pairs[:, 1]))
 
 
 def path_params(cluster: Cluster, src: int, dst: int, rail: int = -1) -> tuple[float, float]:

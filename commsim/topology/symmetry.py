@@ -93,6 +93,7 @@ def _first_of(labels: np.ndarray, count: int) -> np.ndarray:
     return first
 
 
+_PROBES = 64  # flows a move is tried on before all of them: most moves fail at once
 _SPAN = 1 << 20  # room under a flow's key for its size class and repeat index
 
 
@@ -119,14 +120,15 @@ def _keys(src, dst, rail, width, ports) -> np.ndarray:
     return (src * width + dst) * (ports + 1) + (rail + 1)
 
 
-def _flow_map(sorted_keys, order, shape, target) -> np.ndarray | None:
-    """The flow permutation a move makes (target: the moved flows' keys), or None when it
-    does not map the step onto itself (a flow it makes is not there, or has another size)."""
+def _flow_map(sorted_keys, order, shape, target, mine) -> np.ndarray | None:
+    """The flow permutation a move makes (target: the moved flows' keys, mine: their
+    sizes; shape: every flow's), or None when it does not map the step onto itself (a flow
+    it makes is not there, or has another size)."""
     at = np.searchsorted(sorted_keys, target).clip(0, sorted_keys.size - 1)
     if (sorted_keys[at] != target).any():
         return None
     image = order[at]
-    return None if (shape[image] != shape).any() else image
+    return None if (shape[image] != mine).any() else image
 
 
 def _link_map(paths, hop, used, image, capacity) -> np.ndarray | None:
@@ -167,13 +169,20 @@ def reduce(cluster: Cluster, src, dst, rail, shape, paths) -> Reduction | None:
     keys = tag[order]
     hop = paths >= 0
     length = hop.sum(axis=1)
+
+    def _target(move, at: slice) -> np.ndarray:
+        """The tags of the flows `at` once moved."""
+        return _keys(*move(src[at], dst[at], rail[at]), width, ports) * _SPAN + rest[at]
+
     used = _used(paths, cluster.capacity.size)
     flow_pairs, link_pairs, shifted = [], [], []
     for t, move in _moves(cluster):
         if t and any(t % s == 0 for s in shifted):
             continue  # a multiple of an accepted shift: already in the group
-        target = _keys(*move(src, dst, rail), width, ports) * _SPAN + rest
-        image = _flow_map(keys, order, shape, target)
+        probe = slice(None, None, max(1, n_flows // _PROBES))  # a cheap refusal first
+        if _flow_map(keys, order, shape, _target(move, probe), shape[probe]) is None:
+            continue
+        image = _flow_map(keys, order, shape, _target(move, slice(None)), shape)
         if image is None or (length[image] != length).any():
             continue  # not the step's flows, or routes of other lengths: no link map
         sigma = _link_map(paths, hop, used, image, cluster.capacity)
@@ -191,15 +200,15 @@ def _quotient(cluster: Cluster, paths, used, flow_pairs, link_pairs) -> Reductio
     """Representatives, orbit sizes and hop weights from the accepted symmetries."""
     n_orbits, orbit = _components(paths.shape[0], flow_pairs)
     reps, flow_size = _first_of(orbit, n_orbits), np.bincount(orbit)
-    _, link_label = _components(cluster.capacity.size, link_pairs)
-    present = np.zeros(link_label.max() + 1, dtype=bool)
-    present[link_label[used]] = True
-    renumber = np.cumsum(present) - 1  # link orbits in use, numbered 0..
-    link_orbit = renumber[link_label[used]]
+    # a symmetry carries the links in use onto links in use: their orbits, numbered 0..
+    position = np.full(cluster.capacity.size, -1, dtype=np.int64)
+    position[used] = np.arange(used.size)
+    moved = [(position[a], position[b]) for a, b in link_pairs]
+    n_link_orbits, link_orbit = _components(used.size, moved)
     of_link = np.full(cluster.capacity.size, -1, dtype=np.int64)
     of_link[used] = link_orbit
-    link_size = np.bincount(link_orbit)
-    first = used[_first_of(link_orbit, link_size.size)]
+    link_size = np.bincount(link_orbit, minlength=n_link_orbits)
+    first = used[_first_of(link_orbit, n_link_orbits)]
     rep_paths = paths[reps]
     hop = rep_paths >= 0
     quotient = np.where(hop, of_link[np.where(hop, rep_paths, 0)], -1)
