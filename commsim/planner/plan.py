@@ -112,9 +112,12 @@ def _notes(setup: Setup, found: SearchResult, pins: dict) -> list[str]:
         why = layout_memory(variant, smallest.strategy(0, setup.scenario.strategy))
         notes.append(f"the smallest layout that does not fit in GPU memory {why.reason(setup.gpu)}")
     if len(found.fitting) > len(found.ranked):
+        nccl = setup.cluster.spec.nccl
+        limited = nccl.algo or nccl.proto
+        why = "; or NCCL_ALGO / NCCL_PROTO leave NCCL nothing to run" if limited else ""
         notes.append(
             "some layouts fit but cannot run their algorithm on their groups "
-            "(tree and hierarchical need whole nodes)"
+            f"(tree and hierarchical need whole nodes{why})"
         )
     if s.global_batch % (setup.n_gpus * s.micro_batch) and "tp" not in pins:
         notes.append(
