@@ -55,6 +55,24 @@ def _ddp(path: Path) -> list[dict]:
     return [r for r in records if r["kind"] == "ddp"]
 
 
+def test_every_hook_of_a_cap_takes_the_least_disturbed_compute():
+    """Compute and the optimizer run under no_sync, where no hook runs: one quantity measured
+    per hook; a disturbed measurement (16x, as a shared host once gave) does not stand."""
+    from commsim.calibrate.records import DDPRecord
+
+    kw = dict(kind="ddp", run="r", bucket_mb=25, first_bucket_mb=25, step_s=1.0)
+    kw |= dict(exposed_comm_s=0.5, repeats=5)
+    ddps = [
+        DDPRecord(**kw, compute_s=0.35, optimizer_s=0.03, compression="none"),
+        DDPRecord(**kw, compute_s=0.022, optimizer_s=0.002, compression="fp16"),
+        DDPRecord(**kw, compute_s=0.019, optimizer_s=0.001, compression="powersgd:1"),
+    ]
+    same = hooks._same_compute(ddps)
+    assert {(d.compute_s, d.optimizer_s) for d in same} == {(0.019, 0.001)}
+    assert [d.compression for d in same] == ["none", "fp16", "powersgd:1"]
+    assert [d.step_s for d in same] == [1.0, 1.0, 1.0]
+
+
 def test_config_checks_hook_names():
     assert HarnessConfig(out="x").comm_hooks == ("none",)
     HarnessConfig(out="x", backend="gloo", comm_hooks=("fp16", "powersgd:4"))
