@@ -184,7 +184,7 @@ class Layouts:
             "flash_attention": r["flash"],
             "fsdp_shard": r["fsdp_shard"] or None,
             "etp": r["etp"] or None,
-            "states": "fsdp" if r["fsdp_states"] and r["zero"] == 3 else "zero",
+            "states": "fsdp" if r["fsdp_states"] else "zero",
         }
         return base.model_copy(update=update)
 
