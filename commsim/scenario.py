@@ -284,6 +284,20 @@ def check_model_axes(w: Workload, strategy: Strategy, src: str) -> None:
         )
 
 
+def _check_sequence_parallel(setup: Setup, strategy: Strategy) -> None:
+    """Megatron runs TP communication overlap and MoE with tensor parallelism only with
+    sequence parallelism (Megatron-LM arguments.py: tp_comm_overlap asserts it; Megatron-core
+    model_parallel_config.py: "When using expert parallelism and tensor parallelism, sequence
+    parallelism must be used"), and commsim prices them only so."""
+    if strategy.sequence_parallel or strategy.tp == 1:
+        return
+    src, field = setup.source, "strategy.sequence_parallel"
+    if strategy.tp_overlap:
+        raise SpecError(src, field, "off, but tp_overlap needs sequence parallelism")
+    if setup.workload.moe:
+        raise SpecError(src, field, "off, but MoE with tp > 1 needs sequence parallelism")
+
+
 def _check_kernels(setup: Setup, strategy: Strategy) -> None:
     """FP8 needs a GPU with FP8 tensor cores; overlapping tensor-parallel collectives needs
     a tensor-parallel group; hybrid sharding needs ZeRO-3 and shard groups that divide dp;
@@ -293,6 +307,7 @@ def _check_kernels(setup: Setup, strategy: Strategy) -> None:
         raise SpecError(src, "strategy.precision", f"{setup.gpu.name} has no FP8 tensor cores")
     if strategy.tp_overlap and strategy.tp == 1:
         raise SpecError(src, "strategy.tp_overlap", "needs tensor parallelism (tp > 1)")
+    _check_sequence_parallel(setup, strategy)
     if strategy.ep_overlap and strategy.ep == 1:
         raise SpecError(src, "strategy.ep_overlap", "needs expert parallelism (ep > 1)")
     if strategy.fsdp_shard is not None:

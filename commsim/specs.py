@@ -356,6 +356,11 @@ class Strategy(Spec):
     cp: int = Field(default=1, ge=1)  # context-parallel degree (Megatron-core ring attention)
     precision: Literal["bf16", "fp8"] = "bf16"  # the blocks' GEMMs (Transformer Engine FP8)
     flash_attention: bool = True  # fused attention: no s x s scores kept, causal half computed
+    # Megatron's sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198): the norms,
+    # dropouts and residual adds of each tp rank run on 1 / tp of the sequence, and their
+    # activations are kept split; false: every tp rank does them on the whole sequence
+    # (Megatron before 2022, Megatron-DeepSpeed). Only matters where tp > 1
+    sequence_parallel: bool = True
     tp_overlap: bool = False
     # the expert all-to-alls run under another micro-batch's compute (Megatron-core's
     # --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)

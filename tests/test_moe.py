@@ -132,7 +132,7 @@ def _block(tp, ep, etp, tokens=4096.0, fp8=False):
     arr = lambda x: np.array([float(x)])  # noqa: E731
     return _Block(
         w.arch, Rates.of(H100), arr(tokens), arr(tp), arr(ep), arr(etp), np.array([fp8]),
-        np.array([True]), w,
+        np.array([True]), w, arr(tp),
     )  # fmt: skip
 
 

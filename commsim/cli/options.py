@@ -160,6 +160,13 @@ FlashOpt = Annotated[
     bool | None,
     typer.Option("--flash-attention/--no-flash-attention", help="Fused (Flash) attention."),
 ]
+SequenceParallelOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--sequence-parallel/--no-sequence-parallel",
+        help="Norms, dropout, residuals split over tp (Megatron SP; off: before 2022).",
+    ),
+]
 TpOverlapOpt = Annotated[
     bool | None,
     typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap tensor-parallel comm with GEMMs."),

@@ -31,6 +31,7 @@ from commsim.cli.options import (
     ProfileOpt,
     ScenarioArg,
     SeqLenOpt,
+    SequenceParallelOpt,
     TokensOpt,
     TpOverlapOpt,
     blame_flags,
@@ -129,6 +130,7 @@ def plan_cmd(
     fsdp_shard: OnlyFsdpShardOpt = None,
     precision: PrecisionOpt = None,
     flash_attention: FlashOpt = None,
+    sequence_parallel: SequenceParallelOpt = None,
     tp_overlap: TpOverlapOpt = None,
     ep_overlap: EpOverlapOpt = None,
     deepspeed: DeepSpeedOpt = None,
@@ -188,7 +190,8 @@ def plan_cmd(
         tp_overlap=tp_overlap,
         ep_overlap=ep_overlap,
     )
-    stack = dict(flash_attention=flash_attention)  # every searched layout runs it, none searched
+    # every searched layout runs these as given, none searched
+    stack = dict(flash_attention=flash_attention, sequence_parallel=sequence_parallel)
     one_cluster = dict(
         profile=profile,
         nccl_version=nccl_version,

@@ -249,7 +249,9 @@ def enumerate_layouts(
     elif pins.get("fsdp_shard"):
         raise ValueError("fsdp_shard: zero3_issue 'parameter' (DeepSpeed's 2021 ZeRO-3) has none")
     fp8 = bool(setup.gpu.fp8_flops) and bool(Shape.of(setup.workload).blocks)
-    cols = _with_kernels(cols, pins, fp8)
+    cols = _with_kernels(cols, pins, fp8, base.sequence_parallel)
+    if not base.sequence_parallel and setup.workload.moe:  # MoE with tp > 1 needs SP
+        cols = {k: v[cols["tp"] == 1] for k, v in cols.items()}
     return Layouts.build(
         compressions,
         **cols,
@@ -257,15 +259,17 @@ def enumerate_layouts(
         ps_shards=base.ps_shards,
         grad_dtype=GRAD_DTYPES.index(base.grad_dtype),
         flash=base.flash_attention,
+        sequence_parallel=base.sequence_parallel,
         fsdp_states=(base.states == "fsdp") & (cols["zero"] == 3),  # ZeRO-3's shards only
         ep_overlap=base.ep_overlap & (cols["ep"] > 1),  # where there are all-to-alls
         zero3_issue=ZERO3_ISSUES.index(base.zero3_issue),  # the stack's, as its dtype
     )
 
 
-def _with_kernels(cols: dict[str, np.ndarray], pins: dict[str, Any], fp8: bool) -> dict:
+def _with_kernels(cols: dict[str, np.ndarray], pins: dict[str, Any], fp8: bool, sp: bool) -> dict:
     """FP8 GEMMs beside BF16 on a GPU with FP8 (`fp8`), and tensor-parallel collectives
-    overlapped with the GEMMs beside not where tp > 1; either as pinned."""
+    overlapped with the GEMMs beside not where tp > 1 and sequence parallelism (`sp`) runs;
+    either as pinned."""
     if "precision" in pins:
         cols = cols | {"fp8": np.full(len(cols["dp"]), pins["precision"] == "fp8")}
     else:
@@ -273,7 +277,7 @@ def _with_kernels(cols: dict[str, np.ndarray], pins: dict[str, Any], fp8: bool) 
     n = len(cols["dp"])
     if "tp_overlap" in pins:
         return cols | {"tp_overlap": np.full(n, bool(pins["tp_overlap"])) & (cols["tp"] > 1)}
-    return _branch(cols, "tp_overlap", cols["tp"] > 1, True, False)
+    return _branch(cols, "tp_overlap", (cols["tp"] > 1) & sp, True, False)
 
 
 def _branch(cols: dict[str, np.ndarray], name: str, where: np.ndarray, value, default):

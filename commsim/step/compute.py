@@ -137,9 +137,10 @@ def stage_times(workload: Workload, gpu: GPUSpec, L) -> StageTimes:
         return StageTimes(zero, zero, zero, zero, fwd, BACKWARD_FACTOR * fwd, zero, zero)
     tokens = b * workload.seq_len / cp  # a GEMM's rows: the whole sequence (SP gathers it)
     ep, etp = L.ep.astype(float), L.expert_tp.astype(float)
-    block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload)
+    split = np.where(L.sequence_parallel, tp, 1.0)  # ranks sharing the element-wise work
+    block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split)
     fwd, bwd, core = block.times(b, cp)
-    pre_fwd, pre_bwd, post_fwd, post_bwd = _ends(arch, rates, tokens, tp)
+    pre_fwd, pre_bwd, post_fwd, post_bwd = _ends(arch, rates, tokens, tp, split)
     return StageTimes(fwd, bwd, core, block.op_replay(), pre_fwd, pre_bwd, post_fwd, post_bwd)
 
 
@@ -156,6 +157,7 @@ class _Block:
     fp8: np.ndarray
     flash: np.ndarray
     workload: Workload
+    split: np.ndarray  # tp ranks the norms and residual adds split over: tp with SP, else 1
 
     def times(self, b, cp):
         """(forward, backward, attention core forward) seconds of the mean block."""
@@ -267,26 +269,29 @@ class _Block:
     def _elementwise(self, dense_share: float) -> np.ndarray:
         """HBM bytes of a block's element-wise forward: two norms (read and write h each)
         and two residual adds (read 2 h, write h) on the tokens this GPU holds (sequence
-        parallelism splits them over tp), rotary embeddings of Q and K (read and write) and,
-        in a dense block (`dense_share` of them), the MLP's activation (gated: read 2 f,
-        write f; else read and write f, its bias fused) on its slice of the whole sequence."""
+        parallelism splits them over tp; without it every tp rank runs them on the whole
+        sequence, Korthikanti et al. 2022 sec. 4.2.2), rotary embeddings of Q and K (read
+        and write) and, in a dense block (`dense_share` of them), the MLP's activation
+        (gated: read 2 f, write f; else read and write f, its bias fused) on its slice of
+        the whole sequence."""
         c, t, tp = self.arch, self.tokens, self.tp
         held = (2 * 2 + 2 * 3) * c.hidden * ACT
         activation = dense_share * (3 if c.gated_mlp else 2) * c.ffn_hidden * ACT
         rotary = 0 if c.style.learned_positions else 2 * (c.heads + c.kv_heads) * c.head_width
-        return t / tp * held + t * (activation + rotary * ACT) / tp
+        return t / self.split * held + t * (activation + rotary * ACT) / tp
 
 
-def _ends(arch, rates: Rates, tokens, tp):
+def _ends(arch, rates: Rates, tokens, tp, split):
     """Forward and backward seconds of the layers before the blocks (the embedding: gather
     b s rows of h) and after them (the final norm, the LM head's GEMM in BF16, the fp32
     cross-entropy over the vocabulary slice: write, read for the softmax, write its
-    gradient)."""
+    gradient); the embedding's output and the norm on the tokens a tp rank holds (`split`:
+    tp with sequence parallelism, else 1)."""
     h, v = arch.hidden, arch.vocab
-    embed = 2 * tokens / tp * h * ACT / rates.memory
+    embed = 2 * tokens / split * h * ACT / rates.memory
     head = gemm_seconds(tokens, v / tp, h, rates.gemm, rates.sms)
     loss = 3 * tokens * v / tp * LOGIT / rates.memory
-    norm = 2 * tokens / tp * h * ACT / rates.memory
+    norm = 2 * tokens / split * h * ACT / rates.memory
     post_fwd = norm + head + loss
     post_bwd = BACKWARD_FACTOR * (norm + head) + loss
     return embed, embed, post_fwd, post_bwd

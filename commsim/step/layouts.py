@@ -49,6 +49,7 @@ _DEFAULTS: dict[str, Any] = {
     "cp": 1,
     "fp8": False,
     "flash": True,
+    "sequence_parallel": True,
     "tp_overlap": False,
     "ep_overlap": False,
     "fsdp_shard": 0,
@@ -87,6 +88,7 @@ class Layouts:
     cp: np.ndarray  # context-parallel degree (the sequence split over cp ranks)
     fp8: np.ndarray  # the blocks' linear layers in FP8 (Transformer Engine)
     flash: np.ndarray  # FlashAttention (fused attention: no s x s scores kept)
+    sequence_parallel: np.ndarray  # element-wise work split over tp (Strategy.sequence_parallel)
     tp_overlap: np.ndarray  # tensor-parallel collectives overlapped with the GEMMs
     ep_overlap: np.ndarray  # expert all-to-alls under another micro-batch's compute
     fsdp_shard: np.ndarray  # ZeRO-3 shards over groups of this many dp ranks (0: all of dp)
@@ -110,7 +112,7 @@ class Layouts:
         arrays = np.broadcast_arrays(*(np.atleast_1d(v) for v in values))
         types = {"bucket_mb": float, "first_bucket_mb": float}
         flags = ("overlap", "error_feedback", "fp8", "flash", "tp_overlap", "ep_overlap")
-        flags += ("fsdp_states",)
+        flags += ("fsdp_states", "sequence_parallel")
         types |= {k: bool for k in flags}
         cast = {n: a.astype(types.get(n, np.int64)) for n, a in zip(names, arrays, strict=True)}
         return cls(**cast, compressions=tuple(compressions))
@@ -149,6 +151,7 @@ class Layouts:
             cp=col(lambda s: s.cp),
             fp8=col(lambda s: s.precision == "fp8"),
             flash=col(lambda s: s.flash_attention),
+            sequence_parallel=col(lambda s: s.sequence_parallel),
             tp_overlap=col(lambda s: s.tp_overlap),
             ep_overlap=col(lambda s: s.ep_overlap),
             fsdp_shard=col(lambda s: s.fsdp_shard or 0),
@@ -239,6 +242,7 @@ _STRATEGY_FIELDS = (
     "ep_overlap",
     "zero3_issue",
     "order",
+    "sequence_parallel",
 )
 
 

@@ -372,7 +372,7 @@ class StepModel:
             L.micro_batch,
             L.zero,
             L.recompute,
-            L.tp > 1,
+            L.sequence_parallel & (L.tp > 1),
             L.interleave,
             seq_len=self.shape.seq_len if self.shape.hidden else None,
             micro_batches=L.micro_batches,

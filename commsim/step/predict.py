@@ -138,7 +138,7 @@ def layout_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
         seq_len=w.seq_len,
         zero=strategy.zero,
         recompute=strategy.recompute,
-        sequence_parallel=strategy.tp > 1,
+        sequence_parallel=strategy.sequence_parallel and strategy.tp > 1,
         interleave=strategy.interleave,
         micro_batches=setup.micro_batches(strategy),
         grad_bytes=int(state_grad_bytes(plain, DTYPE_BYTES[strategy.grad_dtype])),
