@@ -34,6 +34,10 @@ from commsim.workload.model import BACKWARD_FACTOR, Workload
 
 TILE_M, TILE_N = 256, 128  # cuBLAS's large output tile (NVIDIA GEMM guide, sec. 3.2)
 ACT = 2  # bytes of a bf16 activation element
+# bytes of a dropout mask element: PyTorch's CUDA dropout keeps a bool mask for the backward
+# (aten/src/ATen/native/cuda/Dropout.cu, dropout_cuda: mask of kBool), as Korthikanti et al.
+# 2022 count it (sbh bytes per dropout)
+MASK = 1
 FP8_CAST = 3  # bytes to cast a bf16 element to fp8: read 2, write 1
 LOGIT = 4  # fp32 logits in the cross-entropy
 ATTENTION_BACKWARD = 2.5  # FlashAttention's backward / forward FLOPs (5 matmuls to 2)
@@ -270,12 +274,14 @@ class _Block:
         """HBM bytes of a block's element-wise forward: two norms (read and write h each)
         and two residual adds (read 2 h, write h) on the tokens this GPU holds (sequence
         parallelism splits them over tp; without it every tp rank runs them on the whole
-        sequence, Korthikanti et al. 2022 sec. 4.2.2), rotary embeddings of Q and K (read
-        and write) and, in a dense block (`dense_share` of them), the MLP's activation
-        (gated: read 2 f, write f; else read and write f, its bias fused) on its slice of
-        the whole sequence."""
+        sequence, Korthikanti et al. 2022 sec. 4.2.2), with dropout (the model's) the mask
+        each residual add's fused bias-dropout writes (Megatron's bias_dropout_add, a mask of
+        h per token, twice), rotary embeddings of Q and K (read and write) and, in a dense
+        block (`dense_share` of them), the MLP's activation (gated: read 2 f, write f; else
+        read and write f, its bias fused) on its slice of the whole sequence."""
         c, t, tp = self.arch, self.tokens, self.tp
-        held = (2 * 2 + 2 * 3) * c.hidden * ACT
+        masks = 2 * c.hidden * MASK if c.has_dropout else 0
+        held = (2 * 2 + 2 * 3) * c.hidden * ACT + masks
         activation = dense_share * (3 if c.gated_mlp else 2) * c.ffn_hidden * ACT
         rotary = 0 if c.style.learned_positions else 2 * (c.heads + c.kv_heads) * c.head_width
         return t / self.split * held + t * (activation + rotary * ACT) / tp
