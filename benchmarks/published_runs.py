@@ -64,7 +64,7 @@ FAR_OFF = 15.0  # % error beyond which the analysis calls a row far off
 # Strategy fields the compute-model rework adds, and the value each has in what the installed
 # commsim prices when it lacks the field: one context-parallel rank, BF16 GEMMs, attention
 # that keeps the s x s scores, TP collectives not overlapped, ZeRO-3 over all dp ranks,
-# element-wise work split over tp (sequence parallelism).
+# element-wise work split over tp (sequence parallelism), no per-micro-batch gradient add.
 PENDING_FIELDS: dict[str, Any] = {
     "cp": 1,
     "precision": "bf16",
@@ -72,6 +72,7 @@ PENDING_FIELDS: dict[str, Any] = {
     "tp_overlap": False,
     "fsdp_shard": None,
     "sequence_parallel": True,
+    "grad_accumulation_fusion": True,
 }
 UNITS = {"hardware": "TFLOP/s", "model": "TFLOP/s", "tokens": "tokens/s"}
 

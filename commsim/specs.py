@@ -361,6 +361,12 @@ class Strategy(Spec):
     # activations are kept split; false: every tp rank does them on the whole sequence
     # (Megatron before 2022, Megatron-DeepSpeed). Only matters where tp > 1
     sequence_parallel: bool = True
+    # the weight-gradient GEMMs accumulate into the gradients across micro-batches
+    # (Megatron's --gradient-accumulation-fusion, since 2022-02, commit 83b1e42f3; torch's
+    # wgrad into an existing .grad); false: autograd adds each micro-batch's 16-bit weight
+    # gradients into .grad in place (read both, write one: 3 x 2 B a parameter) from the
+    # second micro-batch of a step on, as Megatron in 2021 and plain PyTorch do
+    grad_accumulation_fusion: bool = True
     tp_overlap: bool = False
     # the expert all-to-alls run under another micro-batch's compute (Megatron-core's
     # --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)

@@ -8,7 +8,7 @@ import pytest
 
 from commsim import catalog
 from commsim.specs import ModelSpec
-from commsim.step.compute import ACT, MASK, stage_times
+from commsim.step.compute import ACT, GRAD_ADD, MASK, stage_times
 from commsim.step.layouts import Layouts
 from commsim.workload.presets import build_workload
 
@@ -43,3 +43,37 @@ def test_the_masks_are_a_fixed_share_of_the_held_work():
         nodrop = GPT.model_copy(update={"dropout": False})
         held_without = _block_fwd(nodrop, tp, sp) - _block_fwd(nodrop, tp, not sp)
         assert held_with / held_without == pytest.approx(1 + share, rel=1e-9)
+
+
+def _times(fused: bool, tp=2, micro_batches=4, model=GPT):
+    L = Layouts.build(
+        tp=tp, micro_batch=1, micro_batches=micro_batches, grad_accumulation_fusion=fused
+    )
+    return stage_times(build_workload(model), A100, L)
+
+
+def test_unfused_gradient_accumulation_by_hand():
+    """A GPT block has 12 h^2 + 13 h parameters (Narayanan et al. 2021's count); h = 512,
+    tp = 2, 4 micro-batches a step: autograd adds 3 of 4 micro-batches' gradients into
+    .grad, 3 x 2 bytes a parameter of the GPU's half: 3/4 x 6 x (12 h^2 + 13 h) / 2 bytes
+    more per micro-batch backward; nothing forward."""
+    h = 512
+    block = 0.75 * GRAD_ADD * (12 * h * h + 13 * h) / 2 / A100.hbm_bandwidth
+    fused, unfused = _times(True), _times(False)
+    assert float(unfused.block_bwd[0] - fused.block_bwd[0]) == pytest.approx(block, rel=1e-9)
+    assert float(unfused.block_fwd[0]) == float(fused.block_fwd[0])
+    one = _times(False, micro_batches=1)  # one micro-batch a step: its gradients are kept
+    assert float(one.block_bwd[0]) == float(fused.block_bwd[0])
+
+
+@pytest.mark.parametrize("tp,m", [(1, 2), (2, 4), (4, 16)])
+def test_unfused_adds_over_a_step_move_every_parameter_m_minus_1_times(tp, m):
+    """Independently of how the parameters split into blocks, embedding and head: over a
+    step's m micro-batches the adds move GRAD_ADD bytes per parameter the GPU holds, m - 1
+    times (all the model's parameters over tp, the workload's own count)."""
+    w = build_workload(GPT)
+    fused, unfused = _times(True, tp, m), _times(False, tp, m)
+    diff = lambda f: float((getattr(unfused, f) - getattr(fused, f))[0])  # noqa: E731
+    per_micro_batch = GPT.layers * diff("block_bwd") + diff("pre_bwd") + diff("post_bwd")
+    expected = (m - 1) * GRAD_ADD * w.params / tp / A100.hbm_bandwidth
+    assert m * per_micro_batch == pytest.approx(expected, rel=1e-9)

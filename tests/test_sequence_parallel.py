@@ -16,7 +16,7 @@ from commsim.cli.app import app
 from commsim.planner.search import enumerate_layouts, search
 from commsim.scenario import check_layout, load_scenario, resolve
 from commsim.specs import ModelSpec, SpecError
-from commsim.step.compute import ACT, stage_times
+from commsim.step.compute import ACT, MASK, stage_times
 from commsim.step.layouts import Layouts
 from commsim.step.predict import predict, step_model
 from commsim.workload.presets import build_workload
@@ -35,13 +35,14 @@ def _times(tp: int, sp: bool, micro_batch: int = 2):
 @pytest.mark.parametrize("tp", [2, 4])
 def test_without_sp_each_rank_runs_the_norms_and_residuals_on_the_whole_sequence(tp):
     """By hand: b s = 2 x 256 = 512 tokens; a block's norms (read + write h, twice) and
-    residual adds (read 2 h + write h, twice) move 10 h bf16 values per token, so without SP
-    a tp rank moves 512 (1 - 1 / tp) x 10 x 512 x 2 bytes more forward, twice that backward;
+    residual adds (read 2 h + write h, twice) move 10 h bf16 values per token and their
+    dropouts 2 h 1-byte masks, so without SP a tp rank moves 512 (1 - 1 / tp) x (10 x 512 x 2
+    + 2 x 512) bytes more forward, twice that backward;
     the final norm (read + write h) and the embedding's output (write + read h) 4 h values
     per token more; nothing else changes."""
     on, off = _times(tp, True), _times(tp, False)
     extra_tokens = 512 * (1 - 1 / tp)
-    block = extra_tokens * 10 * 512 * ACT / A100.hbm_bandwidth
+    block = extra_tokens * (10 * 512 * ACT + 2 * 512 * MASK) / A100.hbm_bandwidth
     end = extra_tokens * 2 * 512 * ACT / A100.hbm_bandwidth
     assert float(off.block_fwd[0] - on.block_fwd[0]) == pytest.approx(block, rel=1e-12)
     assert float(off.block_bwd[0] - on.block_bwd[0]) == pytest.approx(2 * block, rel=1e-12)
@@ -88,9 +89,11 @@ def _setup(model=TOY, gpus=32, **strategy):
 
 
 def test_predict_and_the_search_agree_without_sequence_parallelism():
-    setup = _setup(sequence_parallel=False)
+    """... and without gradient-accumulation fusion (the other field of a 2021 stack)."""
+    setup = _setup(sequence_parallel=False, grad_accumulation_fusion=False)
     layouts = enumerate_layouts(setup)
     assert not layouts.sequence_parallel.any()
+    assert not layouts.grad_accumulation_fusion.any()
     assert not layouts.tp_overlap.any()  # Megatron overlaps TP comm only under SP
     found = search(step_model(setup), layouts)
     rank = {int(i): k for k, i in enumerate(found.fitting)}
@@ -98,7 +101,7 @@ def test_predict_and_the_search_agree_without_sequence_parallelism():
     picks = np.random.default_rng(3).choice(tp_rows, size=15, replace=False)
     for i in picks:
         strategy = layouts.strategy(int(i), setup.scenario.strategy)
-        assert strategy.sequence_parallel is False
+        assert strategy.sequence_parallel is strategy.grad_accumulation_fusion is False
         sc = setup.scenario.model_copy(update={"micro_batch": int(layouts.micro_batch[i])})
         variant = type(setup)(sc, setup.source, setup.cluster, setup.gpu, setup.workload)
         got = predict(variant, strategy)

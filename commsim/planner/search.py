@@ -260,6 +260,7 @@ def enumerate_layouts(
         grad_dtype=GRAD_DTYPES.index(base.grad_dtype),
         flash=base.flash_attention,
         sequence_parallel=base.sequence_parallel,
+        grad_accumulation_fusion=base.grad_accumulation_fusion,
         fsdp_states=(base.states == "fsdp") & (cols["zero"] == 3),  # ZeRO-3's shards only
         ep_overlap=base.ep_overlap & (cols["ep"] > 1),  # where there are all-to-alls
         zero3_issue=ZERO3_ISSUES.index(base.zero3_issue),  # the stack's, as its dtype

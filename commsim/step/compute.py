@@ -30,10 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from commsim.specs import GPUSpec
+from commsim.step.shape import Shape
 from commsim.workload.model import BACKWARD_FACTOR, Workload
 
 TILE_M, TILE_N = 256, 128  # cuBLAS's large output tile (NVIDIA GEMM guide, sec. 3.2)
 ACT = 2  # bytes of a bf16 activation element
+# autograd's gradient accumulation without fusion: `.grad += new` in place, reading both
+# 16-bit gradients and writing one (torch/csrc/autograd/functions/accumulate_grad.h)
+GRAD_ADD = 3 * ACT
 # bytes of a dropout mask element: PyTorch's CUDA dropout keeps a bool mask for the backward
 # (aten/src/ATen/native/cuda/Dropout.cu, dropout_cuda: mask of kBool), as Korthikanti et al.
 # 2022 count it (sbh bytes per dropout)
@@ -135,17 +139,49 @@ def stage_times(workload: Workload, gpu: GPUSpec, L) -> StageTimes:
     arch = workload.arch
     b, tp = L.micro_batch.astype(float), L.tp.astype(float)
     cp, fp8, flash = L.cp.astype(float), L.fp8, L.flash
+    adds = _grad_adds(workload, L, rates)
     if arch is None:  # no blocks: every FLOP at the GEMM rate, as one "pre" layer
         fwd = workload.forward_flops * b / (tp * rates.gemm)
         zero = np.zeros(len(L))
-        return StageTimes(zero, zero, zero, zero, fwd, BACKWARD_FACTOR * fwd, zero, zero)
+        pre_bwd = BACKWARD_FACTOR * fwd + adds.model
+        return StageTimes(zero, zero, zero, zero, fwd, pre_bwd, zero, zero)
     tokens = b * workload.seq_len / cp  # a GEMM's rows: the whole sequence (SP gathers it)
     ep, etp = L.ep.astype(float), L.expert_tp.astype(float)
     split = np.where(L.sequence_parallel, tp, 1.0)  # ranks sharing the element-wise work
     block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split)
     fwd, bwd, core = block.times(b, cp)
     pre_fwd, pre_bwd, post_fwd, post_bwd = _ends(arch, rates, tokens, tp, split)
+    bwd, pre_bwd, post_bwd = bwd + adds.block, pre_bwd + adds.pre, post_bwd + adds.post
     return StageTimes(fwd, bwd, core, block.op_replay(), pre_fwd, pre_bwd, post_fwd, post_bwd)
+
+
+@dataclass(frozen=True)
+class _GradAdds:
+    """Seconds per micro-batch of adding its weight gradients into the accumulated ones
+    (none where the wgrad GEMMs accumulate, Strategy.grad_accumulation_fusion): of a block,
+    of the layers before and after the blocks, and of a model without blocks."""
+
+    block: np.ndarray
+    pre: np.ndarray
+    post: np.ndarray
+    model: np.ndarray
+
+
+def _grad_adds(workload: Workload, L, rates: Rates) -> _GradAdds:
+    """Without fusion autograd adds each micro-batch's gradients but the first of a step's
+    (which it keeps as they are) into .grad: (m - 1) / m of the micro-batches, GRAD_ADD bytes
+    a parameter the GPU holds (a block's dense parameters over tp, its experts over ep x
+    etp, the embedding and head over tp: their replicated norms and biases are < 0.1%)."""
+    sh = Shape.of(workload)
+    m = np.maximum(L.micro_batches.astype(float), 1.0)
+    share = np.where(L.grad_accumulation_fusion, 0.0, (m - 1) / m) * GRAD_ADD / rates.memory
+    tp = L.tp.astype(float)
+    expert = sh.expert_params / max(sh.blocks, 1)
+    block = (sh.block_params - expert) / tp + expert / (L.ep * L.expert_tp)
+    model = sh.total_params / tp
+    return _GradAdds(
+        share * block, share * sh.pre_params / tp, share * sh.post_params / tp, share * model
+    )
 
 
 @dataclass

@@ -50,6 +50,7 @@ _DEFAULTS: dict[str, Any] = {
     "fp8": False,
     "flash": True,
     "sequence_parallel": True,
+    "grad_accumulation_fusion": True,
     "tp_overlap": False,
     "ep_overlap": False,
     "fsdp_shard": 0,
@@ -89,6 +90,7 @@ class Layouts:
     fp8: np.ndarray  # the blocks' linear layers in FP8 (Transformer Engine)
     flash: np.ndarray  # FlashAttention (fused attention: no s x s scores kept)
     sequence_parallel: np.ndarray  # element-wise work split over tp (Strategy.sequence_parallel)
+    grad_accumulation_fusion: np.ndarray  # no per-micro-batch gradient add (Strategy's field)
     tp_overlap: np.ndarray  # tensor-parallel collectives overlapped with the GEMMs
     ep_overlap: np.ndarray  # expert all-to-alls under another micro-batch's compute
     fsdp_shard: np.ndarray  # ZeRO-3 shards over groups of this many dp ranks (0: all of dp)
@@ -112,7 +114,7 @@ class Layouts:
         arrays = np.broadcast_arrays(*(np.atleast_1d(v) for v in values))
         types = {"bucket_mb": float, "first_bucket_mb": float}
         flags = ("overlap", "error_feedback", "fp8", "flash", "tp_overlap", "ep_overlap")
-        flags += ("fsdp_states", "sequence_parallel")
+        flags += ("fsdp_states", "sequence_parallel", "grad_accumulation_fusion")
         types |= {k: bool for k in flags}
         cast = {n: a.astype(types.get(n, np.int64)) for n, a in zip(names, arrays, strict=True)}
         return cls(**cast, compressions=tuple(compressions))
@@ -152,6 +154,7 @@ class Layouts:
             fp8=col(lambda s: s.precision == "fp8"),
             flash=col(lambda s: s.flash_attention),
             sequence_parallel=col(lambda s: s.sequence_parallel),
+            grad_accumulation_fusion=col(lambda s: s.grad_accumulation_fusion),
             tp_overlap=col(lambda s: s.tp_overlap),
             ep_overlap=col(lambda s: s.ep_overlap),
             fsdp_shard=col(lambda s: s.fsdp_shard or 0),
@@ -243,6 +246,7 @@ _STRATEGY_FIELDS = (
     "zero3_issue",
     "order",
     "sequence_parallel",
+    "grad_accumulation_fusion",
 )
 
 
