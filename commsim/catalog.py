@@ -22,9 +22,15 @@ from commsim.specs import GPUSpec, SpecError
 # utilization on H100", Shah et al. 2024, arXiv:2407.08608), and FlashAttention-2 is what
 # PyTorch's SDPA and most 2024 stacks run there (FlashAttention-3 reaches 75% forward but is
 # a separate install). Blackwell has no published measurement in our sources: Hopper's
-# figure is assumed.
+# figure is assumed. hbm_efficiency is what streaming kernels reach of the datasheet HBM
+# bandwidth: BabelStream's Triad (two reads, a write; its best kernel that writes, as MAMF is
+# the best matmul) on Azure's ND A100 v4 (A100-SXM4-80GB, 1.70 TB/s), ND H100 v5 (H100 80GB
+# HBM3, 2.97 TB/s) and ND H200 v5 (4.15 TB/s) (github.com/Azure/AI-benchmarking-guide,
+# Azure_Results/ND_*_results.md, "HBM Bandwidth"); no measurement of the 40 GB A100's HBM2
+# or of the B200 in our sources: their datasheet figure stands.
 _FA2_AMPERE = 0.6
 _FA2_HOPPER = 0.35
+_STREAM_SOURCE = "; HBM: BabelStream Triad {} TB/s of {} (Azure AI-benchmarking-guide, {})"
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
@@ -66,8 +72,10 @@ GPUS: dict[str, GPUSpec] = {
             sm_count=108,
             gemm_efficiency=267.9 / 312,
             attention_efficiency=_FA2_AMPERE,
+            hbm_efficiency=1.70 / 2.039,
             kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
-            "A100 SXM 267.9 of 312 TFLOPS (ml-engineering, CUDA 12.1)",
+            "A100 SXM 267.9 of 312 TFLOPS (ml-engineering, CUDA 12.1)"
+            + _STREAM_SOURCE.format(1.70, 2.039, "ND A100 v4"),
             compute_capability=8.0,
             nvlink_links=12,  # NVLink 3: 12 links (A100 datasheet)
         ),
@@ -84,9 +92,11 @@ GPUS: dict[str, GPUSpec] = {
             gemm_efficiency=792.1 / 989,
             fp8_gemm_efficiency=1453.4 / 1979,
             attention_efficiency=_FA2_HOPPER,
+            hbm_efficiency=2.97 / 3.35,
             kernel_source="132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5); "
             "MAMF H100 SXM 792.1 of 989 TFLOPS BF16 (ml-engineering, CUDA 12.1); FP8 as the "
-            "same die's H200 SXM: 1,453.4 of 1,979",
+            "same die's H200 SXM: 1,453.4 of 1,979"
+            + _STREAM_SOURCE.format(2.97, 3.35, "ND H100 v5"),
             compute_capability=9.0,
             nvlink_links=18,  # NVLink 4: 18 links x 25 GB/s per direction (H100 datasheet)
         ),
@@ -103,8 +113,10 @@ GPUS: dict[str, GPUSpec] = {
             gemm_efficiency=794.5 / 989,
             fp8_gemm_efficiency=1453.4 / 1979,
             attention_efficiency=_FA2_HOPPER,
+            hbm_efficiency=4.15 / 4.8,
             kernel_source="132 SMs (GH100, as H100 SXM5); MAMF H100/H200 SXM 794.5 of 989 "
-            "TFLOPS BF16 and H200 SXM 1,453.4 of 1,979 FP8 (ml-engineering)",
+            "TFLOPS BF16 and H200 SXM 1,453.4 of 1,979 FP8 (ml-engineering)"
+            + _STREAM_SOURCE.format(4.15, 4.8, "ND H200 v5"),
             compute_capability=9.0,
             nvlink_links=18,  # NVLink 4: 18 links (H200 datasheet)
         ),

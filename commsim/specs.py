@@ -107,6 +107,8 @@ class GPUSpec(Spec):
     gemm_efficiency: float | None = Field(default=None, gt=0, le=1)  # best BF16 GEMM / peak
     fp8_gemm_efficiency: float | None = Field(default=None, gt=0, le=1)  # best FP8 GEMM / peak
     attention_efficiency: float | None = Field(default=None, gt=0, le=1)  # FlashAttention / peak
+    # what streaming kernels reach of hbm_bandwidth (BabelStream Triad / datasheet; None: 1)
+    hbm_efficiency: float | None = Field(default=None, gt=0, le=1)
     kernel_source: str = ""  # where the measured kernel figures come from
     # what NCCL's tuner reads (src/graph/tuning.cc, topo.h): the CUDA compute capability
     # picks its table rows (Volta 7.x, Ampere 8.x, Hopper 9.x, Blackwell 10.x); NVLink links

@@ -8,12 +8,13 @@ import pytest
 
 from commsim import catalog
 from commsim.specs import ModelSpec
-from commsim.step.compute import ACT, GRAD_ADD, MASK, stage_times
+from commsim.step.compute import ACT, GRAD_ADD, MASK, Rates, stage_times
 from commsim.step.layouts import Layouts
 from commsim.workload.presets import build_workload
 
 GPT = ModelSpec(name="toy", layers=4, hidden=512, heads=8, vocab=1000, seq_len=256)
 A100 = catalog.GPUS["a100-80gb"]
+HBM = 1.70e12  # its BabelStream Triad (catalog: hbm_efficiency), what the roofline runs at
 
 
 def _block_fwd(model: ModelSpec, tp=2, sp=True):
@@ -27,7 +28,7 @@ def test_dropout_masks_by_hand(sp):
     fused bias-dropout-adds writes a 1-byte mask of h per token it holds; 256 tokens over
     tp = 2 with SP (128 held), all 256 without: 2 x 512 x 1 x held bytes more."""
     held = 128 if sp else 256
-    extra = 2 * 512 * MASK * held / A100.hbm_bandwidth
+    extra = 2 * 512 * MASK * held / HBM
     with_dropout = _block_fwd(GPT, sp=sp)
     without = _block_fwd(GPT.model_copy(update={"dropout": False}), sp=sp)
     assert with_dropout - without == pytest.approx(extra, rel=1e-9)
@@ -58,7 +59,7 @@ def test_unfused_gradient_accumulation_by_hand():
     .grad, 3 x 2 bytes a parameter of the GPU's half: 3/4 x 6 x (12 h^2 + 13 h) / 2 bytes
     more per micro-batch backward; nothing forward."""
     h = 512
-    block = 0.75 * GRAD_ADD * (12 * h * h + 13 * h) / 2 / A100.hbm_bandwidth
+    block = 0.75 * GRAD_ADD * (12 * h * h + 13 * h) / 2 / HBM
     fused, unfused = _times(True), _times(False)
     assert float(unfused.block_bwd[0] - fused.block_bwd[0]) == pytest.approx(block, rel=1e-9)
     assert float(unfused.block_fwd[0]) == float(fused.block_fwd[0])
@@ -75,5 +76,30 @@ def test_unfused_adds_over_a_step_move_every_parameter_m_minus_1_times(tp, m):
     fused, unfused = _times(True, tp, m), _times(False, tp, m)
     diff = lambda f: float((getattr(unfused, f) - getattr(fused, f))[0])  # noqa: E731
     per_micro_batch = GPT.layers * diff("block_bwd") + diff("pre_bwd") + diff("post_bwd")
-    expected = (m - 1) * GRAD_ADD * w.params / tp / A100.hbm_bandwidth
+    expected = (m - 1) * GRAD_ADD * w.params / tp / HBM
     assert m * per_micro_batch == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "name,measured", [("a100-80gb", 1.70e12), ("h100", 2.97e12), ("h200", 4.15e12)]
+)
+def test_memory_bound_kernels_run_at_the_measured_stream_bandwidth(name, measured):
+    """The roofline's HBM rate is BabelStream's Triad on the GPU (Azure's ND v4/v5 results),
+    not the datasheet's; where none is measured, the datasheet's."""
+    assert Rates.of(catalog.GPUS[name]).memory == pytest.approx(measured, rel=1e-12)
+    b200 = catalog.GPUS["b200"]
+    assert Rates.of(b200).memory == b200.hbm_bandwidth
+
+
+def test_only_the_memory_bound_part_scales_with_the_hbm_efficiency():
+    """t(e) = (GEMMs, attention) + bytes / (bw e): halving e adds what the memory-bound part
+    took at e, so t(1/4) - t(1/2) = 2 (t(1/2) - t(1))."""
+    w = build_workload(GPT)
+    L = Layouts.build(tp=2, micro_batch=2)
+
+    def fwd(e):
+        gpu = A100.model_copy(update={"hbm_efficiency": e})
+        return float(stage_times(w, gpu, L).block_fwd[0])
+
+    assert fwd(0.25) - fwd(0.5) == pytest.approx(2 * (fwd(0.5) - fwd(1.0)), rel=1e-9)
+    assert fwd(0.5) > fwd(1.0)

@@ -18,7 +18,8 @@ HBM bandwidth. Each kernel class has its own rate:
   FlashAttention rate; backward 2.5x forward (it recomputes the scores: 5 matmuls to 2,
   Dao 2023). Without FlashAttention: the full square as GEMMs, and the softmax, its mask
   and dropout over b x heads x s^2 elements through HBM.
-- Element-wise: bytes through HBM at its datasheet bandwidth; backward twice the forward.
+- Element-wise: bytes through HBM at what streaming kernels reach of its datasheet
+  bandwidth (catalog: hbm_efficiency); backward twice the forward.
 
 A model without blocks (a CNN, custom layers) runs its FLOPs at the GEMM rate.
 """
@@ -70,7 +71,7 @@ class Rates:
     gemm: float  # BF16 GEMM FLOP/s at its best shapes
     fp8: float  # FP8 GEMM FLOP/s at its best shapes (0: no FP8)
     attention: float  # FlashAttention FLOP/s
-    memory: float  # HBM bytes/s
+    memory: float  # HBM bytes/s that streaming kernels reach
     sms: int
 
     @classmethod
@@ -91,7 +92,7 @@ class Rates:
             gemm=gpu.peak_flops * gpu.gemm_efficiency,
             fp8=fp8,
             attention=gpu.peak_flops * gpu.attention_efficiency,
-            memory=gpu.hbm_bandwidth,
+            memory=gpu.hbm_bandwidth * (gpu.hbm_efficiency or 1.0),
             sms=int(gpu.sm_count),
         )
 

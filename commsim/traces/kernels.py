@@ -96,13 +96,14 @@ class KernelFit:
         return "fp8_gemm_efficiency" if cls == "gemm" and self.fp8 else RATE_FIELDS[cls][0]
 
     def fitted(self, cls: str) -> float | None:
-        """The catalog's efficiency times roofline / traced (other: the HBM share the traced
-        element-wise work reached); None where the trace or the roofline has none."""
+        """The catalog's efficiency times roofline / traced (other: the share of the
+        datasheet HBM bandwidth the traced element-wise work reached, the roofline running
+        it at hbm_efficiency of it); None where the trace or the roofline has none."""
         t, r = self.traced[cls], self.roofline[cls]
         if t <= 0 or r <= 0:
             return None
         field = self.field(cls)
-        return (getattr(self.gpu, field) if field else 1.0) * r / t
+        return (getattr(self.gpu, field) if field else self.gpu.hbm_efficiency or 1.0) * r / t
 
     def fitted_gpu(self, source: str) -> GPUSpec:
         """The GPU with the fitted efficiencies; a SpecError where one exceeds 1 (faster than
