@@ -116,6 +116,12 @@ class GPUSpec(Spec):
     compute_capability: float | None = None
     nvlink_links: int = Field(default=0, ge=0)
 
+    @property
+    def stream_bandwidth(self) -> float:
+        """HBM bytes/s that memory-bound (streaming) kernels reach: the datasheet's times
+        hbm_efficiency (the datasheet's where none is measured)."""
+        return self.hbm_bandwidth * (self.hbm_efficiency or 1.0)
+
 
 class NICSpec(Spec):
     """The network interfaces of one node."""

@@ -92,7 +92,7 @@ class Rates:
             gemm=gpu.peak_flops * gpu.gemm_efficiency,
             fp8=fp8,
             attention=gpu.peak_flops * gpu.attention_efficiency,
-            memory=gpu.hbm_bandwidth * (gpu.hbm_efficiency or 1.0),
+            memory=gpu.stream_bandwidth,
             sms=int(gpu.sm_count),
         )
 

@@ -314,7 +314,7 @@ class StepModel:
             return zero, zero
         step = self.groups.price("send-recv", "cp", L, cp_bytes(L, self.shape, arch))
         merge_f, merge_b = cp_merge_bytes(L, self.shape, arch)
-        hbm = self.gpu.hbm_bandwidth
+        hbm = self.gpu.stream_bandwidth
         fwd, bwd = ring_attention(L.cp, step, c.core_fwd, merge_f, merge_b, hbm)
         return c.blocks * fwd, c.blocks * (bwd + np.where(replays_attention(L.recompute), fwd, 0))
 

@@ -28,9 +28,9 @@ def adam_step_time(params: float, gpu: GPUSpec, grad_bytes: int = 4) -> float:
 
     Bytes per parameter: read fp32 master weight, m and v (12), read the gradient
     (`grad_bytes`), write master, m and v (12), write the bf16 working copy (2): 30 with
-    fp32 gradients. Divided by the GPU's peak HBM bandwidth.
+    fp32 gradients. Divided by the HBM bandwidth streaming kernels reach (GPUSpec).
     """
-    return params * (26 + grad_bytes) / gpu.hbm_bandwidth
+    return params * (26 + grad_bytes) / gpu.stream_bandwidth
 
 
 @dataclass(frozen=True)
