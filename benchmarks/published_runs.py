@@ -72,7 +72,7 @@ PENDING_FIELDS: dict[str, Any] = {
     "tp_overlap": False,
     "fsdp_shard": None,
     "sequence_parallel": True,
-    "grad_accumulation_fusion": True,
+    "grad_accumulation": "fused",
 }
 UNITS = {"hardware": "TFLOP/s", "model": "TFLOP/s", "tokens": "tokens/s"}
 

@@ -326,6 +326,8 @@ GradDtype = Literal["fp32", "fp16", "bf16"]
 # Sec. 3.3.2, so that data parallelism, not the pipeline, crosses the pods)
 RankOrder = Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"]
 Zero3Issue = Literal["unit", "parameter"]
+# how a step's micro-batches accumulate weight gradients (Strategy.grad_accumulation)
+GradAccumulation = Literal["fused", "autograd", "fp32"]
 
 
 class Strategy(Spec):
@@ -369,12 +371,13 @@ class Strategy(Spec):
     # activations are kept split; false: every tp rank does them on the whole sequence
     # (Megatron before 2022, Megatron-DeepSpeed). Only matters where tp > 1
     sequence_parallel: bool = True
-    # the weight-gradient GEMMs accumulate into the gradients across micro-batches
-    # (Megatron's --gradient-accumulation-fusion, since 2022-02, commit 83b1e42f3; torch's
-    # wgrad into an existing .grad); false: autograd adds each micro-batch's 16-bit weight
-    # gradients into .grad in place (read both, write one: 3 x 2 B a parameter) from the
-    # second micro-batch of a step on, as Megatron in 2021 and plain PyTorch do
-    grad_accumulation_fusion: bool = True
+    # how micro-batches accumulate weight gradients (step.compute._grad_adds): "fused", the
+    # wgrad GEMMs accumulate into them (Megatron's --gradient-accumulation-fusion, since
+    # 2022-02, commit 83b1e42f3); "autograd", each micro-batch's 16-bit gradients but a step's
+    # first added into .grad in place (Megatron 2021 in fp16, plain PyTorch); "fp32", each
+    # micro-batch's 16-bit gradients added into an fp32 buffer (Megatron's main_grad hook with
+    # fp32 accumulation; DeepSpeed's BF16_Optimizer.update_hp_grads)
+    grad_accumulation: GradAccumulation = "fused"
     tp_overlap: bool = False
     # the expert all-to-alls run under another micro-batch's compute (Megatron-core's
     # --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)

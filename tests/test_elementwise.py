@@ -9,7 +9,7 @@ import pytest
 from commsim import catalog
 from commsim.specs import ModelSpec
 from commsim.step.compute import ACT, GRAD_ADD, MASK, Rates, stage_times
-from commsim.step.layouts import Layouts
+from commsim.step.layouts import GRAD_ACCUMULATIONS, Layouts
 from commsim.workload.presets import build_workload
 
 GPT = ModelSpec(name="toy", layers=4, hidden=512, heads=8, vocab=1000, seq_len=256)
@@ -46,10 +46,9 @@ def test_the_masks_are_a_fixed_share_of_the_held_work():
         assert held_with / held_without == pytest.approx(1 + share, rel=1e-9)
 
 
-def _times(fused: bool, tp=2, micro_batches=4, model=GPT):
-    L = Layouts.build(
-        tp=tp, micro_batch=1, micro_batches=micro_batches, grad_accumulation_fusion=fused
-    )
+def _times(fused: bool, tp=2, micro_batches=4, model=GPT, unfused="autograd"):
+    how = GRAD_ACCUMULATIONS.index("fused" if fused else unfused)
+    L = Layouts.build(tp=tp, micro_batch=1, micro_batches=micro_batches, grad_accumulation=how)
     return stage_times(build_workload(model), A100, L)
 
 
@@ -65,6 +64,17 @@ def test_unfused_gradient_accumulation_by_hand():
     assert float(unfused.block_fwd[0]) == float(fused.block_fwd[0])
     one = _times(False, micro_batches=1)  # one micro-batch a step: its gradients are kept
     assert float(one.block_bwd[0]) == float(fused.block_bwd[0])
+
+
+def test_fp32_accumulation_by_hand():
+    """Into an fp32 buffer (Megatron's main_grad, DeepSpeed's bf16 optimizer) every
+    micro-batch adds: read the 2-byte gradient, read and write the 4-byte sum, 10 bytes a
+    parameter, whatever the micro-batch count."""
+    h = 512
+    block = 10 * (12 * h * h + 13 * h) / 2 / HBM
+    for m in (1, 4):
+        fused, fp32 = _times(True, micro_batches=m), _times(False, micro_batches=m, unfused="fp32")
+        assert float(fp32.block_bwd[0] - fused.block_bwd[0]) == pytest.approx(block, rel=1e-9)
 
 
 @pytest.mark.parametrize("tp,m", [(1, 2), (2, 4), (4, 16)])

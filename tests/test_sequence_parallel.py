@@ -90,11 +90,11 @@ def _setup(model=TOY, gpus=32, **strategy):
 
 
 def test_predict_and_the_search_agree_without_sequence_parallelism():
-    """... and without gradient-accumulation fusion (the other field of a 2021 stack)."""
-    setup = _setup(sequence_parallel=False, grad_accumulation_fusion=False)
+    """... and with autograd's gradient accumulation (the other field of a 2021 stack)."""
+    setup = _setup(sequence_parallel=False, grad_accumulation="autograd")
     layouts = enumerate_layouts(setup)
     assert not layouts.sequence_parallel.any()
-    assert not layouts.grad_accumulation_fusion.any()
+    assert (layouts.grad_accumulation == 1).all()  # autograd
     assert not layouts.tp_overlap.any()  # Megatron overlaps TP comm only under SP
     found = search(step_model(setup), layouts)
     rank = {int(i): k for k, i in enumerate(found.fitting)}
@@ -102,7 +102,7 @@ def test_predict_and_the_search_agree_without_sequence_parallelism():
     picks = np.random.default_rng(3).choice(tp_rows, size=15, replace=False)
     for i in picks:
         strategy = layouts.strategy(int(i), setup.scenario.strategy)
-        assert strategy.sequence_parallel is strategy.grad_accumulation_fusion is False
+        assert (strategy.sequence_parallel, strategy.grad_accumulation) == (False, "autograd")
         sc = setup.scenario.model_copy(update={"micro_batch": int(layouts.micro_batch[i])})
         variant = type(setup)(sc, setup.source, setup.cluster, setup.gpu, setup.workload)
         got = predict(variant, strategy)

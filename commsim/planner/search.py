@@ -25,7 +25,14 @@ from commsim.collectives.algorithms import SEARCHED
 from commsim.scenario import Setup
 from commsim.specs import Strategy
 from commsim.step.buckets import first_bucket_mb
-from commsim.step.layouts import ALGORITHMS, GRAD_DTYPES, RANK_ORDERS, ZERO3_ISSUES, Layouts
+from commsim.step.layouts import (
+    ALGORITHMS,
+    GRAD_ACCUMULATIONS,
+    GRAD_DTYPES,
+    RANK_ORDERS,
+    ZERO3_ISSUES,
+    Layouts,
+)
 from commsim.step.memory import RECOMPUTE
 from commsim.step.model import StepBreakdown, StepModel
 from commsim.step.shape import Shape, balanced_ends, split_problem
@@ -260,7 +267,7 @@ def enumerate_layouts(
         grad_dtype=GRAD_DTYPES.index(base.grad_dtype),
         flash=base.flash_attention,
         sequence_parallel=base.sequence_parallel,
-        grad_accumulation_fusion=base.grad_accumulation_fusion,
+        grad_accumulation=GRAD_ACCUMULATIONS.index(base.grad_accumulation),  # the stack's
         fsdp_states=(base.states == "fsdp") & (cols["zero"] == 3),  # ZeRO-3's shards only
         ep_overlap=base.ep_overlap & (cols["ep"] > 1),  # where there are all-to-alls
         zero3_issue=ZERO3_ISSUES.index(base.zero3_issue),  # the stack's, as its dtype

@@ -36,9 +36,14 @@ from commsim.workload.model import BACKWARD_FACTOR, Workload
 
 TILE_M, TILE_N = 256, 128  # cuBLAS's large output tile (NVIDIA GEMM guide, sec. 3.2)
 ACT = 2  # bytes of a bf16 activation element
-# autograd's gradient accumulation without fusion: `.grad += new` in place, reading both
-# 16-bit gradients and writing one (torch/csrc/autograd/functions/accumulate_grad.h)
+# HBM bytes a parameter of adding a micro-batch's 16-bit weight gradient into the accumulated
+# one (Strategy.grad_accumulation): "autograd", `.grad += new` in place, both 16-bit, read
+# two and write one (torch/csrc/autograd/functions/accumulate_grad.h); "fp32", into an fp32
+# buffer: read the 16-bit gradient, read and write the fp32 sum (Megatron's
+# `param.main_grad.add_(param.grad.data)`, megatron/model/distributed.py; DeepSpeed's
+# `hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))`, runtime/bf16_optimizer.py)
 GRAD_ADD = 3 * ACT
+FP32_GRAD_ADD = ACT + 2 * 4
 # bytes of a dropout mask element: PyTorch's CUDA dropout keeps a bool mask for the backward
 # (aten/src/ATen/native/cuda/Dropout.cu, dropout_cuda: mask of kBool), as Korthikanti et al.
 # 2022 count it (sbh bytes per dropout)
@@ -159,8 +164,8 @@ def stage_times(workload: Workload, gpu: GPUSpec, L) -> StageTimes:
 @dataclass(frozen=True)
 class _GradAdds:
     """Seconds per micro-batch of adding its weight gradients into the accumulated ones
-    (none where the wgrad GEMMs accumulate, Strategy.grad_accumulation_fusion): of a block,
-    of the layers before and after the blocks, and of a model without blocks."""
+    (none where the wgrad GEMMs accumulate, Strategy.grad_accumulation): of a block, of the
+    layers before and after the blocks, and of a model without blocks."""
 
     block: np.ndarray
     pre: np.ndarray
@@ -169,13 +174,18 @@ class _GradAdds:
 
 
 def _grad_adds(workload: Workload, L, rates: Rates) -> _GradAdds:
-    """Without fusion autograd adds each micro-batch's gradients but the first of a step's
-    (which it keeps as they are) into .grad: (m - 1) / m of the micro-batches, GRAD_ADD bytes
-    a parameter the GPU holds (a block's dense parameters over tp, its experts over ep x
-    etp, the embedding and head over tp: their replicated norms and biases are < 0.1%)."""
+    """Autograd adds each micro-batch's gradients but the first of a step's (which it keeps
+    as they are) into .grad: (m - 1) / m of the micro-batches, GRAD_ADD bytes; an fp32
+    buffer takes every micro-batch's, FP32_GRAD_ADD bytes; a byte count a parameter the GPU
+    holds (a block's dense parameters over tp, its experts over ep x etp, the embedding and
+    head over tp: their replicated norms and biases are < 0.1%)."""
     sh = Shape.of(workload)
     m = np.maximum(L.micro_batches.astype(float), 1.0)
-    share = np.where(L.grad_accumulation_fusion, 0.0, (m - 1) / m) * GRAD_ADD / rates.memory
+    per_param = np.select(
+        [L.grad_accumulation == 1, L.grad_accumulation == 2],
+        [(m - 1) / m * GRAD_ADD, FP32_GRAD_ADD],
+    )  # codes of GRAD_ACCUMULATIONS: fused, autograd, fp32
+    share = per_param / rates.memory
     tp = L.tp.astype(float)
     expert = sh.expert_params / max(sh.blocks, 1)
     block = (sh.block_params - expert) / tp + expert / (L.ep * L.expert_tp)

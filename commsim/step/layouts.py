@@ -13,7 +13,7 @@ from typing import Any, get_args
 
 import numpy as np
 
-from commsim.specs import Algorithm, GradDtype, RankOrder, Strategy, Zero3Issue
+from commsim.specs import Algorithm, GradAccumulation, GradDtype, RankOrder, Strategy, Zero3Issue
 from commsim.step.buckets import first_bucket_mb
 from commsim.step.memory import RECOMPUTE
 from commsim.topology.placement import PLACEMENTS
@@ -22,6 +22,7 @@ ALGORITHMS: tuple[str, ...] = get_args(Algorithm)  # auto, nccl, then the algori
 GRAD_DTYPES: tuple[str, ...] = get_args(GradDtype)
 RANK_ORDERS: tuple[str, ...] = get_args(RankOrder)
 ZERO3_ISSUES: tuple[str, ...] = get_args(Zero3Issue)
+GRAD_ACCUMULATIONS: tuple[str, ...] = get_args(GradAccumulation)
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 _GRAD_BYTES = np.array([DTYPE_BYTES[d] for d in GRAD_DTYPES])
 _DEFAULTS: dict[str, Any] = {
@@ -50,7 +51,7 @@ _DEFAULTS: dict[str, Any] = {
     "fp8": False,
     "flash": True,
     "sequence_parallel": True,
-    "grad_accumulation_fusion": True,
+    "grad_accumulation": 0,
     "tp_overlap": False,
     "ep_overlap": False,
     "fsdp_shard": 0,
@@ -90,7 +91,7 @@ class Layouts:
     fp8: np.ndarray  # the blocks' linear layers in FP8 (Transformer Engine)
     flash: np.ndarray  # FlashAttention (fused attention: no s x s scores kept)
     sequence_parallel: np.ndarray  # element-wise work split over tp (Strategy.sequence_parallel)
-    grad_accumulation_fusion: np.ndarray  # no per-micro-batch gradient add (Strategy's field)
+    grad_accumulation: np.ndarray  # code into GRAD_ACCUMULATIONS (Strategy.grad_accumulation)
     tp_overlap: np.ndarray  # tensor-parallel collectives overlapped with the GEMMs
     ep_overlap: np.ndarray  # expert all-to-alls under another micro-batch's compute
     fsdp_shard: np.ndarray  # ZeRO-3 shards over groups of this many dp ranks (0: all of dp)
@@ -114,7 +115,7 @@ class Layouts:
         arrays = np.broadcast_arrays(*(np.atleast_1d(v) for v in values))
         types = {"bucket_mb": float, "first_bucket_mb": float}
         flags = ("overlap", "error_feedback", "fp8", "flash", "tp_overlap", "ep_overlap")
-        flags += ("fsdp_states", "sequence_parallel", "grad_accumulation_fusion")
+        flags += ("fsdp_states", "sequence_parallel")
         types |= {k: bool for k in flags}
         cast = {n: a.astype(types.get(n, np.int64)) for n, a in zip(names, arrays, strict=True)}
         return cls(**cast, compressions=tuple(compressions))
@@ -154,7 +155,7 @@ class Layouts:
             fp8=col(lambda s: s.precision == "fp8"),
             flash=col(lambda s: s.flash_attention),
             sequence_parallel=col(lambda s: s.sequence_parallel),
-            grad_accumulation_fusion=col(lambda s: s.grad_accumulation_fusion),
+            grad_accumulation=col(lambda s: GRAD_ACCUMULATIONS.index(s.grad_accumulation)),
             tp_overlap=col(lambda s: s.tp_overlap),
             ep_overlap=col(lambda s: s.ep_overlap),
             fsdp_shard=col(lambda s: s.fsdp_shard or 0),
@@ -177,6 +178,7 @@ class Layouts:
         out["grad_dtype"] = GRAD_DTYPES[out["grad_dtype"]]
         out["order"] = RANK_ORDERS[out["order"]]
         out["zero3_issue"] = ZERO3_ISSUES[out["zero3_issue"]]
+        out["grad_accumulation"] = GRAD_ACCUMULATIONS[out["grad_accumulation"]]
         return out
 
     def strategy(self, i: int, base: Strategy) -> Strategy:
@@ -246,7 +248,7 @@ _STRATEGY_FIELDS = (
     "zero3_issue",
     "order",
     "sequence_parallel",
-    "grad_accumulation_fusion",
+    "grad_accumulation",
 )
 
 
