@@ -8,7 +8,7 @@ import pytest
 
 from commsim import catalog
 from commsim.specs import ModelSpec
-from commsim.step.compute import ACT, GRAD_ADD, MASK, Rates, stage_times
+from commsim.step.compute import ACT, GRAD_ADD, MASK, Rates, gemm_seconds, stage_times
 from commsim.step.layouts import GRAD_ACCUMULATIONS, Layouts
 from commsim.workload.presets import build_workload
 
@@ -113,3 +113,17 @@ def test_only_the_memory_bound_part_scales_with_the_hbm_efficiency():
 
     assert fwd(0.25) - fwd(0.5) == pytest.approx(2 * (fwd(0.5) - fwd(1.0)), rel=1e-9)
     assert fwd(0.5) > fwd(1.0)
+
+
+def test_the_cross_entropy_passes_by_hand():
+    """Megatron's vocab-parallel cross-entropy over b s = 256 tokens x 1000 / 2 logits: 38
+    bytes a logit forward (cast 6, max 4, subtract 8, exp 8, sum 4, divide 8), 14 backward
+    (multiply 8, cast back 6); the rest of the last layers (norm, head) as before."""
+    w = build_workload(GPT)
+    L = Layouts.build(tp=2, micro_batch=1)
+    t = stage_times(w, A100, L)
+    logits = 256 * 1000 / 2
+    head = gemm_seconds(256, 500, 512, Rates.of(A100).gemm, 108)
+    norm = 2 * 128 * 512 * ACT / HBM  # on the 128 tokens a rank holds under SP
+    assert float(t.post_fwd[0]) == pytest.approx(norm + head + 38 * logits / HBM, rel=1e-9)
+    assert float(t.post_bwd[0]) == pytest.approx(2 * (norm + head) + 14 * logits / HBM, rel=1e-9)

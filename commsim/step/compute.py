@@ -49,7 +49,14 @@ FP32_GRAD_ADD = ACT + 2 * 4
 # 2022 count it (sbh bytes per dropout)
 MASK = 1
 FP8_CAST = 3  # bytes to cast a bf16 element to fp8: read 2, write 1
-LOGIT = 4  # fp32 logits in the cross-entropy
+# HBM bytes a logit of Megatron's vocab-parallel cross-entropy (megatron/core/tensor_parallel/
+# cross_entropy.py at d98e8a64d, 2026-08, as megatron/mpu/cross_entropy.py in 2021; the
+# default, cross_entropy_loss_fusion off), each pass over the b s x v / tp logits: forward,
+# the 16-bit logits cast to fp32 (read 2, write 4), max (read 4), subtract it in place (4 + 4),
+# exp in place (4 + 4), sum (4), divide in place to keep the softmax (4 + 4): 38; backward,
+# multiply by the loss gradient in place (4 + 4), the cast's gradient to 16 bits (4 + 2): 14
+CROSS_ENTROPY_FORWARD = 2 + 4 + 4 + 8 + 8 + 4 + 8
+CROSS_ENTROPY_BACKWARD = 8 + 4 + 2
 ATTENTION_BACKWARD = 2.5  # FlashAttention's backward / forward FLOPs (5 matmuls to 2)
 CAUSAL = 0.5  # the share of the s x s square causal FlashAttention computes
 # MoE (Megatron-core's all-to-all token dispatcher, transformer/moe/token_dispatcher.py): the
@@ -337,14 +344,14 @@ class _Block:
 def _ends(arch, rates: Rates, tokens, tp, split):
     """Forward and backward seconds of the layers before the blocks (the embedding: gather
     b s rows of h) and after them (the final norm, the LM head's GEMM in BF16, the fp32
-    cross-entropy over the vocabulary slice: write, read for the softmax, write its
-    gradient); the embedding's output and the norm on the tokens a tp rank holds (`split`:
+    cross-entropy over the vocabulary slice, CROSS_ENTROPY_* bytes a logit); the embedding's
+    output and the norm on the tokens a tp rank holds (`split`:
     tp with sequence parallelism, else 1)."""
     h, v = arch.hidden, arch.vocab
     embed = 2 * tokens / split * h * ACT / rates.memory
     head = gemm_seconds(tokens, v / tp, h, rates.gemm, rates.sms)
-    loss = 3 * tokens * v / tp * LOGIT / rates.memory
+    logits = tokens * v / tp / rates.memory
     norm = 2 * tokens / split * h * ACT / rates.memory
-    post_fwd = norm + head + loss
-    post_bwd = BACKWARD_FACTOR * (norm + head) + loss
+    post_fwd = norm + head + CROSS_ENTROPY_FORWARD * logits
+    post_bwd = BACKWARD_FACTOR * (norm + head) + CROSS_ENTROPY_BACKWARD * logits
     return embed, embed, post_fwd, post_bwd
