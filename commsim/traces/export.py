@@ -267,7 +267,7 @@ def _ring(model, L: Layouts, blocks: float) -> Ring:
     step = float(model.groups.price("send-recv", "cp", L, np.array([nbytes]))[0])
     core = float(model.compute(L).core_fwd[0]) / int(L.cp[0])
     merge_f, merge_b = cp_merge_bytes(L, model.shape, model.workload.arch)
-    hbm = model.gpu.hbm_bandwidth
+    hbm = model.gpu.stream_bandwidth  # as the step model prices the merges
     merge = (float(merge_f[0]) / hbm, float(merge_b[0]) / hbm)
     replay = bool(replays_attention(L.recompute)[0])
     return Ring(int(round(blocks)), nbytes, step, core, int(L.cp[0]), merge, replay)
