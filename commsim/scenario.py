@@ -258,7 +258,8 @@ def check_pins(w: Workload, strategy: Strategy, pins: set[str], src: str) -> Non
     """The strategy fields a search holds (`pins`) against the model's own limits
     (check_model_axes), the other fields at their defaults: a pin no layout can take."""
     pinned = {k: getattr(strategy, k) for k in pins if k in Strategy.model_fields}
-    check_model_axes(w, Strategy(**pinned), src)
+    stack = {"sequence_parallel": strategy.sequence_parallel}  # never searched: as given
+    check_model_axes(w, Strategy(**(stack | pinned)), src)
 
 
 def check_model_axes(w: Workload, strategy: Strategy, src: str) -> None:
@@ -276,26 +277,17 @@ def check_model_axes(w: Workload, strategy: Strategy, src: str) -> None:
         raise SpecError(src, "strategy.pp", f"{strategy.pp} pipeline stages for {blocks} layers")
     if strategy.ep > 1 and not w.moe:
         raise SpecError(src, "strategy.ep", f"expert parallelism needs experts; {w.name} has none")
+    if w.moe and strategy.tp > 1 and not strategy.sequence_parallel:  # as Megatron-core's
+        # model_parallel_config.py: "... tensor parallelism, sequence parallelism must be used"
+        raise SpecError(
+            src, "strategy.sequence_parallel", "off, but MoE with tp > 1 needs sequence parallelism"
+        )
     if strategy.ep_overlap and not w.moe:
         raise SpecError(src, "strategy.ep_overlap", f"needs expert all-to-alls; {w.name} has none")
     if strategy.ep > 1 and w.experts % strategy.ep:
         raise SpecError(
             src, "strategy.ep", f"{strategy.ep} does not divide the model's {w.experts} experts"
         )
-
-
-def _check_sequence_parallel(setup: Setup, strategy: Strategy) -> None:
-    """Megatron runs TP communication overlap and MoE with tensor parallelism only with
-    sequence parallelism (Megatron-LM arguments.py: tp_comm_overlap asserts it; Megatron-core
-    model_parallel_config.py: "When using expert parallelism and tensor parallelism, sequence
-    parallelism must be used"), and commsim prices them only so."""
-    if strategy.sequence_parallel or strategy.tp == 1:
-        return
-    src, field = setup.source, "strategy.sequence_parallel"
-    if strategy.tp_overlap:
-        raise SpecError(src, field, "off, but tp_overlap needs sequence parallelism")
-    if setup.workload.moe:
-        raise SpecError(src, field, "off, but MoE with tp > 1 needs sequence parallelism")
 
 
 def _check_kernels(setup: Setup, strategy: Strategy) -> None:
@@ -307,7 +299,10 @@ def _check_kernels(setup: Setup, strategy: Strategy) -> None:
         raise SpecError(src, "strategy.precision", f"{setup.gpu.name} has no FP8 tensor cores")
     if strategy.tp_overlap and strategy.tp == 1:
         raise SpecError(src, "strategy.tp_overlap", "needs tensor parallelism (tp > 1)")
-    _check_sequence_parallel(setup, strategy)
+    if strategy.tp_overlap and not strategy.sequence_parallel:  # Megatron-LM arguments.py
+        raise SpecError(
+            src, "strategy.sequence_parallel", "off, but tp_overlap needs sequence parallelism"
+        )
     if strategy.ep_overlap and strategy.ep == 1:
         raise SpecError(src, "strategy.ep_overlap", "needs expert parallelism (ep > 1)")
     if strategy.fsdp_shard is not None:

@@ -151,6 +151,11 @@ def test_predict_and_plan_take_the_flag(tmp_path):
     assert all(
         c["strategy"]["sequence_parallel"] is False for c in json.loads(out.output)["candidates"]
     )
+    moe = ["--model", "mixtral-8x7b", "--cluster", "dgx-h100-ib", "--gpus", "16"]
+    moe += ["--global-batch", "32", "--tp", "2", "--no-sequence-parallel"]
+    out = run(app, ["plan", *moe])  # a pinned tp > 1 that no MoE layout takes without SP
+    assert out.exit_code == 2
+    assert "off, but MoE with tp > 1 needs sequence parallelism" in out.output
     out = run(app, ["predict", *args, "--no-sequence-parallel", "--tp-overlap"])
     assert out.exit_code == 2
     assert "--sequence-parallel False: off, but tp_overlap needs sequence parallelism" in (
