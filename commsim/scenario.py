@@ -259,6 +259,19 @@ def check_pins(w: Workload, strategy: Strategy, pins: set[str], src: str) -> Non
     (check_model_axes), the other fields at their defaults: a pin no layout can take."""
     pinned = {k: getattr(strategy, k) for k in pins if k in Strategy.model_fields}
     check_model_axes(w, Strategy(**pinned), src)
+    _check_param_gather(strategy, pinned.get("zero", 1), pinned.get("overlap", True), src)
+
+
+def _check_param_gather(strategy: Strategy, zero: int, overlap: bool, src: str) -> None:
+    """overlap_param_gather false places ZeRO 1-2's overlapped gathers: with neither it
+    would change nothing, so it is refused (a search: unless zero and overlap are free)."""
+    if not strategy.overlap_param_gather and (zero not in (1, 2) or not overlap):
+        raise SpecError(
+            src,
+            "strategy.overlap_param_gather",
+            "false moves ZeRO 1-2's overlapped parameter all-gathers after the optimizer: it "
+            f"needs zero 1 or 2 and overlap on (zero {zero}, overlap {str(overlap).lower()})",
+        )
 
 
 def check_model_axes(w: Workload, strategy: Strategy, src: str) -> None:
@@ -313,6 +326,7 @@ def _check_kernels(setup: Setup, strategy: Strategy) -> None:
                 f"a shard group's {held} ranks (fsdp_shard x cp x tp) do not hold whole expert "
                 f"grids of ep x etp = {strategy.ep} x {strategy.expert_tp}",
             )
+    _check_param_gather(strategy, strategy.zero, strategy.overlap, src)
     if strategy.zero3_issue != "unit" and (strategy.zero != 3 or strategy.fsdp_shard):
         raise SpecError(
             src,

@@ -349,6 +349,10 @@ class Strategy(Spec):
     # DDP's first bucket (MiB); None: as torch >= 2.4 forms it (step.buckets.first_bucket_mb)
     first_bucket_mb: float | None = Field(default=None, gt=0)
     overlap: bool = True
+    # ZeRO 1-2's parameter all-gathers with overlap on: under the next step's forward
+    # (Megatron-core's --overlap-param-gather) or after the optimizer step, all exposed
+    # (DeepSpeed's stage 1-2 step(): all_gather_dp_groups; Megatron-core without the flag)
+    overlap_param_gather: bool = True
     grad_dtype: GradDtype = "fp32"  # DDP all-reduces fp32 grads by default
     ps_shards: int = Field(default=1, ge=1)
     compression: Compression = "none"  # what a DDP comm hook does to each bucket
@@ -356,15 +360,13 @@ class Strategy(Spec):
     cp: int = Field(default=1, ge=1)  # context-parallel degree (Megatron-core ring attention)
     precision: Literal["bf16", "fp8"] = "bf16"  # the blocks' GEMMs (Transformer Engine FP8)
     flash_attention: bool = True  # fused attention: no s x s scores kept, causal half computed
-    tp_overlap: bool = False
+    tp_overlap: bool = False  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
     # the expert all-to-alls run under another micro-batch's compute (Megatron-core's
     # --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)
     ep_overlap: bool = False
     # how ZeRO-3 keeps its shards: bf16 weights beside an fp32 master copy ("zero": DeepSpeed,
     # Megatron) or fp32 weights that are the master ("fsdp": PyTorch FSDP, step.memory._states)
-    states: Literal["zero", "fsdp"] = (
-        "zero"  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
-    )
+    states: Literal["zero", "fsdp"] = "zero"
     fsdp_shard: int | None = Field(default=None, ge=1)  # hybrid sharding: ZeRO-3 groups (HSDP)
     # how ZeRO-3 issues its collectives (step.fsdp): "unit", a gather per FSDP unit prefetched
     # under compute (FSDP, DeepSpeed >= 0.6); "parameter", DeepSpeed before 0.6 (2021): one

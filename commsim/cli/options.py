@@ -171,6 +171,14 @@ EpOverlapOpt = Annotated[
         help="Hide expert all-to-alls under another micro-batch's compute (DualPipe-style).",
     ),
 ]
+ParamGatherOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--overlap-param-gather/--no-overlap-param-gather",
+        help="ZeRO 1-2 with overlap: parameter all-gathers under the next forward (Megatron-core's "
+        "flag) or after the optimizer (DeepSpeed).",
+    ),
+]
 TokensOpt = Annotated[float | None, typer.Option(help="Training tokens, for time to train.")]
 ProfileOpt = Annotated[
     str | None, typer.Option(help="Calibration profile (commsim calibrate fit) for the cluster.")
@@ -317,6 +325,13 @@ def refuse_ignored(strategy: Any, given: dict[str, Any]) -> None:
         )
 
 
+def _as_typed(key: str, value: Any) -> str:
+    """A flag and its value as the user typed them: --x 3, --ep-overlap, --no-ep-overlap."""
+    if isinstance(value, bool):
+        return flag(key) if value else "--no-" + flag(key)[2:]
+    return f"{flag(key)} {_shown(value)}"
+
+
 def _shown(value: Any) -> str:
     """A flag's value as typed; quoted when empty or spaced."""
     text = str(value)
@@ -342,7 +357,7 @@ def blame_flags(scenario: str | None, overrides: dict[str, Any]) -> Iterator[Non
             keys = [k for k in ("tp", "pp", "cp") if k in given]
         if not keys:
             raise
-        named = ", ".join(f"{flag(k)} {_shown(given[k])}" for k in keys)
+        named = ", ".join(_as_typed(k, given[k]) for k in keys)
         raise SpecError(named, "", e.problem) from None
 
 

@@ -26,6 +26,7 @@ from commsim.cli.options import (
     NcclAlgoOpt,
     NcclProtoOpt,
     NcclVersionOpt,
+    ParamGatherOpt,
     PrecisionOpt,
     PriceOpt,
     ProfileOpt,
@@ -102,6 +103,7 @@ def plan_cmd(
     algorithm: OnlyAlgorithmOpt = None,
     placement: OnlyPlacementOpt = None,
     overlap: OnlyOverlapOpt = None,
+    overlap_param_gather: ParamGatherOpt = None,
     compression: OnlyCompressionOpt = None,
     error_feedback: ErrorFeedbackOpt = None,
     profile: ProfileOpt = None,
@@ -188,7 +190,8 @@ def plan_cmd(
         tp_overlap=tp_overlap,
         ep_overlap=ep_overlap,
     )
-    stack = dict(flash_attention=flash_attention)  # every searched layout runs it, none searched
+    # every searched layout runs them, none searched
+    stack = dict(flash_attention=flash_attention, overlap_param_gather=overlap_param_gather)
     one_cluster = dict(
         profile=profile,
         nccl_version=nccl_version,
