@@ -222,6 +222,22 @@ NcclProtoOpt = Annotated[
 ]
 
 
+# flags that set scenario fields, by how `plan` treats them (`predict` takes them all)
+TRAINING_FLAGS = ("global_batch", "micro_batch", "seq_len", "tokens", "price_per_gpu_hour")
+LAYOUT_FLAGS = (  # the search's dimensions: a flag pins one
+    *("bucket_mb", "algorithm", "placement", "overlap", "compression", "error_feedback"),
+    *("tp", "pp", "ep", "etp", "zero", "recompute", "interleave", "first_stage_layers"),
+    *("last_stage_layers", "cp", "order", "fsdp_shard", "precision", "tp_overlap", "ep_overlap"),
+)
+STACK_FLAGS = ("flash_attention", "overlap_param_gather")  # every layout runs them as given
+NCCL_FLAGS = ("nccl_version", "nccl_algo", "nccl_proto")
+
+
+def pick(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The named flags' values (a command's locals()), in the order named."""
+    return {name: values[name] for name in names}
+
+
 def flag(key: str) -> str:
     """The flag that sets a scenario or strategy field."""
     return "--" + key.replace("_", "-")
