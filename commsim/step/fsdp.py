@@ -27,7 +27,8 @@ PERSISTENCE_THRESHOLD = 100_000
 # tensors of any size), 2.26 us a call (pytorch/pytorch PR #32194, 2020, before torch 1.8)
 EAGER_OP_S = 2.26e-6
 # CPU seconds of submitting one cudaMemcpyAsync of a small chunk: 5-7 us measured a call
-# (Wu et al. 2026, "DualPath", arXiv:2602.21548 section 5.2); the midpoint
+# (Wu et al. 2026, "DualPath", arXiv:2602.21548 section 5.2: KV-cache blocks between host
+# buffers and HBM; a device-to-device copy is taken to cost the same); the midpoint
 MEMCPY_SUBMIT_S = 6e-6
 
 
