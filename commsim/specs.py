@@ -179,27 +179,33 @@ NcclVersion = Annotated[str, BeforeValidator(str), AfterValidator(_nccl_version)
 LinkClass = Literal["nvlink", "pci", "net"]
 
 
-class NcclSpec(Spec):
+class NcclOverrides(Spec):
+    """NCCL_ALGO / NCCL_PROTO as a job sets them: what NCCL's tuner may pick, per collective
+    from 2.24 (collectives.nccl.overrides); None: NCCL's own choice. Checked against the
+    model's NCCL `version` (a cluster's, or the one a calibration profile measured)."""
+
+    algo: str | None = None
+    proto: str | None = None
+
+    @model_validator(mode="after")
+    def _overrides(self) -> NcclOverrides:
+        from commsim.collectives.nccl.overrides import parse
+
+        parse(self.algo, self.proto, self.version)  # a ValueError for what NCCL would refuse
+        return self
+
+
+class NcclSpec(NcclOverrides):
     """How NCCL runs on this cluster: the version whose tuning model prices its collectives,
     and what a calibration fit (commsim calibrate fit on nccl-tests logs) learnt: a factor on
     NCCL's per-step latencies of each link class, and the per-channel bandwidth of its rings
-    on one node (intra) and across nodes (inter), replacing what its topology search finds."""
+    on one node (intra) and across nodes (inter), replacing what its topology search finds;
+    and the job's NCCL_ALGO / NCCL_PROTO (NcclOverrides)."""
 
     version: NcclVersion = "2.30"
     latency_scale: dict[LinkClass, Annotated[float, Field(gt=0)]] = {}
     channel_bandwidth_intra: Rate | None = None
     channel_bandwidth_inter: Rate | None = None
-    # NCCL_ALGO / NCCL_PROTO as the job sets them: what NCCL's tuner may pick, per collective
-    # from 2.24 (collectives.nccl.overrides); None: NCCL's own choice
-    algo: str | None = None
-    proto: str | None = None
-
-    @model_validator(mode="after")
-    def _overrides(self) -> NcclSpec:
-        from commsim.collectives.nccl.overrides import parse
-
-        parse(self.algo, self.proto, self.version)  # a ValueError for what NCCL would refuse
-        return self
 
 
 FailureClass = Literal["gpu", "hbm", "nic", "host", "switch", "cable", "software"]
