@@ -233,3 +233,19 @@ def test_a_profiles_bad_override_is_one_line_naming_file_and_field(tmp_path):
     out = runner.invoke(app, [*base, "--sizes", "1KiB", "--profile", path])
     assert out.exit_code == 2 and len(out.stderr.strip().splitlines()) == 1
     assert f"{path}: nccl: NCCL_PROTO='Simpel'" in out.stderr and "knows no" in out.stderr
+
+
+@pytest.mark.parametrize("command", ["predict", "collective"])
+def test_a_version_other_than_the_profiles_fit_is_refused(tmp_path, command):
+    """A profile's NCCL fit is priced by the version it ran at: `--nccl-version` naming
+    another is refused in one line (predict used to keep the profile's silently), the same
+    version is accepted."""
+    path = str(_nccl_profile(tmp_path))
+    args = ["predict", "--model", "gpt2-xl", "--gpus", "16"]
+    if command == "collective":
+        args = ["collective", "all-reduce", "--gpus", "16", "--sizes", "1MiB"]
+    args += ["--cluster", "dgx-a100-ib", "--profile", path]
+    out = runner.invoke(app, [*args, "--nccl-version", "2.18"])
+    assert out.exit_code == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "--nccl-version 2.18: the profile" in out.stderr and "fitted at NCCL 2.30" in out.stderr
+    assert runner.invoke(app, [*args, "--nccl-version", "2.30"]).exit_code == 0

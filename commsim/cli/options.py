@@ -305,7 +305,24 @@ def setup_from_flags(
             update={"strategy": interleave_of(setup, spec.strategy, layers_per_virtual_stage)}
         )
     setup = resolve(spec, source, check)
+    if spec.profile:  # the profile's NCCL fit, if any, set the version: else the flag did
+        check_fitted_version(nccl_version, setup.cluster.spec.nccl.version, spec.profile)
     return setup if backend is None else with_backend(setup, backend)
+
+
+def check_fitted_version(flag: str | None, fitted: str | None, profile: str | None) -> None:
+    """--nccl-version against the version a profile's NCCL fit ran (and prices) at
+    (`fitted`, None without one): another would price the fit with another version's
+    tables, so it is refused."""
+    from commsim.specs import SpecError
+
+    if flag is not None and fitted is not None and fitted != flag:
+        raise SpecError(
+            f"--nccl-version {flag}",
+            "",
+            f"the profile {profile} was fitted at NCCL {fitted}, whose model prices its fit: "
+            "drop the flag, or fit the profile at that version",
+        )
 
 
 def interleave_of(setup: Setup, strategy: Any, layers: int) -> Any:
