@@ -35,15 +35,23 @@ class ActivationWidths:
     op_scatters: float = 4.0
 
     @classmethod
-    def of(cls, c) -> ActivationWidths:
+    def of(cls, c, fp8: bool = False) -> ActivationWidths:
         """A TransformerShape's widths. Replicated: the two norms' inputs (2 + 2), the
         attention's and the MLP's inputs (2 + 2), 1-byte dropout masks after each (1 + 1),
         MLA's latents. Split: Q, K, V and the attention output (2 bytes a value each), the
         MLP inside (plain: its up-projection and activation outputs, 2 f + 2 f; gated: gate,
         up and their product, 3 x 2 f); an MoE layer keeps that for each of its top_k x
         capacity routed copies of a token, with the copy's input (2 h), and its shared
-        experts'. Scores: softmax output 2, and with dropout its mask 1 and output 2."""
+        experts'. Scores: softmax output 2, and with dropout its mask 1 and output 2.
+        `fp8`: the linear layers run Transformer Engine FP8 GEMMs, which keep a GEMM's input
+        for the weight gradient in FP8, 1 byte a value (TE v1.8 module/linear.py "saved_inputmat
+        _t", v2.8 linear.py "Discard unneeded data in input tensor", layernorm_linear.py's
+        ln_out): the attention's and the MLP's inputs, the MLP's inner GEMM input (activation
+        output) and an FP8 copy of the attention output for the output projection, beside the
+        BF16 one the attention kernel keeps; norm inputs, Q, K, V and the activation's input
+        stay BF16."""
         h, d = c.hidden, 1.0 if c.has_dropout else 0.0
+        gemm_in = 1.0 if fp8 else 2.0  # bytes a saved GEMM input takes
         hd = c.head_width
         if c.mla:
             qk = c.heads * (hd + c.rope_head_dim)
@@ -51,21 +59,22 @@ class ActivationWidths:
             latent = 2.0 * ((c.q_lora_rank or 0) + c.kv_lora_rank + c.rope_head_dim)
         else:
             q, k, v, latent = c.heads * hd, c.kv_heads * hd, c.kv_heads * hd, 0.0
-        attention = 2.0 * (q + k + v + q if not c.mla else q + k + v + v)
+        o = q if not c.mla else v  # the attention output's width
+        attention = 2.0 * (q + k + v + o) + (gemm_in * o if fp8 else 0.0)
 
         def inside(width: float) -> float:
-            return (6.0 if c.gated_mlp else 4.0) * width
+            return ((4.0 if c.gated_mlp else 2.0) + gemm_in) * width
 
         mlp = inside(c.ffn_hidden)
         if c.experts > 1:
             routed = c.top_k * c.capacity_factor
             expert = c.moe_ffn_hidden or c.ffn_hidden
-            moe = routed * inside(expert) + (routed - 1.0) * 2.0 * h
+            moe = routed * inside(expert) + (routed - 1.0) * gemm_in * h
             moe += inside(c.shared_experts * expert) if c.shared_experts else 0.0
             share = (c.layers - c.dense_layers) / c.layers
             mlp = (1.0 - share) * mlp + share * moe
         return cls(
-            replicated=8.0 + 2.0 * d + latent / h,
+            replicated=4.0 + 2.0 * gemm_in + 2.0 * d + latent / h,
             split=(attention + mlp) / h,
             scores=2.0 + 3.0 * d,
             **_op_widths(c, q, k, v),

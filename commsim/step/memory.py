@@ -66,6 +66,7 @@ class ParallelLayout:
     shard: int = 0  # hybrid sharding (HSDP): ZeRO-3 groups of this many dp ranks (0: all)
     fsdp_states: bool = False  # ZeRO-3 shards kept as PyTorch FSDP keeps them (fp32 weights)
     residual_bytes: int = 0  # error feedback: its residual's bytes a parameter (0: none)
+    fp8: bool = False  # Transformer Engine FP8 GEMMs: their saved inputs in FP8
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -129,6 +130,7 @@ class _Shape:
     block: tuple[float, float]  # parameters of one block (split over tp, replicated; mean)
     expert: float  # of block[0]: the experts' MLPs (split over tp and ep; mean over blocks)
     widths: ActivationWidths  # what a block keeps per token for its backward
+    widths_fp8: ActivationWidths  # the same with FP8 GEMMs
     first: tuple[float, float]  # layers before the blocks: the embedding
     last: tuple[float, float]  # layers after the blocks: final norm, heads
     tied: int  # token-embedding size when the head reuses it (a copy on the last stage), else 0
@@ -164,6 +166,9 @@ def _transformer_shape(workload: Workload) -> _Shape | None:
         block=(body[0] / len(blocks), body[1] / len(blocks)),
         expert=workload.expert_params,
         widths=ActivationWidths.of(workload.arch) if workload.arch else ActivationWidths(),
+        widths_fp8=(
+            ActivationWidths.of(workload.arch, fp8=True) if workload.arch else ActivationWidths()
+        ),
         first=split(workload.layers[:1]),
         last=split(tail),
         tied=0 if untied else vocab * h,
@@ -217,16 +222,22 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     first = shape.first[0] / t + shape.first[1]
     last = shape.last[0] / t + shape.last[1] + np.where(pp > 1, shape.tied / t, 0.0)
     held_seq = c["seq_len"] / c["cp"]
-    per_layer = activation_bytes_per_layer(
-        held_seq,
-        c["micro_batch"],
-        shape.hidden,
-        shape.heads,
-        t,
-        c["sp"],
-        c["recompute"],
-        c["flash"],
-        shape.widths,
+    per_layer = np.where(
+        c["fp8"],
+        *(
+            activation_bytes_per_layer(
+                held_seq,
+                c["micro_batch"],
+                shape.hidden,
+                shape.heads,
+                t,
+                c["sp"],
+                c["recompute"],
+                c["flash"],
+                widths,
+            )
+            for widths in (shape.widths_fp8, shape.widths)
+        ),
     )
     # Output layer: norm output, logits and fp32 cross-entropy, 4sbh/t(1 + v/h) (Korthikanti
     # Sec. 4.3), per micro-batch its chunk holds: one under 1F1B, interleaved or not
@@ -329,6 +340,7 @@ def memory_per_gpu_batch(
     shard=0,
     residual_bytes=0,
     fsdp_states=False,
+    fp8=False,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -356,6 +368,7 @@ def memory_per_gpu_batch(
         shard=shard,
         residual=residual_bytes,
         fsdp_states=fsdp_states,
+        fp8=fp8,
     )
     return sum(_components(workload, c, schedule))
 
@@ -391,5 +404,6 @@ def memory_per_gpu(
         shard=layout.shard,
         residual=layout.residual_bytes,
         fsdp_states=layout.fsdp_states,
+        fp8=layout.fp8,
     )
     return MemoryBreakdown(*(float(x) for x in _components(workload, c, schedule)))
