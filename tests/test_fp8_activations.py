@@ -94,3 +94,13 @@ def test_fp8_batch_equals_scalar():
             fp8=bool(fp8[i]),
         )
         assert batch[i] == pytest.approx(memory_per_gpu(w, layout).total, rel=1e-12)
+
+
+def test_moe_copies_keep_fp8_inputs():
+    # Mixtral: top-2 x capacity 1.25 routed copies, each keeping its expert's gate and up in
+    # BF16 (4 x 14336), the product in FP8 (14336) and its FP8 input beyond the first (4096)
+    c = build_workload("mixtral-8x7b").arch
+    w = ActivationWidths.of(c, fp8=True)
+    attention = 2 * (4096 + 1024 + 1024 + 4096) + 4096
+    moe = 2.5 * 5 * 14336 + 1.5 * 1 * 4096
+    assert (w.replicated, w.split) == pytest.approx((6.0, (attention + moe) / 4096))

@@ -46,10 +46,11 @@ class ActivationWidths:
         `fp8`: the linear layers run Transformer Engine FP8 GEMMs, which keep a GEMM's input
         for the weight gradient in FP8, 1 byte a value (TE v1.8 module/linear.py "saved_inputmat
         _t", v2.8 linear.py "Discard unneeded data in input tensor", layernorm_linear.py's
-        ln_out): the attention's and the MLP's inputs, the MLP's inner GEMM input (activation
-        output) and an FP8 copy of the attention output for the output projection, beside the
-        BF16 one the attention kernel keeps; norm inputs, Q, K, V and the activation's input
-        stay BF16."""
+        ln_out, grouped_linear.py's inputmats for MoE experts): the attention's and the MLP's
+        inputs, the MLP's inner GEMM input (activation output), each routed copy's input and
+        an FP8 copy of the attention output for the output projection, beside the BF16 one
+        the attention kernel keeps; norm inputs, Q, K, V and the activation's input stay BF16.
+        MLA's latents are counted in BF16 (not checked against a source)."""
         h, d = c.hidden, 1.0 if c.has_dropout else 0.0
         gemm_in = 1.0 if fp8 else 2.0  # bytes a saved GEMM input takes
         hd = c.head_width
