@@ -6,7 +6,9 @@ What it reads (DeepSpeed's names, defaults from deepspeed/runtime/zero/config.py
   zero_optimization.reduce_bucket_size
                                      -> bucket_mb: elements (DeepSpeed's default 5e8, not
                                         commsim's 25 MiB) x the gradient dtype's bytes, in MiB
-  zero_optimization.overlap_comm     -> overlap (DeepSpeed's default: on for stage 3 only)
+  zero_optimization.overlap_comm     -> overlap (DeepSpeed's default: on for stage 3 only);
+                                        stages 1-2 gather the parameters after the optimizer
+                                        step (stage_1_and_2.py): overlap_param_gather false
   communication_data_type, else fp16.enabled / bf16.enabled
                                      -> grad_dtype (fp32 when neither is enabled)
   train_micro_batch_size_per_gpu     -> micro_batch
@@ -105,6 +107,8 @@ def read_deepspeed(path: str | Path) -> DeepSpeedSettings:
         field = "zero_optimization.overlap_comm"
         raise SpecError(source, field, f"expected true or false, got {overlap!r}")
     strategy["overlap"] = overlap
+    if overlap and 0 < stage < 3:  # step() gathers after the optimizer (all_gather_dp_groups)
+        strategy["overlap_param_gather"] = False
     reduce = _elements(zero, "reduce_bucket_size", source, notes)
     if reduce is not None:
         strategy["bucket_mb"] = reduce * GRAD_BYTES[dtype or "fp32"] / MIB

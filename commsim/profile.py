@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from commsim.spec_io import load_spec, read_yaml
-from commsim.specs import ClusterSpec, LinkClass, Spec, SpecError
+from commsim.specs import ClusterSpec, LinkClass, NcclOverrides, Spec, SpecError
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "all-to-all", "send-recv")
 TIERS = ("intra-node", "inter-node", "cross-rack")
@@ -74,11 +74,13 @@ class ComputeFit(Spec):
     points: int = Field(ge=1)
 
 
-class NcclFit(Spec):
+class NcclFit(NcclOverrides):
     """NCCL's model fitted to NCCL measurements: the version that ran (its tables price),
     per link class a factor on NCCL's per-step latencies, the per-channel bandwidth of its
     rings on one node (intra) and across nodes (inter), each with a 95% interval. `fitted`
-    names what the data determined; `not_fitted` what kept NCCL's own value."""
+    names what the data determined; `not_fitted` what kept NCCL's own value. `algo` /
+    `proto` (NcclOverrides): NCCL_ALGO / NCCL_PROTO the measured runs exported, which
+    carry_over applies to a cluster that sets none."""
 
     version: str
     latency_scale: dict[LinkClass, float] = {}
@@ -418,9 +420,25 @@ def carry_over(
                 "channel_bandwidth_intra": fit.channel_bandwidth_intra_Bps,
                 "channel_bandwidth_inter": fit.channel_bandwidth_inter_Bps,
             }
+            | _nccl_overrides(spec, fit, notes)
         )
         notes.append(f"NCCL {fit.version}'s model: {', '.join(fit.fitted) or 'nothing'} fitted")
     return spec.model_copy(update=update), notes
+
+
+def _nccl_overrides(spec: ClusterSpec, fit: NcclFit, notes: list[str]) -> dict[str, str]:
+    """The profile's NCCL_ALGO / NCCL_PROTO where the cluster sets none (a cluster's own, or
+    a --nccl-algo / --nccl-proto flag's, stands), each noted."""
+    out = {}
+    for key in ("algo", "proto"):
+        theirs, mine = getattr(fit, key), getattr(spec.nccl, key)
+        var = f"NCCL_{key.upper()}"
+        if theirs is not None and mine is None:
+            out[key] = theirs
+            notes.append(f"{var}={theirs} (the profile's)")
+        elif theirs is not None and mine != theirs:
+            notes.append(f"{var}={mine} (the cluster's) stands over the profile's {theirs}")
+    return out
 
 
 def apply_profile(spec: ClusterSpec, profile: Profile, source: str = "profile") -> ClusterSpec:

@@ -260,6 +260,19 @@ def check_pins(w: Workload, strategy: Strategy, pins: set[str], src: str) -> Non
     pinned = {k: getattr(strategy, k) for k in pins if k in Strategy.model_fields}
     stack = {"sequence_parallel": strategy.sequence_parallel}  # never searched: as given
     check_model_axes(w, Strategy(**(stack | pinned)), src)
+    _check_param_gather(strategy, pinned.get("zero", 1), pinned.get("overlap", True), src)
+
+
+def _check_param_gather(strategy: Strategy, zero: int, overlap: bool, src: str) -> None:
+    """overlap_param_gather false places ZeRO 1-2's overlapped gathers: with neither it
+    would change nothing, so it is refused (a search: unless zero and overlap are free)."""
+    if not strategy.overlap_param_gather and (zero not in (1, 2) or not overlap):
+        raise SpecError(
+            src,
+            "strategy.overlap_param_gather",
+            "false moves ZeRO 1-2's overlapped parameter all-gathers after the optimizer: it "
+            f"needs zero 1 or 2 and overlap on (zero {zero}, overlap {str(overlap).lower()})",
+        )
 
 
 def check_model_axes(w: Workload, strategy: Strategy, src: str) -> None:
@@ -279,9 +292,8 @@ def check_model_axes(w: Workload, strategy: Strategy, src: str) -> None:
         raise SpecError(src, "strategy.ep", f"expert parallelism needs experts; {w.name} has none")
     if w.moe and strategy.tp > 1 and not strategy.sequence_parallel:  # as Megatron-core's
         # model_parallel_config.py: "... tensor parallelism, sequence parallelism must be used"
-        raise SpecError(
-            src, "strategy.sequence_parallel", "off, but MoE with tp > 1 needs sequence parallelism"
-        )
+        why = "MoE with tp > 1 needs sequence parallelism (Megatron-core)"
+        raise SpecError(src, "strategy.sequence_parallel", why)
     if strategy.ep_overlap and not w.moe:
         raise SpecError(src, "strategy.ep_overlap", f"needs expert all-to-alls; {w.name} has none")
     if strategy.ep > 1 and w.experts % strategy.ep:
@@ -301,7 +313,7 @@ def _check_kernels(setup: Setup, strategy: Strategy) -> None:
         raise SpecError(src, "strategy.tp_overlap", "needs tensor parallelism (tp > 1)")
     if strategy.tp_overlap and not strategy.sequence_parallel:  # Megatron-LM arguments.py
         raise SpecError(
-            src, "strategy.sequence_parallel", "off, but tp_overlap needs sequence parallelism"
+            src, "strategy.sequence_parallel", "tp_overlap needs sequence parallelism (Megatron-LM)"
         )
     if strategy.ep_overlap and strategy.ep == 1:
         raise SpecError(src, "strategy.ep_overlap", "needs expert parallelism (ep > 1)")
@@ -323,6 +335,7 @@ def _check_kernels(setup: Setup, strategy: Strategy) -> None:
                 f"a shard group's {held} ranks (fsdp_shard x cp x tp) do not hold whole expert "
                 f"grids of ep x etp = {strategy.ep} x {strategy.expert_tp}",
             )
+    _check_param_gather(strategy, strategy.zero, strategy.overlap, src)
     if strategy.zero3_issue != "unit" and (strategy.zero != 3 or strategy.fsdp_shard):
         raise SpecError(
             src,

@@ -118,8 +118,7 @@ class GPUSpec(Spec):
 
     @property
     def stream_bandwidth(self) -> float:
-        """HBM bytes/s that memory-bound (streaming) kernels reach: the datasheet's times
-        hbm_efficiency (the datasheet's where none is measured)."""
+        """HBM bytes/s streaming kernels reach: the datasheet's x hbm_efficiency (or 1)."""
         return self.hbm_bandwidth * (self.hbm_efficiency or 1.0)
 
 
@@ -187,27 +186,33 @@ NcclVersion = Annotated[str, BeforeValidator(str), AfterValidator(_nccl_version)
 LinkClass = Literal["nvlink", "pci", "net"]
 
 
-class NcclSpec(Spec):
+class NcclOverrides(Spec):
+    """NCCL_ALGO / NCCL_PROTO as a job sets them: what NCCL's tuner may pick, per collective
+    from 2.24 (collectives.nccl.overrides); None: NCCL's own choice. Checked against the
+    model's NCCL `version` (a cluster's, or the one a calibration profile measured)."""
+
+    algo: str | None = None
+    proto: str | None = None
+
+    @model_validator(mode="after")
+    def _overrides(self) -> NcclOverrides:
+        from commsim.collectives.nccl.overrides import parse
+
+        parse(self.algo, self.proto, self.version)  # a ValueError for what NCCL would refuse
+        return self
+
+
+class NcclSpec(NcclOverrides):
     """How NCCL runs on this cluster: the version whose tuning model prices its collectives,
     and what a calibration fit (commsim calibrate fit on nccl-tests logs) learnt: a factor on
     NCCL's per-step latencies of each link class, and the per-channel bandwidth of its rings
-    on one node (intra) and across nodes (inter), replacing what its topology search finds."""
+    on one node (intra) and across nodes (inter), replacing what its topology search finds;
+    and the job's NCCL_ALGO / NCCL_PROTO (NcclOverrides)."""
 
     version: NcclVersion = "2.30"
     latency_scale: dict[LinkClass, Annotated[float, Field(gt=0)]] = {}
     channel_bandwidth_intra: Rate | None = None
     channel_bandwidth_inter: Rate | None = None
-    # NCCL_ALGO / NCCL_PROTO as the job sets them: what NCCL's tuner may pick, per collective
-    # from 2.24 (collectives.nccl.overrides); None: NCCL's own choice
-    algo: str | None = None
-    proto: str | None = None
-
-    @model_validator(mode="after")
-    def _overrides(self) -> NcclSpec:
-        from commsim.collectives.nccl.overrides import parse
-
-        parse(self.algo, self.proto, self.version)  # a ValueError for what NCCL would refuse
-        return self
 
 
 FailureClass = Literal["gpu", "hbm", "nic", "host", "switch", "cable", "software"]
@@ -359,6 +364,10 @@ class Strategy(Spec):
     # DDP's first bucket (MiB); None: as torch >= 2.4 forms it (step.buckets.first_bucket_mb)
     first_bucket_mb: float | None = Field(default=None, gt=0)
     overlap: bool = True
+    # ZeRO 1-2's parameter all-gathers with overlap on: under the next step's forward
+    # (Megatron-core's --overlap-param-gather) or after the optimizer step, all exposed
+    # (DeepSpeed's stage 1-2 step(): all_gather_dp_groups; Megatron-core without the flag)
+    overlap_param_gather: bool = True
     grad_dtype: GradDtype = "fp32"  # DDP all-reduces fp32 grads by default
     ps_shards: int = Field(default=1, ge=1)
     compression: Compression = "none"  # what a DDP comm hook does to each bucket
@@ -366,27 +375,20 @@ class Strategy(Spec):
     cp: int = Field(default=1, ge=1)  # context-parallel degree (Megatron-core ring attention)
     precision: Literal["bf16", "fp8"] = "bf16"  # the blocks' GEMMs (Transformer Engine FP8)
     flash_attention: bool = True  # fused attention: no s x s scores kept, causal half computed
-    # Megatron's sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198): the norms,
-    # dropouts and residual adds of each tp rank run on 1 / tp of the sequence, and their
-    # activations are kept split; false: every tp rank does them on the whole sequence
-    # (Megatron before 2022, Megatron-DeepSpeed). Only matters where tp > 1
+    # Megatron's sequence parallelism (Korthikanti et al. 2022): norms, dropouts, residual adds
+    # and their activations split over tp; false: whole on each tp rank (Megatron 2021)
     sequence_parallel: bool = True
-    # how micro-batches accumulate weight gradients (step.compute._grad_adds): "fused", the
-    # wgrad GEMMs accumulate into them (Megatron's --gradient-accumulation-fusion, since
-    # 2022-02, commit 83b1e42f3); "autograd", each micro-batch's 16-bit gradients but a step's
-    # first added into .grad in place (Megatron 2021 in fp16, plain PyTorch); "fp32", each
-    # micro-batch's 16-bit gradients added into an fp32 buffer (Megatron's main_grad hook with
-    # fp32 accumulation; DeepSpeed's BF16_Optimizer.update_hp_grads)
+    # how micro-batches accumulate weight gradients (step.compute.GRAD_ADD): in the wgrad GEMMs
+    # (Megatron --gradient-accumulation-fusion, 2022-02), autograd's 16-bit .grad += (2021) or
+    # an fp32 buffer += (Megatron's fp32 main_grad, DeepSpeed's bf16 optimizer)
     grad_accumulation: GradAccumulation = "fused"
-    tp_overlap: bool = False
+    tp_overlap: bool = False  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
     # the expert all-to-alls run under another micro-batch's compute (Megatron-core's
     # --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)
     ep_overlap: bool = False
     # how ZeRO-3 keeps its shards: bf16 weights beside an fp32 master copy ("zero": DeepSpeed,
     # Megatron) or fp32 weights that are the master ("fsdp": PyTorch FSDP, step.memory._states)
-    states: Literal["zero", "fsdp"] = (
-        "zero"  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
-    )
+    states: Literal["zero", "fsdp"] = "zero"
     fsdp_shard: int | None = Field(default=None, ge=1)  # hybrid sharding: ZeRO-3 groups (HSDP)
     # how ZeRO-3 issues its collectives (step.fsdp): "unit", a gather per FSDP unit prefetched
     # under compute (FSDP, DeepSpeed >= 0.6); "parameter", DeepSpeed before 0.6 (2021): one

@@ -128,6 +128,11 @@ def test_petabyte_sizes_in_both_spellings():
             ("plan", "--tp", "5", "--gpus", "32"),
             "--tp 5: tp x pp x cp = 5 x 1 x 1 does not divide the 32",
         ),
+        (
+            ("predict", "--zero", "3", "--no-overlap-param-gather"),
+            "--no-overlap-param-gather: false moves ZeRO 1-2's overlapped parameter all-gathers",
+        ),
+        (("plan", "--zero", "0", "--no-overlap-param-gather"), "needs zero 1 or 2 and overlap on"),
         (("plan", "--pp", "100"), "--pp 100: 100 pipeline stages for 48 layers"),
         (("plan", "--pp", "3"), "--pp 3: tp x pp x cp = 1 x 3 x 1 does not divide"),
         (("plan", "--cluster", "dgx-a100-ib", "--pp", "64"), "--pp 64: 64 pipeline stages for 48"),

@@ -8,15 +8,14 @@ import pytest
 
 from commsim.catalog import gpu
 from commsim.specs import LayerSpec, ModelSpec, SpecError
+from commsim.step.activations import RECOMPUTE, activation_bytes_per_layer
 from commsim.step.inflight import in_flight
 from commsim.step.memory import (
     ACTIVATION_BYTES_PER_FLOP,
     MIB,
-    RECOMPUTE,
     WORKSPACE_BYTES,
     MemoryBreakdown,
     ParallelLayout,
-    activation_bytes_per_layer,
     memory_per_gpu,
     memory_per_gpu_batch,
     usable_bytes,
@@ -272,7 +271,7 @@ def test_expert_parameters_divide_over_ep():
 
 
 def test_activation_widths_follow_the_architecture():
-    from commsim.step.memory import ActivationWidths
+    from commsim.step.activations import ActivationWidths
     from commsim.workload.presets import build_workload
 
     def widths(name):

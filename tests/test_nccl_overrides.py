@@ -178,3 +178,74 @@ def test_a_named_algorithm_the_variables_disable_cannot_run():
     out = runner.invoke(app, [*args, "--algorithm", "tree", "--nccl-algo", "ring"])
     assert out.exit_code == 2
     assert "--algorithm tree" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def _nccl_profile(tmp_path, **nccl):
+    """A calibration profile with an NCCL block and nothing fitted but `nccl`'s fields."""
+    import yaml
+
+    path = tmp_path / "p.yaml"
+    provenance = {"files": [], "runs": [], "date": "", "points": 0, "commsim": "0"}
+    doc = {"format": 2, "cluster": "dgx-a100-ib", "backend": "nccl", "hardware": {},
+           "tiers": {}, "algorithms": {}, "nccl": {"version": "2.30", **nccl},
+           "provenance": provenance}  # fmt: skip
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_profile_sets_nccl_algo_and_proto_unless_the_cluster_does(tmp_path):
+    from commsim.profile import carry_over, load_profile
+
+    profile = load_profile(_nccl_profile(tmp_path, algo="ring", proto="Simple"))
+    spec = load_spec(ClusterSpec, catalog.topology_path("dgx-a100-ib", "--cluster", ""))
+    applied, notes = carry_over(spec, profile)
+    assert (applied.nccl.algo, applied.nccl.proto) == ("ring", "Simple")
+    assert "NCCL_ALGO=ring (the profile's)" in notes
+    own = spec.model_copy(update={"nccl": spec.nccl.model_copy(update={"proto": "LL"})})
+    kept, notes = carry_over(own, profile)
+    assert (kept.nccl.algo, kept.nccl.proto) == ("ring", "LL")
+    assert "NCCL_PROTO=LL (the cluster's) stands over the profile's Simple" in notes
+
+
+def test_the_profiles_overrides_price_as_the_flags_do_and_a_flag_wins(tmp_path):
+    """`collective` and `predict` with the profile's NCCL_ALGO / NCCL_PROTO give what the
+    same values as flags give; a flag given with the profile replaces its value."""
+    path = str(_nccl_profile(tmp_path, algo="ring", proto="Simple"))
+    base = ["collective", "all-gather", "--cluster", "dgx-a100-ib", "--gpus", "64"]
+    base += ["--sizes", "1KiB:1MiB", "--algorithm", "auto", "--json"]
+    flags = ["--nccl-algo", "ring", "--nccl-proto", "Simple"]
+    by_profile = json.loads(runner.invoke(app, [*base, "--profile", path]).stdout)
+    by_flags = json.loads(runner.invoke(app, [*base, *flags]).stdout)
+    assert [r["time_s"] for r in by_profile["rows"]] == [r["time_s"] for r in by_flags["rows"]]
+    assert {(r["nccl_algorithm"], r["protocol"]) for r in by_profile["rows"]} == {
+        ("Ring", "Simple")
+    }
+    ll = json.loads(runner.invoke(app, [*base, "--profile", path, "--nccl-proto", "LL"]).stdout)
+    assert {r["protocol"] for r in ll["rows"]} == {"LL"}
+    args = ["predict", "--model", "gpt2-xl", "--cluster", "dgx-a100-ib", "--gpus", "16", "--json"]
+    step = json.loads(runner.invoke(app, [*args, "--profile", path]).stdout)["step_time_s"]
+    assert step == json.loads(runner.invoke(app, [*args, *flags]).stdout)["step_time_s"]
+
+
+def test_a_profiles_bad_override_is_one_line_naming_file_and_field(tmp_path):
+    path = str(_nccl_profile(tmp_path, proto="Simpel"))
+    base = ["collective", "all-gather", "--cluster", "dgx-a100-ib", "--gpus", "64"]
+    out = runner.invoke(app, [*base, "--sizes", "1KiB", "--profile", path])
+    assert out.exit_code == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert f"{path}: nccl: NCCL_PROTO='Simpel'" in out.stderr and "knows no" in out.stderr
+
+
+@pytest.mark.parametrize("command", ["predict", "collective"])
+def test_a_version_other_than_the_profiles_fit_is_refused(tmp_path, command):
+    """A profile's NCCL fit is priced by the version it ran at: `--nccl-version` naming
+    another is refused in one line (predict used to keep the profile's silently), the same
+    version is accepted."""
+    path = str(_nccl_profile(tmp_path))
+    args = ["predict", "--model", "gpt2-xl", "--gpus", "16"]
+    if command == "collective":
+        args = ["collective", "all-reduce", "--gpus", "16", "--sizes", "1MiB"]
+    args += ["--cluster", "dgx-a100-ib", "--profile", path]
+    out = runner.invoke(app, [*args, "--nccl-version", "2.18"])
+    assert out.exit_code == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "--nccl-version 2.18: the profile" in out.stderr and "fitted at NCCL 2.30" in out.stderr
+    assert runner.invoke(app, [*args, "--nccl-version", "2.30"]).exit_code == 0

@@ -9,7 +9,7 @@ import pytest
 from commsim.planner.search import enumerate_layouts, search
 from commsim.scenario import load_scenario, resolve
 from commsim.specs import SpecError
-from commsim.step.memory import ActivationWidths, activation_bytes_per_layer
+from commsim.step.activations import ActivationWidths, activation_bytes_per_layer
 from commsim.step.predict import predict, step_model
 from commsim.step.shape import Shape
 from commsim.workload.presets import build_workload

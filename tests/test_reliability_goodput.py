@@ -24,7 +24,7 @@ from commsim.reliability.goodput import (
 from commsim.reliability.montecarlo import simulate
 from commsim.reliability.rates import rates_for
 from commsim.reliability.recovery import Policy, nccl_init_s
-from commsim.reliability.spares import nodes_out_pmf, spare_row, spares_for
+from commsim.reliability.spares import nodes_out_pmf, p_full_size, spare_row, spares_for
 from commsim.scenario import resolve
 from commsim.spec_io import load_spec
 from commsim.specs import ClusterSpec
@@ -185,6 +185,15 @@ def test_spares_by_hand():
     assert row.p_full == pytest.approx(math.exp(-14.4))
     assert row.nodes_short == pytest.approx(14.4)
     assert row.capacity == pytest.approx(1 - 14.4 / 256)
+
+
+def test_full_size_without_spares_needs_no_distribution():
+    # two kinds, a leaf taking 4 nodes out: P(X = 0) = exp(-sum of rate x repair)
+    repairs = [(0.1 / 3600, 1.0, 72 * 3600.0), (0.05 / 3600, 4.0, 6 * 3600.0)]
+    assert p_full_size(repairs, 512, 0) == pytest.approx(math.exp(-(7.2 + 0.3)), rel=1e-12)
+    assert p_full_size(repairs, 512, 0) == pytest.approx(nodes_out_pmf(repairs)[0], rel=1e-12)
+    with_two = nodes_out_pmf(repairs, 514 / 512)[:3].sum()  # the spares fail too
+    assert p_full_size(repairs, 512, 2) == pytest.approx(with_two, rel=1e-12)
 
 
 def test_nodes_out_match_a_simulated_repair_queue():

@@ -155,10 +155,8 @@ def test_predict_and_plan_take_the_flag(tmp_path):
     moe += ["--global-batch", "32", "--tp", "2", "--no-sequence-parallel"]
     out = run(app, ["plan", *moe])  # a pinned tp > 1 that no MoE layout takes without SP
     assert out.exit_code == 2
-    assert "off, but MoE with tp > 1 needs sequence parallelism" in out.output
+    assert "--no-sequence-parallel: MoE with tp > 1 needs sequence parallelism" in out.output
     out = run(app, ["predict", *args, "--no-sequence-parallel", "--tp-overlap"])
     assert out.exit_code == 2
-    assert "--sequence-parallel False: off, but tp_overlap needs sequence parallelism" in (
-        out.output
-    )
+    assert "--no-sequence-parallel: tp_overlap needs sequence parallelism" in out.output
     assert "Traceback" not in out.output

@@ -13,6 +13,7 @@ from commsim.cli.options import (
     NcclProtoOpt,
     NcclVersionOpt,
     ProfileOpt,
+    check_fitted_version,
 )
 from commsim.collectives.algorithms import ALGORITHMS
 from commsim.report import terminal
@@ -74,7 +75,8 @@ def collective_cmd(
         check_output(html, "--html")
         check_output(csv, "--csv")
         lo, hi = _size_range(sizes)
-        spec, carried = _cluster(cluster, profile)
+        spec, carried, fitted = _cluster(cluster, profile)
+        check_fitted_version(nccl_version, fitted, profile)
         nccl = {"version": nccl_version, "algo": nccl_algo, "proto": nccl_proto}
         spec = _with_backend(spec, backend, nccl, cluster)
         built = build_cluster(spec, gpus, cluster)
@@ -185,14 +187,19 @@ def _rows(
 
 
 def _cluster(name: str, profile: str | None):
-    """The cluster, with a profile carried over if given, and what it carried over."""
+    """The cluster, with a profile carried over if given, what it carried over, and the
+    NCCL version the profile's NCCL fit ran at (None without one)."""
     from commsim import catalog
     from commsim.profile import carry_over, load_profile
     from commsim.spec_io import load_spec
     from commsim.specs import ClusterSpec
 
     spec = load_spec(ClusterSpec, catalog.topology_path(name, "--cluster", ""))
-    return carry_over(spec, load_profile(profile), profile) if profile else (spec, [])
+    if not profile:
+        return spec, [], None
+    fit = load_profile(profile)
+    spec, carried = carry_over(spec, fit, profile)
+    return spec, carried, fit.nccl.version if fit.nccl else None
 
 
 def _with_backend(spec, backend: str | None, nccl: dict[str, str | None], source: str):

@@ -160,13 +160,8 @@ FlashOpt = Annotated[
     bool | None,
     typer.Option("--flash-attention/--no-flash-attention", help="Fused (Flash) attention."),
 ]
-SequenceParallelOpt = Annotated[
-    bool | None,
-    typer.Option(
-        "--sequence-parallel/--no-sequence-parallel",
-        help="Norms, dropout, residuals split over tp (Megatron SP; off: before 2022).",
-    ),
-]
+_SP = "--sequence-parallel/--no-sequence-parallel"
+SequenceParallelOpt = Annotated[bool | None, typer.Option(_SP, help="Norms etc. split over tp.")]
 TpOverlapOpt = Annotated[
     bool | None,
     typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap tensor-parallel comm with GEMMs."),
@@ -176,6 +171,14 @@ EpOverlapOpt = Annotated[
     typer.Option(
         "--ep-overlap/--no-ep-overlap",
         help="Hide expert all-to-alls under another micro-batch's compute (DualPipe-style).",
+    ),
+]
+ParamGatherOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--overlap-param-gather/--no-overlap-param-gather",
+        help="ZeRO 1-2 with overlap: parameter all-gathers under the next forward (Megatron-core's "
+        "flag) or after the optimizer (DeepSpeed).",
     ),
 ]
 TokensOpt = Annotated[float | None, typer.Option(help="Training tokens, for time to train.")]
@@ -219,6 +222,22 @@ NcclProtoOpt = Annotated[
         "pick, e.g. 'Simple', '^LL', 'LL128;allreduce:^LL128' (default: the cluster's)."
     ),
 ]
+
+
+# flags that set scenario fields, by how `plan` treats them (`predict` takes them all)
+TRAINING_FLAGS = ("global_batch", "micro_batch", "seq_len", "tokens", "price_per_gpu_hour")
+LAYOUT_FLAGS = (  # the search's dimensions: a flag pins one
+    *("bucket_mb", "algorithm", "placement", "overlap", "compression", "error_feedback"),
+    *("tp", "pp", "ep", "etp", "zero", "recompute", "interleave", "first_stage_layers"),
+    *("last_stage_layers", "cp", "order", "fsdp_shard", "precision", "tp_overlap", "ep_overlap"),
+)
+STACK_FLAGS = ("flash_attention", "overlap_param_gather", "sequence_parallel")  # as given
+NCCL_FLAGS = ("nccl_version", "nccl_algo", "nccl_proto")
+
+
+def pick(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The named flags' values (a command's locals()), in the order named."""
+    return {name: values[name] for name in names}
 
 
 def flag(key: str) -> str:
@@ -288,7 +307,24 @@ def setup_from_flags(
             update={"strategy": interleave_of(setup, spec.strategy, layers_per_virtual_stage)}
         )
     setup = resolve(spec, source, check)
+    if spec.profile:  # the profile's NCCL fit, if any, set the version: else the flag did
+        check_fitted_version(nccl_version, setup.cluster.spec.nccl.version, spec.profile)
     return setup if backend is None else with_backend(setup, backend)
+
+
+def check_fitted_version(flag: str | None, fitted: str | None, profile: str | None) -> None:
+    """--nccl-version against the version a profile's NCCL fit ran (and prices) at
+    (`fitted`, None without one): another would price the fit with another version's
+    tables, so it is refused."""
+    from commsim.specs import SpecError
+
+    if flag is not None and fitted is not None and fitted != flag:
+        raise SpecError(
+            f"--nccl-version {flag}",
+            "",
+            f"the profile {profile} was fitted at NCCL {fitted}, whose model prices its fit: "
+            "drop the flag, or fit the profile at that version",
+        )
 
 
 def interleave_of(setup: Setup, strategy: Any, layers: int) -> Any:
@@ -324,6 +360,13 @@ def refuse_ignored(strategy: Any, given: dict[str, Any]) -> None:
         )
 
 
+def _as_typed(key: str, value: Any) -> str:
+    """A flag and its value as the user typed them: --x 3, --ep-overlap, --no-ep-overlap."""
+    if isinstance(value, bool):
+        return flag(key) if value else "--no-" + flag(key)[2:]
+    return f"{flag(key)} {_shown(value)}"
+
+
 def _shown(value: Any) -> str:
     """A flag's value as typed; quoted when empty or spaced."""
     text = str(value)
@@ -349,7 +392,7 @@ def blame_flags(scenario: str | None, overrides: dict[str, Any]) -> Iterator[Non
             keys = [k for k in ("tp", "pp", "cp") if k in given]
         if not keys:
             raise
-        named = ", ".join(f"{flag(k)} {_shown(given[k])}" for k in keys)
+        named = ", ".join(_as_typed(k, given[k]) for k in keys)
         raise SpecError(named, "", e.problem) from None
 
 

@@ -8,6 +8,10 @@ from typing import TYPE_CHECKING, Any
 from commsim.cli import plan_show
 from commsim.cli.options import (
     FSDP,
+    LAYOUT_FLAGS,
+    NCCL_FLAGS,
+    STACK_FLAGS,
+    TRAINING_FLAGS,
     BackendOpt,
     ClusterOpt,
     CsvOpt,
@@ -26,6 +30,7 @@ from commsim.cli.options import (
     NcclAlgoOpt,
     NcclProtoOpt,
     NcclVersionOpt,
+    ParamGatherOpt,
     PrecisionOpt,
     PriceOpt,
     ProfileOpt,
@@ -37,9 +42,11 @@ from commsim.cli.options import (
     blame_flags,
     flag,
     gpu_count,
+    pick,
     setup_from_flags,
 )
 from commsim.cli.plan_options import (
+    FAILURE_FLAGS,
     AsyncSaveOpt,
     BudgetOpt,
     CheckpointIntervalOpt,
@@ -71,6 +78,7 @@ from commsim.cli.plan_options import (
 )
 from commsim.cli.sizing import size_clusters_cmd
 from commsim.cli.traced import (
+    TRACE_FLAGS,
     TraceMbOpt,
     TraceOpt,
     TracePpOpt,
@@ -103,6 +111,7 @@ def plan_cmd(
     algorithm: OnlyAlgorithmOpt = None,
     placement: OnlyPlacementOpt = None,
     overlap: OnlyOverlapOpt = None,
+    overlap_param_gather: ParamGatherOpt = None,
     compression: OnlyCompressionOpt = None,
     error_feedback: ErrorFeedbackOpt = None,
     profile: ProfileOpt = None,
@@ -153,57 +162,15 @@ def plan_cmd(
     from commsim.files import check_output
     from commsim.scenario import check_pins
 
-    training = dict(  # the same in both modes
-        global_batch=global_batch,
-        micro_batch=micro_batch,
-        seq_len=seq_len,
-        tokens=tokens,
-        price_per_gpu_hour=price_per_gpu_hour,
-    )
-    failures = dict(
-        recovery=recovery,
-        checkpoint_interval=checkpoint_interval,
-        async_save=async_save,
-        spares=spares,
-        spare_target=spare_target,
-    )
-    flags = dict(  # the search dimensions a flag pins
-        bucket_mb=bucket_mb,
-        algorithm=algorithm,
-        placement=placement,
-        overlap=overlap,
-        compression=compression,
-        error_feedback=error_feedback,
-        tp=tp,
-        pp=pp,
-        ep=ep,
-        etp=etp,
-        zero=zero,
-        recompute=recompute,
-        interleave=interleave,
-        first_stage_layers=first_stage_layers,
-        last_stage_layers=last_stage_layers,
-        cp=cp,
-        order=order,
-        fsdp_shard=fsdp_shard,
-        precision=precision,
-        tp_overlap=tp_overlap,
-        ep_overlap=ep_overlap,
-    )
-    # every searched layout runs these as given, none searched
-    stack = dict(flash_attention=flash_attention, sequence_parallel=sequence_parallel)
-    one_cluster = dict(
-        profile=profile,
-        nccl_version=nccl_version,
-        nccl_algo=nccl_algo,
-        nccl_proto=nccl_proto,
-        deepspeed=deepspeed,
-        num_layers_per_virtual_pipeline_stage=layers_per_virtual_stage,
-        trace=trace,
-        trace_tp=trace_tp,
-        trace_pp=trace_pp,
-        trace_micro_batch=trace_micro_batch,
-    )
+    args = locals()  # the flags as given
+    training = pick(args, TRAINING_FLAGS)  # the same in both modes
+    failures = pick(args, FAILURE_FLAGS)
+    flags = pick(args, LAYOUT_FLAGS)  # the search dimensions a flag pins
+    stack = pick(args, STACK_FLAGS)  # every searched layout runs them, none searched
+    nccl = pick(args, NCCL_FLAGS)
+    one_cluster = pick(args, ("profile", *NCCL_FLAGS, "deepspeed"))
+    one_cluster["num_layers_per_virtual_pipeline_stage"] = layers_per_virtual_stage
+    one_cluster |= pick(args, TRACE_FLAGS)
     sizing = fabric is not None or ":" in (gpus or "") or deadline is not None or budget is not None
     with terminal.user_errors():
         _check_mode(sizing, top, dict(gpu=gpu, objective=objective), failures, one_cluster)
@@ -229,18 +196,16 @@ def plan_cmd(
             **files,
             objective=objective or "time-to-train",
         )
-    more = dict(profile=profile, deepspeed=deepspeed)
-    given = dict(model=model, cluster=cluster, gpus=gpus) | training | more | flags | stack
+    given = pick(args, ("model", "cluster", "gpus")) | training
+    given |= pick(args, ("profile", "deepspeed")) | flags | stack
     with terminal.user_errors(), blame_flags(scenario, given):
         setup = setup_from_flags(
             scenario,
             fsdp=fsdp,
             check=False,
             layers_per_virtual_stage=layers_per_virtual_stage,
-            nccl_version=nccl_version,
             backend=backend,
-            nccl_algo=nccl_algo,
-            nccl_proto=nccl_proto,
+            **nccl,
             **given | {"gpus": gpu_count(gpus)},
         )
         setup, traced = with_trace(setup, trace, trace_tp, trace_pp, trace_micro_batch)
@@ -251,7 +216,6 @@ def plan_cmd(
         if not doc["candidates"]:
             plan_show.explain_empty(setup, pinned)
         terminal.require_finite(doc, "--tokens and --price-per-gpu-hour")
-        nccl = {"nccl_version": nccl_version, "nccl_algo": nccl_algo, "nccl_proto": nccl_proto}
         inputs = given | nccl | {"scenario": scenario}
         plan_show.write_files(setup, result, doc, top, inputs, (csv, html), sweep)
     if json_out:

@@ -113,6 +113,7 @@ SweepPlotOpt = Annotated[
     str | None,
     typer.Option(help="PNG: the winner's step time against NIC bandwidth per compressor."),
 ]
+FAILURE_FLAGS = ("recovery", "checkpoint_interval", "async_save", "spares", "spare_target")
 RecoveryOpt = Annotated[
     str | None,
     typer.Option(

@@ -7,6 +7,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from commsim.cli.options import (
+    LAYOUT_FLAGS,
+    NCCL_FLAGS,
+    STACK_FLAGS,
+    TRAINING_FLAGS,
     AlgorithmOpt,
     BackendOpt,
     BucketOpt,
@@ -36,6 +40,7 @@ from commsim.cli.options import (
     NcclVersionOpt,
     OrderOpt,
     OverlapOpt,
+    ParamGatherOpt,
     PlacementOpt,
     PpOpt,
     PrecisionOpt,
@@ -50,6 +55,7 @@ from commsim.cli.options import (
     TpOverlapOpt,
     ZeroOpt,
     blame_flags,
+    pick,
     refuse_ignored,
     setup_from_flags,
 )
@@ -82,6 +88,7 @@ def predict_cmd(
     algorithm: AlgorithmOpt = None,
     placement: PlacementOpt = None,
     overlap: OverlapOpt = None,
+    overlap_param_gather: ParamGatherOpt = None,
     compression: CompressionOpt = None,
     error_feedback: ErrorFeedbackOpt = None,
     tp: TpOpt = None,
@@ -124,46 +131,15 @@ def predict_cmd(
 ) -> None:
     """Predict one training step: compute, communication, overlap, scaling, MFU, memory,
     the batch arithmetic, buckets (data parallel) or pipeline/tensor-parallel parts."""
+    args = locals()  # the flags as given
     from commsim.files import check_output
     from commsim.report.arithmetic import batch_arithmetic
     from commsim.report.rows import write_csv
     from commsim.step.predict import predict
 
-    flags = dict(
-        model=model,
-        cluster=cluster,
-        gpus=gpus,
-        global_batch=global_batch,
-        micro_batch=micro_batch,
-        seq_len=seq_len,
-        bucket_mb=bucket_mb,
-        algorithm=algorithm,
-        placement=placement,
-        overlap=overlap,
-        compression=compression,
-        error_feedback=error_feedback,
-        tp=tp,
-        pp=pp,
-        ep=ep,
-        etp=etp,
-        cp=cp,
-        zero=zero,
-        recompute=recompute,
-        interleave=interleave,
-        first_stage_layers=first_stage_layers,
-        last_stage_layers=last_stage_layers,
-        order=order,
-        fsdp_shard=fsdp_shard,
-        precision=precision,
-        flash_attention=flash_attention,
-        sequence_parallel=sequence_parallel,
-        tp_overlap=tp_overlap,
-        ep_overlap=ep_overlap,
-        deepspeed=deepspeed,
-        tokens=tokens,
-        price_per_gpu_hour=price_per_gpu_hour,
-        profile=profile,
-    )
+    flags = pick(args, ("model", "cluster", "gpus", *TRAINING_FLAGS, *LAYOUT_FLAGS, *STACK_FLAGS))
+    flags |= pick(args, ("deepspeed", "profile"))
+    nccl = pick(args, NCCL_FLAGS)
     with terminal.user_errors(), blame_flags(scenario, flags):
         check_output(plot, "--plot", image=True)
         check_output(html, "--html")
@@ -172,10 +148,8 @@ def predict_cmd(
             scenario,
             fsdp=fsdp,
             layers_per_virtual_stage=layers_per_virtual_stage,
-            nccl_version=nccl_version,
             backend=backend,
-            nccl_algo=nccl_algo,
-            nccl_proto=nccl_proto,
+            **nccl,
             **flags,
         )
         refuse_ignored(setup.scenario.strategy, flags)
@@ -191,7 +165,6 @@ def predict_cmd(
         if plot:
             draw(setup, doc, pred, plot)
         if html:
-            nccl = {"nccl_version": nccl_version, "nccl_algo": nccl_algo, "nccl_proto": nccl_proto}
             inputs = flags | nccl | {"fsdp": fsdp, "scenario": scenario}
             _html(setup, doc, pred, inputs, html)
         if csv:

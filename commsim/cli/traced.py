@@ -26,6 +26,8 @@ TraceMbOpt = Annotated[
     int | None, typer.Option(help="Micro-batch traced (default: the scenario's).")
 ]
 
+TRACE_FLAGS = ("trace", "trace_tp", "trace_pp", "trace_micro_batch")
+
 
 def trace_paths(patterns: list[str]) -> list[str]:
     """Each --trace value as itself, or the files its glob matches (sorted)."""

@@ -270,6 +270,8 @@ def enumerate_layouts(
         grad_accumulation=GRAD_ACCUMULATIONS.index(base.grad_accumulation),  # the stack's
         fsdp_states=(base.states == "fsdp") & (cols["zero"] == 3),  # ZeRO-3's shards only
         ep_overlap=base.ep_overlap & (cols["ep"] > 1),  # where there are all-to-alls
+        # the stack's, where there are ZeRO 1-2 gathers to place
+        gather_overlap=base.overlap_param_gather | ~np.isin(cols["zero"], (1, 2)),
         zero3_issue=ZERO3_ISSUES.index(base.zero3_issue),  # the stack's, as its dtype
     )
 

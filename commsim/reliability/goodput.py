@@ -46,7 +46,7 @@ from commsim.reliability.recovery import (
     restart_costs,
     running_costs,
 )
-from commsim.reliability.spares import nodes_out_pmf, spares_for
+from commsim.reliability.spares import p_full_size, spares_for
 
 DAY = 86400.0
 
@@ -149,8 +149,7 @@ def build_model(job: JobState, inter: Interruptions, policy: Policy) -> Model:
     spares = 0 if policy.strategy == "cold" else policy.spares
     if spares is None:
         spares = spares_for(repairs, nodes, policy.spare_target)
-    pmf = nodes_out_pmf(repairs, (nodes + spares) / nodes)
-    p_full = float(pmf[: spares + 1].sum())
+    p_full = p_full_size(repairs, nodes, spares)
     events = _events(job, inter)
     if policy.strategy in RESTARTING:
         io = inter.rates

@@ -87,14 +87,21 @@ def spare_row(repairs: Repairs, nodes: int, spares: int, lost_per_node: float) -
     )
 
 
+def p_full_size(repairs: Repairs, nodes: int, spares: int) -> float:
+    """P(X <= spares), the spares failing like the job's nodes. Without spares that is
+    P(X = 0) = exp(-sum_k lambda_k T_k), every kind's Poisson count at 0: no distribution
+    to build (it spans tens of thousands of nodes at 131,072 GPUs)."""
+    if spares == 0:
+        return math.exp(-sum(rate * repair_s for rate, _, repair_s in repairs))
+    return float(nodes_out_pmf(repairs, (nodes + spares) / nodes)[: spares + 1].sum())
+
+
 def spares_for(repairs: Repairs, nodes: int, target: float) -> int:
     """The fewest spares that keep the job at full size with probability `target`."""
-    spares = 0
-    while True:
-        pmf = nodes_out_pmf(repairs, (nodes + spares) / nodes)
-        if pmf[: spares + 1].sum() >= target or spares > pmf.size:
-            return spares
+    spares, most = 0, _support(repairs, 1.0)
+    while p_full_size(repairs, nodes, spares) < target and spares <= most:
         spares += 1
+    return spares
 
 
 def tradeoff(repairs: Repairs, nodes: int, lost_per_node: float, most: int) -> list[SpareRow]:

@@ -20,6 +20,9 @@ pipeline_parallel/schedules.py at NVIDIA/Megatron-LM d98e8a64dd):
   bucket's gather must be done when the forward reaches its layers (forward pre-hooks;
   aligned per chunk with interleaving), chunk c's first forward c x (first group) forward
   ops in. Read backwards in time that is the reduction's closed form (sync.tail_of_leads).
+  Without --overlap-param-gather (Strategy.overlap_param_gather false: Megatron-core's
+  default, and DeepSpeed's stage 1-2, whose step() gathers after the optimizer,
+  stage_1_and_2.py all_gather_dp_groups) the gathers run one by one after the optimizer.
 The stage priced is the one with the most parameters, at the first stage's times (the
 latest launches; Megatron aligns the others to them). Llama 3's FSDP (arXiv:2407.21783
 Sec. 3.3.2: ZeRO-2-like, no reshard after forward) is priced the same way.
@@ -148,8 +151,10 @@ class DataParallel:
         exposed = serial.copy()
         on = L.overlap
         exposed[on] = _at([p.reduce for p in plans], inverse[on], x_reduce[on])
-        both = on & gathers
-        exposed[both] += _at([p.gather for p in plans], inverse[both], x_gather[both])
+        ahead = on & gathers & L.gather_overlap  # under the next forward
+        exposed[ahead] += _at([p.gather for p in plans], inverse[ahead], x_gather[ahead])
+        after = on & gathers & ~L.gather_overlap  # after the optimizer step, one by one
+        exposed[after] += np.array([p.gather.serial for p in plans])[inverse[after]]
         sync_exposed = encode + exposed
         # ZeRO shards optimizer states over dp (and cp), expert ones over the expert-data-
         # parallel ranks holding the same expert shard (step.shape.expert_shards); hybrid

@@ -22,6 +22,14 @@ from commsim.step.sync import PARAM_WIRE_BYTES
 # DeepSpeed's stage3_param_persistence_threshold default (deepspeed/runtime/zero/constants.py,
 # 0.3.12 to 0.5.x): parameters of fewer elements stay whole on every rank, never gathered
 PERSISTENCE_THRESHOLD = 100_000
+# CPU seconds of one eager ATen op issued from Python that launches nothing (a view: narrow,
+# view): PyTorch's operator micro-benchmark, `split` (views only, the same on CPU and CUDA
+# tensors of any size), 2.26 us a call (pytorch/pytorch PR #32194, 2020, before torch 1.8)
+EAGER_OP_S = 2.26e-6
+# CPU seconds of submitting one cudaMemcpyAsync of a small chunk: 5-7 us measured a call
+# (Wu et al. 2026, "DualPath", arXiv:2602.21548 section 5.2: KV-cache blocks between host
+# buffers and HBM; a device-to-device copy is taken to cost the same); the midpoint
+MEMCPY_SUBMIT_S = 6e-6
 
 
 def fsdp_per_micro_batch(model, L, c) -> tuple[np.ndarray, np.ndarray]:
@@ -72,7 +80,9 @@ def _per_parameter(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:
     gradient, the persistent ones too, is reduce-scattered by its own reduce-scatter
     (stage3.py _reduce_scatter_gradients, one per parameter of a bucket; coalesced only in
     0.6.0, PR #1453), and the next gather's synchronize waits for it. The persistent
-    parameters are gathered once a step, in one call, after the optimizer. Not modelled:
+    parameters are gathered once a step, in one call, after the optimizer
+    (_allgather_params), then copied out rank by rank. Each call's per-rank CPU work is in
+    _tensor_costs. Not modelled:
     the reuse cache (stage3_max_reuse_distance) that may keep a block's last tensor between
     its recomputed forward and its backward (one gather of twelve fewer on a GPT block)."""
     w = model.workload
@@ -84,33 +94,61 @@ def _per_parameter(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:
     at_ends = _tensor_costs(model, Z, ends, np.full(len(Z), 2.0))  # outside the checkpoints
     on_stage = Z.pp == 1  # a pipeline puts the end layers on the end stages (see _per_unit)
     share = k / max(len(blocks), 1)  # of all blocks' tensors, the stage's
-    net = share * per_block[0] + np.where(on_stage, at_ends[0], 0.0)
-    persistent = share * per_block[1] + np.where(on_stage, at_ends[1], 0.0)
-    once = _unit(model, Z, persistent, "dense")[0] / Z.micro_batches  # once a step
-    net = net + np.where(persistent > 0, once, 0.0)
+    net, persistent, unflatten = (
+        share * b + np.where(on_stage, e, 0.0) for b, e in zip(per_block, at_ends, strict=True)
+    )
+    gather = _unit(model, Z, persistent, "dense")[0]
+    once = gather + _gather_issue(Z.dp, gather) + unflatten  # once a step
+    net = net + np.where(persistent > 0, once / Z.micro_batches, 0.0)
     return net, net
 
 
-def _tensor_costs(model, Z, layers, passes) -> tuple[np.ndarray, np.ndarray]:
-    """(seconds, persistent parameters) of `layers`' tensors issued one by one: each
-    gathered tensor `passes` times, each gradient reduce-scattered once; tensors split over
-    tp (and an expert's over ep) as the layer tags them. Each call also streams the whole
-    tensor through HBM on the same stream: a gather zero-fills its buffer (torch.zeros)
-    and torch.distributed.all_gather copies the result out of its flat buffer into the
-    rank list, 3 S; reduce_scatter copies the rank list into one, 2 S (torch 1.8
-    ProcessGroupNCCL allgather / reduce_scatter, flatten_for_scatter_gather)."""
-    seconds, persistent = np.zeros(len(Z)), np.zeros(len(Z))
+def _tensor_costs(model, Z, layers, passes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(seconds, persistent parameters, seconds copying them out) of `layers`' tensors
+    issued one by one: each gathered tensor `passes` times, each gradient reduce-scattered
+    once; tensors split over tp (and an expert's over ep) as the layer tags them. Each call
+    also streams the whole tensor through HBM on the same stream: a gather zero-fills its
+    buffer (torch.zeros) and torch.distributed.all_gather copies the result out of its flat
+    buffer into the rank list, 3 S; reduce_scatter copies the rank list into one, 2 S
+    (torch 1.8 ProcessGroupNCCL allgather / reduce_scatter, flatten_for_scatter_gather).
+    And each call does CPU work per rank of its group (_gather_issue, _scatter_issue), as
+    does the copy-out of each persistent parameter after the step's one gather
+    (_allgather_params: for every rank holding part of it, narrow, view, narrow and a
+    copy_ from Python, 4 ops and a cudaMemcpyAsync)."""
+    seconds, persistent, unflatten = np.zeros(len(Z)), np.zeros(len(Z)), np.zeros(len(Z))
     tensors = [(n, layer.shard(i)) for layer in layers for i, n in enumerate(layer.tensors)]
     for (n, tag), count in Counter(tensors).items():
         local = n / (Z.tp * Z.ep if tag == "ep" else Z.tp if tag == "tp" else np.ones(len(Z)))
         part = "expert" if tag == "ep" else "dense"
+        ranks = Z.edp if tag == "ep" else Z.dp
         gather, scatter = _unit(model, Z, local, part)
+        gather = gather + _gather_issue(ranks, gather)
         gather = gather + 3.0 * local * PARAM_WIRE_BYTES / model.gpu.hbm_bandwidth
+        scatter = scatter + _scatter_issue(ranks)
         scatter = scatter + 2.0 * local * Z.grad_bytes / model.gpu.hbm_bandwidth
         whole = local < PERSISTENCE_THRESHOLD
         seconds += count * (np.where(whole, 0.0, passes * gather) + scatter)
         persistent += count * np.where(whole, local, 0.0)
-    return seconds, persistent
+        holders = np.ceil(local / np.ceil(local / ranks))  # ranks whose part is not all padding
+        unflatten += count * np.where(whole, holders * (4 * EAGER_OP_S + MEMCPY_SUBMIT_S), 0.0)
+    return seconds, persistent, unflatten
+
+
+def _scatter_issue(ranks):
+    """CPU seconds a list reduce-scatter adds, all before NCCL starts: DeepSpeed 0.3.13
+    _reduce_scatter_gradient builds the rank list with grad.view(-1).narrow(...) per rank (2
+    eager ops), then torch 1.8 ProcessGroupNCCL::reduce_scatter copies each into its flat
+    input (flatten_for_scatter_gather: one copy_, a cudaMemcpyAsync, per rank)."""
+    return ranks * (2 * EAGER_OP_S + MEMCPY_SUBMIT_S)
+
+
+def _gather_issue(ranks, collective):
+    """CPU seconds a list all-gather adds to its `collective` seconds: DeepSpeed 0.3.13
+    _allgather_param narrows its flat buffer once per rank after the synchronize, before
+    NCCL starts (one eager op each, serial); torch 1.8 ProcessGroupNCCL::allgather then
+    copies the flat result into the list, one copy_ (a cudaMemcpyAsync) per rank, submitted
+    while NCCL runs: only what outlasts the collective adds."""
+    return ranks * EAGER_OP_S + np.maximum(ranks * MEMCPY_SUBMIT_S - collective, 0.0)
 
 
 def _unit(model, Z, params, part: str):

@@ -41,6 +41,7 @@ _DEFAULTS: dict[str, Any] = {
     "bucket_mb": 25.0,
     "first_bucket_mb": 1.0,
     "overlap": True,
+    "gather_overlap": True,
     "algorithm": ALGORITHMS.index("ring"),
     "placement": 0,
     "ps_shards": 1,
@@ -81,6 +82,7 @@ class Layouts:
     bucket_mb: np.ndarray
     first_bucket_mb: np.ndarray
     overlap: np.ndarray
+    gather_overlap: np.ndarray  # ZeRO 1-2's parameter gathers under the next forward
     algorithm: np.ndarray
     placement: np.ndarray
     ps_shards: np.ndarray
@@ -115,7 +117,7 @@ class Layouts:
         arrays = np.broadcast_arrays(*(np.atleast_1d(v) for v in values))
         types = {"bucket_mb": float, "first_bucket_mb": float}
         flags = ("overlap", "error_feedback", "fp8", "flash", "tp_overlap", "ep_overlap")
-        flags += ("fsdp_states", "sequence_parallel")
+        flags += ("fsdp_states", "gather_overlap", "sequence_parallel")
         types |= {k: bool for k in flags}
         cast = {n: a.astype(types.get(n, np.int64)) for n, a in zip(names, arrays, strict=True)}
         return cls(**cast, compressions=tuple(compressions))
@@ -145,6 +147,7 @@ class Layouts:
             bucket_mb=col(lambda s: s.bucket_mb),
             first_bucket_mb=col(lambda s: float(first_bucket_mb(s.bucket_mb, s.first_bucket_mb))),
             overlap=col(lambda s: s.overlap),
+            gather_overlap=col(lambda s: s.overlap_param_gather),
             algorithm=col(lambda s: ALGORITHMS.index(s.algorithm)),
             placement=col(lambda s: PLACEMENTS.index(s.placement)),
             ps_shards=col(lambda s: s.ps_shards),
@@ -193,6 +196,7 @@ class Layouts:
             "fsdp_shard": r["fsdp_shard"] or None,
             "etp": r["etp"] or None,
             "states": "fsdp" if r["fsdp_states"] else "zero",
+            "overlap_param_gather": r["gather_overlap"],
         }
         return base.model_copy(update=update)
 

@@ -5,7 +5,7 @@ Model states follow ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 3 and 
 precision Adam keeps 2 bytes of fp16/bf16 weights, the gradients, and K = 12 bytes of fp32
 master weights, momentum and variance per parameter; stage 1 shards the optimizer states over
 the data-parallel group, stage 2 also the gradients, stage 3 also the weights (FSDP full shard).
-Transformer activations follow Korthikanti et al. 2022 (arXiv:2205.05198, Table 2). Expert
+Transformer activations per layer come from step.activations (Korthikanti et al. 2022). Expert
 (MoE) parameters are split over ep x etp ranks (expert parallel x expert tensor parallel,
 Megatron-core's MoE parallel folding, arXiv:2504.14960) and their ZeRO shards over the
 expert-data-parallel ranks holding the same shard (DeepSpeed-MoE, Rajbhandari et al. 2022,
@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 
 from commsim.specs import GPUSpec
+from commsim.step.activations import RECOMPUTE, ActivationWidths, activation_bytes_per_layer
 from commsim.step.inflight import in_flight
 from commsim.step.shape import expert_shards, stage_layers
 from commsim.workload.model import Workload
@@ -36,9 +37,6 @@ RESERVE_FRACTION = 0.10  # HBM kept free for the caching allocator's fragmentati
 # output and the next layer the ReLU output, 2 bytes each, so 4 bytes per conv output value =
 # 44.46 MB per image over 8.178 GFLOP forward. Other models get the same ratio (a rough rule).
 ACTIVATION_BYTES_PER_FLOP = 4 * 11_113_984 / 8_178_368_512
-# recompute codes 0-3 of the batch variant: Megatron's selective (the attention core) and
-# full, and torchtitan's op-level selective checkpointing ("op", see ActivationWidths.of)
-RECOMPUTE = ("none", "selective", "full", "op")
 MIB = 2**20
 
 
@@ -68,6 +66,7 @@ class ParallelLayout:
     shard: int = 0  # hybrid sharding (HSDP): ZeRO-3 groups of this many dp ranks (0: all)
     fsdp_states: bool = False  # ZeRO-3 shards kept as PyTorch FSDP keeps them (fp32 weights)
     residual_bytes: int = 0  # error feedback: its residual's bytes a parameter (0: none)
+    fp8: bool = False  # Transformer Engine FP8 GEMMs: their saved inputs in FP8
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -121,106 +120,6 @@ def usable_bytes(gpu: GPUSpec, reserve_fraction: float = RESERVE_FRACTION) -> fl
 
 
 @dataclass(frozen=True)
-class ActivationWidths:
-    """What a transformer layer keeps per token for its backward, in bytes per unit of h
-    (Korthikanti et al. 2022, Table 2, generalised to the layer's real widths): `replicated`
-    on every tensor-parallel rank unless sequence parallelism splits it, `split` over tp, and
-    `scores` per attention-score element (a s / h of them) when eager attention keeps them.
-    The defaults are Korthikanti's GPT block (4h MLP, dropout): 10, 24 and 5."""
-
-    replicated: float = 10.0
-    split: float = 24.0
-    scores: float = 5.0
-    # op-level checkpointing keeps: `op_replicated` (the block's input), `op_split` (saved
-    # GEMM outputs over tp, the attention output), `op_whole` (a saved row-parallel GEMM's
-    # output: its partial sums are whole on every tp rank) and, when tp > 1,
-    # `op_scatters` (the saved outputs of the two sequence-parallel reduce-scatters)
-    op_replicated: float = 2.0
-    op_split: float = 0.0
-    op_whole: float = 0.0
-    op_scatters: float = 4.0
-
-    @classmethod
-    def of(cls, c) -> ActivationWidths:
-        """A TransformerShape's widths. Replicated: the two norms' inputs (2 + 2), the
-        attention's and the MLP's inputs (2 + 2), 1-byte dropout masks after each (1 + 1),
-        MLA's latents. Split: Q, K, V and the attention output (2 bytes a value each), the
-        MLP inside (plain: its up-projection and activation outputs, 2 f + 2 f; gated: gate,
-        up and their product, 3 x 2 f); an MoE layer keeps that for each of its top_k x
-        capacity routed copies of a token, with the copy's input (2 h), and its shared
-        experts'. Scores: softmax output 2, and with dropout its mask 1 and output 2."""
-        h, d = c.hidden, 1.0 if c.has_dropout else 0.0
-        hd = c.head_width
-        if c.mla:
-            qk = c.heads * (hd + c.rope_head_dim)
-            q, k, v = qk, qk, c.heads * (c.v_head_dim or hd)
-            latent = 2.0 * ((c.q_lora_rank or 0) + c.kv_lora_rank + c.rope_head_dim)
-        else:
-            q, k, v, latent = c.heads * hd, c.kv_heads * hd, c.kv_heads * hd, 0.0
-        attention = 2.0 * (q + k + v + q if not c.mla else q + k + v + v)
-
-        def inside(width: float) -> float:
-            return (6.0 if c.gated_mlp else 4.0) * width
-
-        mlp = inside(c.ffn_hidden)
-        if c.experts > 1:
-            routed = c.top_k * c.capacity_factor
-            expert = c.moe_ffn_hidden or c.ffn_hidden
-            moe = routed * inside(expert) + (routed - 1.0) * 2.0 * h
-            moe += inside(c.shared_experts * expert) if c.shared_experts else 0.0
-            share = (c.layers - c.dense_layers) / c.layers
-            mlp = (1.0 - share) * mlp + share * moe
-        return cls(
-            replicated=8.0 + 2.0 * d + latent / h,
-            split=(attention + mlp) / h,
-            scores=2.0 + 3.0 * d,
-            **_op_widths(c, q, k, v),
-        )
-
-
-def _op_widths(c, q: float, k: float, v: float) -> dict[str, float]:
-    """What torchtitan's op-level selective checkpointing keeps of a dense block, per unit of
-    h (torchtitan parallelize_llama.py, _save_list and _get_custom_policy, 2024-25): the
-    outputs of the matmuls in odd places of the block's forward (q, k, v, o, then gate, up,
-    down or up, down: q, v, gate and down, or q, v and up), the attention kernel's output
-    and the tp reduce-scatters' outputs; everything else (k, o, the rest of the MLP, norms,
-    activations, rotary) is recomputed in the backward. Its block input is kept too."""
-    h, f = c.hidden, c.ffn_hidden
-    split, whole = (q, False), (h, True)  # column-parallel outputs split, row-parallel whole
-    mlp = [(f, False), (f, False), whole] if c.gated_mlp else [(f, False), whole]
-    matmuls = [split, (k, False), (v, False), whole, *mlp]
-    kept = matmuls[::2]  # the 1st, 3rd, 5th ... (every second one is recomputed)
-    return {
-        "op_split": 2.0 * (q + sum(w for w, row in kept if not row)) / h,
-        "op_whole": 2.0 * sum(w for w, row in kept if row) / h,
-    }
-
-
-def activation_bytes_per_layer(
-    s, b, h, a, t, sequence_parallel, recompute, flash=False, widths=ActivationWidths()
-):
-    """Activation bytes one transformer layer keeps for one micro-batch (Korthikanti Table 2
-    with the layer's ActivationWidths); `recompute` is a code of RECOMPUTE, arrays broadcast;
-    s is the tokens this GPU holds of a sequence (s / cp under context parallelism).
-    FlashAttention (Dao et al. 2022) keeps no s x s scores, softmax or dropout of them: the
-    scores term goes, as under selective recomputation (its softmax statistics, a s b fp32
-    values, are negligible)."""
-    # tensor parallel: sbh(replicated + split/t + scores as/(ht)); sequence parallelism also
-    # splits the replicated part; selective recompute drops the scores; full recompute keeps
-    # the 2sbh layer input, /t under sequence parallelism (Megatron stores it sharded)
-    sbh = np.asarray(s, float) * b * h
-    recompute = np.asarray(recompute)
-    no_scores = (recompute != 0) | np.asarray(flash)
-    scores = np.where(no_scores, 0.0, widths.scores * a * s / h)
-    sp = np.where(sequence_parallel, t, 1)
-    kept = sbh * (widths.replicated / sp + (widths.split + scores) / t)
-    w = widths
-    op = w.op_whole + (w.op_replicated + np.where(t > 1, w.op_scatters, 0.0)) / sp
-    op = sbh * (op + w.op_split / t)
-    return np.select([recompute == 2, recompute == 3], [2.0 * sbh / sp, op], kept)
-
-
-@dataclass(frozen=True)
 class _Shape:
     """A transformer's sizes for memory: dimensions and parameters split or replicated over tp."""
 
@@ -231,6 +130,7 @@ class _Shape:
     block: tuple[float, float]  # parameters of one block (split over tp, replicated; mean)
     expert: float  # of block[0]: the experts' MLPs (split over tp and ep; mean over blocks)
     widths: ActivationWidths  # what a block keeps per token for its backward
+    widths_fp8: ActivationWidths  # the same with FP8 GEMMs
     first: tuple[float, float]  # layers before the blocks: the embedding
     last: tuple[float, float]  # layers after the blocks: final norm, heads
     tied: int  # token-embedding size when the head reuses it (a copy on the last stage), else 0
@@ -266,6 +166,9 @@ def _transformer_shape(workload: Workload) -> _Shape | None:
         block=(body[0] / len(blocks), body[1] / len(blocks)),
         expert=workload.expert_params,
         widths=ActivationWidths.of(workload.arch) if workload.arch else ActivationWidths(),
+        widths_fp8=(
+            ActivationWidths.of(workload.arch, fp8=True) if workload.arch else ActivationWidths()
+        ),
         first=split(workload.layers[:1]),
         last=split(tail),
         tied=0 if untied else vocab * h,
@@ -319,16 +222,22 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     first = shape.first[0] / t + shape.first[1]
     last = shape.last[0] / t + shape.last[1] + np.where(pp > 1, shape.tied / t, 0.0)
     held_seq = c["seq_len"] / c["cp"]
-    per_layer = activation_bytes_per_layer(
-        held_seq,
-        c["micro_batch"],
-        shape.hidden,
-        shape.heads,
-        t,
-        c["sp"],
-        c["recompute"],
-        c["flash"],
-        shape.widths,
+    per_layer = np.where(
+        c["fp8"],
+        *(
+            activation_bytes_per_layer(
+                held_seq,
+                c["micro_batch"],
+                shape.hidden,
+                shape.heads,
+                t,
+                c["sp"],
+                c["recompute"],
+                c["flash"],
+                widths,
+            )
+            for widths in (shape.widths_fp8, shape.widths)
+        ),
     )
     # Output layer: norm output, logits and fp32 cross-entropy, 4sbh/t(1 + v/h) (Korthikanti
     # Sec. 4.3), per micro-batch its chunk holds: one under 1F1B, interleaved or not
@@ -431,6 +340,7 @@ def memory_per_gpu_batch(
     shard=0,
     residual_bytes=0,
     fsdp_states=False,
+    fp8=False,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -458,6 +368,7 @@ def memory_per_gpu_batch(
         shard=shard,
         residual=residual_bytes,
         fsdp_states=fsdp_states,
+        fp8=fp8,
     )
     return sum(_components(workload, c, schedule))
 
@@ -493,5 +404,6 @@ def memory_per_gpu(
         shard=layout.shard,
         residual=layout.residual_bytes,
         fsdp_states=layout.fsdp_states,
+        fp8=layout.fp8,
     )
     return MemoryBreakdown(*(float(x) for x in _components(workload, c, schedule)))

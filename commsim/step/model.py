@@ -386,5 +386,6 @@ class StepModel:
             flash=L.flash,
             shard=L.fsdp_shard,
             fsdp_states=L.fsdp_states,
+            fp8=L.fp8,
             residual_bytes=np.where(L.error_feedback & (L.compression != 0), L.grad_bytes, 0),
         )

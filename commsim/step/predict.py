@@ -149,6 +149,7 @@ def layout_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
         flash=strategy.flash_attention,
         shard=strategy.fsdp_shard or 0,
         fsdp_states=strategy.states == "fsdp",
+        fp8=strategy.precision == "fp8",
         residual_bytes=DTYPE_BYTES[strategy.grad_dtype] if _residual(strategy) else 0,
     )
     return memory_per_gpu(w, layout)

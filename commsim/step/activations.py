@@ -1,0 +1,124 @@
+"""What one transformer layer keeps for its backward: activation bytes per token by the
+layer's widths (Korthikanti et al. 2022, arXiv:2205.05198, Table 2, generalised), under tensor
+and sequence parallelism, FlashAttention and each recomputation mode; step.memory multiplies
+it by layers and micro-batches in flight."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# recompute codes 0-3 of the batch variant: Megatron's selective (the attention core) and
+# full, and torchtitan's op-level selective checkpointing ("op", see ActivationWidths.of)
+RECOMPUTE = ("none", "selective", "full", "op")
+
+
+@dataclass(frozen=True)
+class ActivationWidths:
+    """What a transformer layer keeps per token for its backward, in bytes per unit of h
+    (Korthikanti et al. 2022, Table 2, generalised to the layer's real widths): `replicated`
+    on every tensor-parallel rank unless sequence parallelism splits it, `split` over tp, and
+    `scores` per attention-score element (a s / h of them) when eager attention keeps them.
+    The defaults are Korthikanti's GPT block (4h MLP, dropout): 10, 24 and 5."""
+
+    replicated: float = 10.0
+    split: float = 24.0
+    scores: float = 5.0
+    # op-level checkpointing keeps: `op_replicated` (the block's input), `op_split` (saved
+    # GEMM outputs over tp, the attention output), `op_whole` (a saved row-parallel GEMM's
+    # output: its partial sums are whole on every tp rank) and, when tp > 1,
+    # `op_scatters` (the saved outputs of the two sequence-parallel reduce-scatters)
+    op_replicated: float = 2.0
+    op_split: float = 0.0
+    op_whole: float = 0.0
+    op_scatters: float = 4.0
+
+    @classmethod
+    def of(cls, c, fp8: bool = False) -> ActivationWidths:
+        """A TransformerShape's widths. Replicated: the two norms' inputs (2 + 2), the
+        attention's and the MLP's inputs (2 + 2), 1-byte dropout masks after each (1 + 1),
+        MLA's latents. Split: Q, K, V and the attention output (2 bytes a value each), the
+        MLP inside (plain: its up-projection and activation outputs, 2 f + 2 f; gated: gate,
+        up and their product, 3 x 2 f); an MoE layer keeps that for each of its top_k x
+        capacity routed copies of a token, with the copy's input (2 h), and its shared
+        experts'. Scores: softmax output 2, and with dropout its mask 1 and output 2.
+        `fp8`: the linear layers run Transformer Engine FP8 GEMMs, which keep a GEMM's input
+        for the weight gradient in FP8, 1 byte a value (TE v1.8 module/linear.py "saved_inputmat
+        _t", v2.8 linear.py "Discard unneeded data in input tensor", layernorm_linear.py's
+        ln_out, grouped_linear.py's inputmats for MoE experts): the attention's and the MLP's
+        inputs, the MLP's inner GEMM input (activation output), each routed copy's input and
+        an FP8 copy of the attention output for the output projection, beside the BF16 one
+        the attention kernel keeps; norm inputs, Q, K, V and the activation's input stay BF16.
+        MLA's latents are counted in BF16 (not checked against a source)."""
+        h, d = c.hidden, 1.0 if c.has_dropout else 0.0
+        gemm_in = 1.0 if fp8 else 2.0  # bytes a saved GEMM input takes
+        hd = c.head_width
+        if c.mla:
+            qk = c.heads * (hd + c.rope_head_dim)
+            q, k, v = qk, qk, c.heads * (c.v_head_dim or hd)
+            latent = 2.0 * ((c.q_lora_rank or 0) + c.kv_lora_rank + c.rope_head_dim)
+        else:
+            q, k, v, latent = c.heads * hd, c.kv_heads * hd, c.kv_heads * hd, 0.0
+        o = q if not c.mla else v  # the attention output's width
+        attention = 2.0 * (q + k + v + o) + (gemm_in * o if fp8 else 0.0)
+
+        def inside(width: float) -> float:
+            return ((4.0 if c.gated_mlp else 2.0) + gemm_in) * width
+
+        mlp = inside(c.ffn_hidden)
+        if c.experts > 1:
+            routed = c.top_k * c.capacity_factor
+            expert = c.moe_ffn_hidden or c.ffn_hidden
+            moe = routed * inside(expert) + (routed - 1.0) * gemm_in * h
+            moe += inside(c.shared_experts * expert) if c.shared_experts else 0.0
+            share = (c.layers - c.dense_layers) / c.layers
+            mlp = (1.0 - share) * mlp + share * moe
+        return cls(
+            replicated=4.0 + 2.0 * gemm_in + 2.0 * d + latent / h,
+            split=(attention + mlp) / h,
+            scores=2.0 + 3.0 * d,
+            **_op_widths(c, q, k, v),
+        )
+
+
+def _op_widths(c, q: float, k: float, v: float) -> dict[str, float]:
+    """What torchtitan's op-level selective checkpointing keeps of a dense block, per unit of
+    h (torchtitan parallelize_llama.py, _save_list and _get_custom_policy, 2024-25): the
+    outputs of the matmuls in odd places of the block's forward (q, k, v, o, then gate, up,
+    down or up, down: q, v, gate and down, or q, v and up), the attention kernel's output
+    and the tp reduce-scatters' outputs; everything else (k, o, the rest of the MLP, norms,
+    activations, rotary) is recomputed in the backward. Its block input is kept too."""
+    h, f = c.hidden, c.ffn_hidden
+    split, whole = (q, False), (h, True)  # column-parallel outputs split, row-parallel whole
+    mlp = [(f, False), (f, False), whole] if c.gated_mlp else [(f, False), whole]
+    matmuls = [split, (k, False), (v, False), whole, *mlp]
+    kept = matmuls[::2]  # the 1st, 3rd, 5th ... (every second one is recomputed)
+    return {
+        "op_split": 2.0 * (q + sum(w for w, row in kept if not row)) / h,
+        "op_whole": 2.0 * sum(w for w, row in kept if row) / h,
+    }
+
+
+def activation_bytes_per_layer(
+    s, b, h, a, t, sequence_parallel, recompute, flash=False, widths=ActivationWidths()
+):
+    """Activation bytes one transformer layer keeps for one micro-batch (Korthikanti Table 2
+    with the layer's ActivationWidths); `recompute` is a code of RECOMPUTE, arrays broadcast;
+    s is the tokens this GPU holds of a sequence (s / cp under context parallelism).
+    FlashAttention (Dao et al. 2022) keeps no s x s scores, softmax or dropout of them: the
+    scores term goes, as under selective recomputation (its softmax statistics, a s b fp32
+    values, are negligible)."""
+    # tensor parallel: sbh(replicated + split/t + scores as/(ht)); sequence parallelism also
+    # splits the replicated part; selective recompute drops the scores; full recompute keeps
+    # the 2sbh layer input, /t under sequence parallelism (Megatron stores it sharded)
+    sbh = np.asarray(s, float) * b * h
+    recompute = np.asarray(recompute)
+    no_scores = (recompute != 0) | np.asarray(flash)
+    scores = np.where(no_scores, 0.0, widths.scores * a * s / h)
+    sp = np.where(sequence_parallel, t, 1)
+    kept = sbh * (widths.replicated / sp + (widths.split + scores) / t)
+    w = widths
+    op = w.op_whole + (w.op_replicated + np.where(t > 1, w.op_scatters, 0.0)) / sp
+    op = sbh * (op + w.op_split / t)
+    return np.select([recompute == 2, recompute == 3], [2.0 * sbh / sp, op], kept)
