@@ -13,10 +13,11 @@ Marks, by hooks (perf_counter):
   every all-reduce and copied the buckets back.
 
 exposed = sum over gradients of (DDP done - produced) + (backward's return - last DDP
-done): the launches, then the wait after the backward's compute ends. commsim.traces.summary's
-exposed communication is the same quantity read from the profiler (the main thread's launch
-calls and its waits); the clocks differ by the reducer's bucket copies around them, which
-the trace counts as compute (about 1 ms a step for the harness's 4.5 MiB model). Meaningful
+done): the bucket copies and launches, then the wait (and the copies back) after the
+backward's compute ends. commsim.traces.summary's exposed communication is the same
+quantity read from the profiler (the main thread's launch calls, DDP's bucket copies, its
+waits); the clocks differ by the hooks' own cost (0.15-0.3 ms a step, what this clock reads
+in no_sync steps) and where a preemption lands at a bracket's edge (RESULTS.md). Meaningful
 where the host thread computes (CPU, gloo): on CUDA it would time kernel launches.
 """
 
