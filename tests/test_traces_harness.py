@@ -1,7 +1,11 @@
 """Real profiler traces: the harness's DDP steps under torch.profiler (gloo on CPU), read
 back and checked against the harness's own clock; on the emulated testbed (root) the
-issue's bars: summary within 2% of the harness, prediction from the imported step within
-10% (benchmarks/bench_traces.py measures the same; RESULTS.md has its figures)."""
+issue's bars: summary (step, compute, exposed communication) within 2% of the harness on
+every rank, prediction from the imported step within 10% (benchmarks/bench_traces.py
+measures the same; RESULTS.md has its figures). Exposed communication is one quantity on
+both sides: the time the rank spends on communication instead of computing, read from the
+profiler (commsim.traces.summary) and by the harness's hooks in the same steps
+(calibrate.harness.commclock)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -73,6 +76,10 @@ def test_harness_writes_traces_that_match_its_clock(tmp_path):
         # the same steps: the trace's window is the harness's timed part
         assert figures["trace_step_s"] == pytest.approx(figures["harness_step_s"], rel=0.02)
         assert figures["trace_compute_s"] == pytest.approx(figures["harness_compute_s"], rel=0.02)
+        # exposed, same steps: CPU-bound on 2 cores, 2 ranks overlap most of their
+        # communication (5 MiB buckets), so the exposed part is small: held to 2% of the step
+        gap = figures["trace_exposed_s"] - figures["harness_exposed_s"]
+        assert abs(gap) < 0.02 * figures["harness_step_s"]
         assert any(c.op == "all-reduce" and c.bytes for c in t.collectives)
     s = summarize(traces)
     assert all(f.exposed_comm_s <= f.step_s for f in s.steps)
@@ -100,15 +107,13 @@ def test_testbed_summary_and_prediction(tmp_path):
         doc = bench.run(bed, tmp_path)
     finally:
         network.down(bed.prefix)
+    # every rank, medians over the same steps: step and exposed of the full steps, compute
+    # of the no_sync steps. Not asserted per step: a preemption landing between one of the
+    # harness's hooks and the op it marks (seen: 14 ms inside DDP's gradient hook, 6.5 ms
+    # between the bucket copy-back and backward's return) is communication to the harness
+    # and compute to the trace; 1-2 of 40 steps a run, RESULTS.md has the worst per rank
     for r in doc["ranks"]:
         assert r["trace_step_s"] == pytest.approx(r["harness_step_s"], rel=0.02)
         assert r["trace_compute_s"] == pytest.approx(r["harness_compute_s"], rel=0.02)
-    # exposed communication: measured, not asserted per rank (2 cores: a rank's compute slows
-    # while the others' gloo threads run, which the harness's no_sync baseline cannot see);
-    # the median rank stays within 10% of the step
-    errs = [
-        abs(r["trace_exposed_s"] - r["harness_exposed_s"]) / r["harness_step_s"]
-        for r in doc["ranks"]
-    ]
-    assert float(np.median(errs)) < 0.10
+        assert r["trace_exposed_s"] == pytest.approx(r["harness_exposed_s"], rel=0.02)
     assert doc["predicted_step_s"] == pytest.approx(doc["measured_step_s"], rel=0.10)

@@ -136,23 +136,27 @@ def test_imported_step_replays_to_the_measured_step(tmp_path):
     assert slow.step_s == pytest.approx(1080e-6)
 
 
+def _gloo_all_reduce(ts, dur):
+    """gloo's annotation of a 1000-float all-reduce on its worker thread (tid 9)."""
+    args = {"Input Dims": [[1000]], "Input type": ["float"]}
+    return _x("gloo:all_reduce", ts, dur, cat="user_annotation", tid=9, **args)
+
+
+def _gloo_trace(tmp_path, events):
+    """Rank 1 of 2 on gloo, these events."""
+    info = {"backend": "gloo", "rank": 1, "world_size": 2, "pg_config": [GROUP | {"ranks": [0, 1]}]}
+    return read_kineto(_write(tmp_path, {"distributedInfo": info, "traceEvents": events}))
+
+
 def test_gloo_annotations_on_the_default_group(tmp_path):
     ev = [
         _x("ProfilerStep#5", 0, 500, cat="user_annotation", tid=1),
         _x("aten::addmm", 10, 300, cat="cpu_op", tid=1),
         _x("c10d::allreduce_", 310, 20, cat="cpu_op", tid=1),
-        _x(
-            "gloo:all_reduce",
-            320,
-            100,
-            cat="user_annotation",
-            tid=9,
-            **{"Input Dims": [[1000]], "Input type": ["float"]},
-        ),
+        _gloo_all_reduce(320, 100),
         _x("aten::add_", 430, 50, cat="cpu_op", tid=1),
     ]
-    info = {"backend": "gloo", "rank": 1, "world_size": 2, "pg_config": [GROUP | {"ranks": [0, 1]}]}
-    t = read_kineto(_write(tmp_path, {"distributedInfo": info, "traceEvents": ev}))
+    t = _gloo_trace(tmp_path, ev)
     assert not t.gpu
     (c,) = t.collectives
     assert (c.op, c.bytes, c.group) == ("all-reduce", 4000, (0, 1))
@@ -198,3 +202,34 @@ def test_truncated_file(tmp_path):
     gz.write_bytes(gz.read_bytes()[:-40])
     with pytest.raises(SpecError, match="truncated"):
         read_kineto(gz)
+
+
+def test_gloo_ddp_step_as_the_testbed_records_it(tmp_path):
+    """A DDP step on CPU as the emulated testbed's traces show it: the rank launches the
+    all-reduce, gloo's thread opens its annotation 60 us after the rank began waiting and
+    closes it 30 us after the step ended; DDP's bucket copies (into the bucket before the
+    launch, back to the gradients after the wait) are communication, not compute."""
+    ev = [
+        _x("ProfilerStep#3", 0, 1000, cat="user_annotation", tid=1),
+        _x("aten::addmm", 10, 290, cat="cpu_op", tid=1),
+        _x("autograd::engine::evaluate_function: AccumulateGrad", 300, 40, cat="cpu_op", tid=1),
+        _x("torch::distributed::reducer::mul_out", 305, 10, cat="cpu_op", tid=1),
+        _x("c10d::allreduce_", 320, 10, cat="cpu_op", tid=1),
+        _gloo_all_reduce(400, 630),
+        _x("torch.distributed.ddp.reducer::copy_bucket_to_grad", 900, 20, cat="cpu_op", tid=1),
+        _x("aten::add_", 920, 80, cat="cpu_op", tid=1),
+    ]
+    t = _gloo_trace(tmp_path, ev)
+    f = summarize([t]).steps[0]
+    # the step is its annotation (not the all-reduce's late end, 1030); busy [10,305)
+    # [315,320) [330,340) [920,1000): 390 us; communication calls [305,315) [320,330)
+    # [900,920): 40 us; the wait [340,900), in which the all-reduce runs though it opened
+    # its record late: 560 us; exposed 600, compute 400, of which [0,10) idle
+    assert f.step_s == pytest.approx(1000e-6)
+    assert f.busy_s == pytest.approx(390e-6)
+    assert f.exposed_comm_s == pytest.approx(600e-6)
+    assert f.compute_s == pytest.approx(400e-6)
+    assert f.idle_s == pytest.approx(10e-6)
+    # replayed with the recorded durations: the copy back and the optimizer (100 us) after
+    # the all-reduce's recorded end, 1030 (imported.py: the replay counts gloo's overrun)
+    assert replay(import_step([t], 3)).step_s == pytest.approx(1130e-6, abs=1e-12)

@@ -3,8 +3,6 @@ Setup."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -224,27 +222,6 @@ NcclProtoOpt = Annotated[
 ]
 
 
-# flags that set scenario fields, by how `plan` treats them (`predict` takes them all)
-TRAINING_FLAGS = ("global_batch", "micro_batch", "seq_len", "tokens", "price_per_gpu_hour")
-LAYOUT_FLAGS = (  # the search's dimensions: a flag pins one
-    *("bucket_mb", "algorithm", "placement", "overlap", "compression", "error_feedback"),
-    *("tp", "pp", "ep", "etp", "zero", "recompute", "interleave", "first_stage_layers"),
-    *("last_stage_layers", "cp", "order", "fsdp_shard", "precision", "tp_overlap", "ep_overlap"),
-)
-STACK_FLAGS = ("flash_attention", "overlap_param_gather", "sequence_parallel")  # as given
-NCCL_FLAGS = ("nccl_version", "nccl_algo", "nccl_proto")
-
-
-def pick(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    """The named flags' values (a command's locals()), in the order named."""
-    return {name: values[name] for name in names}
-
-
-def flag(key: str) -> str:
-    """The flag that sets a scenario or strategy field."""
-    return "--" + key.replace("_", "-")
-
-
 def gpu_count(text: str | None) -> int | None:
     """--gpus as one positive count (None when not given)."""
     if text is None:
@@ -341,59 +318,6 @@ def interleave_of(setup: Setup, strategy: Any, layers: int) -> Any:
             f"needs pp > 1 and {blocks} layers / pp {strategy.pp} to split into chunks of {layers}",
         )
     return strategy.model_copy(update={"interleave": blocks // (strategy.pp * layers)})
-
-
-def refuse_ignored(strategy: Any, given: dict[str, Any]) -> None:
-    """A flag the step model would not use with the rest of the strategy is an error, not
-    a no-op: error feedback without a lossy compressor, DDP buckets under ZeRO-3."""
-    from commsim.specs import SpecError
-
-    if given.get("error_feedback") and strategy.compression == "none":
-        raise SpecError(
-            "--error-feedback", "", "keeps what a lossy compressor drops: give --compression"
-        )
-    if given.get("bucket_mb") is not None and strategy.zero == 3:
-        raise SpecError(
-            f"--bucket-mb {_shown(given['bucket_mb'])}",
-            "",
-            "ZeRO-3/FSDP gathers and reduce-scatters per transformer block: no DDP buckets",
-        )
-
-
-def _as_typed(key: str, value: Any) -> str:
-    """A flag and its value as the user typed them: --x 3, --ep-overlap, --no-ep-overlap."""
-    if isinstance(value, bool):
-        return flag(key) if value else "--no-" + flag(key)[2:]
-    return f"{flag(key)} {_shown(value)}"
-
-
-def _shown(value: Any) -> str:
-    """A flag's value as typed; quoted when empty or spaced."""
-    text = str(value)
-    return repr(text) if not text.strip() or " " in text else text
-
-
-@contextlib.contextmanager
-def blame_flags(scenario: str | None, overrides: dict[str, Any]) -> Iterator[None]:
-    """An error about a scenario field a flag set names the flag and its value, not the
-    scenario file (`predict --tp -2` is the flag's fault, not default.yaml's)."""
-    from commsim import catalog
-    from commsim.specs import SpecError
-
-    source = str(scenario or catalog.DEFAULT_SCENARIO)
-    given = {k: v for k, v in overrides.items() if v is not None}
-    try:
-        yield
-    except SpecError as e:
-        if e.source != source:
-            raise
-        keys = [k for k in given if e.field in (k, f"strategy.{k}")]
-        if not keys and e.field == "strategy":  # a product of degrees: the ones flags set
-            keys = [k for k in ("tp", "pp", "cp") if k in given]
-        if not keys:
-            raise
-        named = ", ".join(_as_typed(k, given[k]) for k in keys)
-        raise SpecError(named, "", e.problem) from None
 
 
 def with_backend(setup: Setup, backend: str) -> Setup:

@@ -6,12 +6,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from commsim.cli import plan_show
-from commsim.cli.options import (
-    FSDP,
+from commsim.cli.given import (
     LAYOUT_FLAGS,
     NCCL_FLAGS,
     STACK_FLAGS,
     TRAINING_FLAGS,
+    blame_flags,
+    flag,
+    pick,
+)
+from commsim.cli.options import (
+    FSDP,
     BackendOpt,
     ClusterOpt,
     CsvOpt,
@@ -39,10 +44,7 @@ from commsim.cli.options import (
     SequenceParallelOpt,
     TokensOpt,
     TpOverlapOpt,
-    blame_flags,
-    flag,
     gpu_count,
-    pick,
     setup_from_flags,
 )
 from commsim.cli.plan_options import (

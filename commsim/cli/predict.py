@@ -6,11 +6,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from commsim.cli.options import (
+from commsim.cli.given import (
     LAYOUT_FLAGS,
     NCCL_FLAGS,
     STACK_FLAGS,
     TRAINING_FLAGS,
+    blame_flags,
+    pick,
+    refuse_ignored,
+)
+from commsim.cli.options import (
     AlgorithmOpt,
     BackendOpt,
     BucketOpt,
@@ -54,9 +59,6 @@ from commsim.cli.options import (
     TpOpt,
     TpOverlapOpt,
     ZeroOpt,
-    blame_flags,
-    pick,
-    refuse_ignored,
     setup_from_flags,
 )
 from commsim.cli.traced import (

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from commsim.cli import plan_show
-from commsim.cli.options import blame_flags, gpu_sizes
+from commsim.cli.given import blame_flags
+from commsim.cli.options import gpu_sizes
 from commsim.report import terminal
 
 if TYPE_CHECKING:

@@ -31,24 +31,34 @@ def step_index(trace: RankTrace, number: int) -> int:
     raise SpecError(trace.source, "ProfilerStep", f"no step {number} (the trace has {have})")
 
 
+def _inside(spans: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Which points lie in one of the disjoint sorted intervals."""
+    if not len(spans):
+        return np.zeros(len(points), dtype=bool)
+    i = np.searchsorted(spans[:, 0], points, side="right") - 1
+    return (i >= 0) & (points < spans[np.maximum(i, 0), 1])
+
+
 def rank_nodes(trace: RankTrace, k: int) -> list[Node]:
     """Step k of one rank as nodes (see the module docstring)."""
     lo, hi = trace.window(k)
     colls = step_collectives(trace, k)
     busy = clip(trace.compute, lo, hi)
-    cuts = np.unique(np.concatenate([[lo, hi], busy.ravel(), [c.start for c in colls]]))
+    # CPU: the rank's launch calls and bucket copies, never a wait (GPU: host-side times)
+    calls = np.zeros((0, 2)) if trace.gpu else clip(trace.launches, lo, hi)
+    edges = [[lo, hi], busy.ravel(), calls.ravel(), [c.start for c in colls]]
+    cuts = np.unique(np.concatenate(edges))
     cuts = cuts[(cuts >= lo) & (cuts <= hi)]
     mid = (cuts[:-1] + cuts[1:]) / 2
-    inside = np.searchsorted(busy[:, 0], mid, side="right") - 1
-    computing = (inside >= 0) & (mid < busy[np.maximum(inside, 0), 1]) if len(busy) else mid < lo
+    computing, calling = _inside(busy, mid), _inside(calls, mid)
     ids = iter(range(len(colls), 10**9))
     chain: list[Node] = []
     ends: dict[float, int] = {}  # end time of a chain node -> its id
     last: int | None = None
-    for a, b, comp in zip(cuts[:-1], cuts[1:], computing, strict=True):
+    for a, b, comp, call in zip(cuts[:-1], cuts[1:], computing, calling, strict=True):
         deps = () if last is None else (last,)
         dur = b - a
-        wait = waits([(a, b)], colls, not trace.gpu) if not comp else []
+        wait = waits([(a, b)], colls, not trace.gpu) if not (comp or call) else []
         if wait:  # after the collective that ended last in the gap, the wake-up
             j = wait[0][2]
             deps, dur = (*deps, j), max(b - colls[j].end, 0.0)

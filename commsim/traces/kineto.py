@@ -12,8 +12,10 @@ about each.
   so they are taken to run on the default process group (pg_desc "default_pg", or the
   only group; DDP's all-reduces do), an assumption the summary states.
 - Compute is every GPU kernel that is not a collective when the trace has GPU kernels;
-  otherwise (CPU training) the main thread's ops, less the collectives' launch calls
-  (c10d::*, record_param_comms).
+  otherwise (CPU training) the main thread's ops, less its communication calls: the
+  collectives' launch calls (c10d::*, record_param_comms) and DDP's bucket copies (its
+  reducer's mul_out into a bucket and copy_bucket_to_grad back, which a step without
+  communication does not run).
 - Kernel classes (the roofline's, step.compute): the busy time under attention kernels or
   ops, under GEMMs outside them, and the rest (element-wise), by kernel or op names (CPU
   ops nest: aten::linear holds aten::addmm, which names the GEMM).
@@ -43,6 +45,9 @@ STEP = re.compile(r"^ProfilerStep#(\d+)$")
 DDP_FORWARD = "DistributedDataParallel.forward"  # DDP's own annotation: one per micro-batch
 OPTIMIZER = "Optimizer.step#"  # torch.optim's annotation of every optimizer.step()
 LAUNCH_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:")
+# DDP's reducer annotations of its bucket copies (torch/csrc/distributed/c10d/reducer.cpp);
+# on GPU traces the copies are kernels, counted as compute there
+REDUCER_PREFIXES = ("torch::distributed::reducer::", "torch.distributed.ddp.reducer::")
 # bytes per element of the dtype names PyTorch writes ("Float", "BFloat16") and gloo's
 # "Input type" strings ("float", "c10::Half")
 DTYPE_BYTES = {
@@ -138,17 +143,21 @@ class RankTrace:
     groups: dict[str, tuple[str, tuple[int, ...]]]  # process group name -> (desc, ranks)
     steps: tuple[Step, ...]
     compute: np.ndarray  # disjoint busy intervals, seconds
-    launches: np.ndarray  # the main thread's collective launch calls (c10d::*, ...)
+    launches: np.ndarray  # the main thread's launch calls (c10d::*, ...); CPU: bucket copies
     optimizer: np.ndarray  # the main thread's optimizer.step() annotations (disjoint)
     classes: dict[str, np.ndarray]  # kernel class -> busy intervals (kernel_class)
     collectives: tuple[Collective, ...]
     metadata: dict[str, Any]  # the trace's other top-level fields (a harness's own timings)
 
     def window(self, k: int) -> tuple[float, float]:
-        """Step k's window: from its annotation's start to its end or, later, the end of the
-        last collective or compute that started within it (GPU work trails its launch),
-        never past the next step's start."""
+        """Step k's window: from its annotation's start to its end or, on GPU traces, later,
+        the end of the last collective or compute that started within it (GPU work trails
+        its launch), never past the next step's start. On CPU the main thread's work ends
+        with the annotation: a gloo collective's record that outlasts it was closed late by
+        gloo's thread after the main thread resumed (seen up to 35 ms on the testbed)."""
         s = self.steps[k]
+        if not self.gpu:
+            return s.start, s.end
         ends = [c.end for c in self.collectives if s.start <= c.start < s.end]
         inside = (self.compute[:, 0] >= s.start) & (self.compute[:, 0] < s.end)
         ends += self.compute[inside, 1].tolist()
@@ -343,18 +352,19 @@ def read_kineto(path: str | Path) -> RankTrace:
         elif name.startswith("gloo:"):
             colls.append(_gloo(e, args, t, source, i, f"thread {e.get('tid')}", groups, world))
         elif e.get("tid") == main and not gpu and not STEP.match(name):
-            compute.append(t)  # the launch calls are taken out below
-            if not name.startswith(LAUNCH_PREFIXES):
+            compute.append(t)  # the communication calls are taken out below
+            if not name.startswith((*LAUNCH_PREFIXES, *REDUCER_PREFIXES)):
                 named.append((*t, name))
         if name == DDP_FORWARD and e.get("tid") == main:
             forwards.append(t[0])
         if name.startswith(OPTIMIZER) and e.get("tid") == main:
             optimizer.append(t)
+    calls = LAUNCH_PREFIXES if gpu else (*LAUNCH_PREFIXES, *REDUCER_PREFIXES)
     launches = union(
         [
             spans[i]
             for i, e in events
-            if e.get("tid") == main and str(e.get("name", "")).startswith(LAUNCH_PREFIXES)
+            if e.get("tid") == main and str(e.get("name", "")).startswith(calls)
         ]
     )
     busy = union(compute) if gpu else difference(compute, launches)

@@ -3,9 +3,12 @@
     step      the step's window (ProfilerStep#N, extended over work it started: RankTrace.window)
     busy      time the rank computes (union of its compute ops or kernels)
     comm      time any collective runs (union of the collectives)
-    waits     the gaps between compute in which a collective ended (CPU: or one covers):
+    waits     the gaps between compute in which a collective ended (CPU: or one runs):
               the rank stood blocked on communication (imported.py makes them wait nodes)
-    exposed   time the rank launches or waits for communication: launch calls + waits
+    exposed   time the rank spends on communication instead of computing: its launch
+              calls (CPU: and DDP's bucket copies, kineto.REDUCER_PREFIXES) + waits. The
+              calibration harness times the same quantity on the same steps with its own
+              clock (calibrate.harness.commclock), which the trace tests hold it to
     compute   step - exposed: its compute and whatever else its host ran (what a harness
               times as a step without communication)
     idle      compute - busy: gaps not spent waiting (host overhead, launch latency)
@@ -84,16 +87,17 @@ def waits(
 ) -> list[tuple[float, float, int]]:
     """(start, end, collective) of each gap the rank spent waiting on communication: one in
     which a collective ended (the rank waited for the one that ended last, then woke up),
-    or, with `covering` (CPU traces), one a collective covers whole: gloo's worker threads
-    close their annotation after the waiting thread has resumed (the one that ends first
-    after the gap). GPU kernels end when they end: there a covered gap is idle."""
+    or, with `covering` (CPU traces), one a collective runs in: gloo's worker threads open
+    their annotation when scheduled, after the rank began waiting (seen 7 ms late on the
+    testbed), and close it after the waiting thread has resumed (the one that ends first
+    after the gap). GPU kernels start and end when they run: there such a gap is idle."""
     out = []
     for a, b in np.asarray(gaps).reshape(-1, 2).tolist():
         ended = [j for j, c in enumerate(colls) if a < c.end <= b]
         if ended:
             out.append((a, b, max(ended, key=lambda j: colls[j].end)))
             continue
-        over = [j for j, c in enumerate(colls) if covering and c.start <= a and c.end > b]
+        over = [j for j, c in enumerate(colls) if covering and c.start < b and c.end > b]
         if over:
             out.append((a, b, min(over, key=lambda j: colls[j].end)))
     return out

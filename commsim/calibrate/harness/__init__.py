@@ -9,5 +9,7 @@ result to the JSONL file the moment it is measured (records.py describes the rec
 config: what to measure (the `calibrate run` options); rank: one rank's run (identity,
 device, the records it writes, progress and the watchdog, who ran where); collectives: the
 collectives over the size sweep; ddp: the DDP step, plain and with PyTorch's comm hooks;
-launch: one rank's whole run, ranks started on this host, the rank entry point.
+launch: one rank's whole run, ranks started on this host, the rank entry point; profiled:
+DDP steps under torch.profiler; commclock: the harness's own clock of a step's exposed
+communication.
 """

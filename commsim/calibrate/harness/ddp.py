@@ -116,10 +116,11 @@ def _model_record(model: nn.Sequential, fwd: np.ndarray, bwd: np.ndarray, cfg: H
     }
 
 
-def _ddp_step(run: Run, ddp, opt, x, y, *, sync: bool, scope=contextlib.nullcontext):
+def _ddp_step(run: Run, ddp, opt, x, y, *, sync: bool, scope=contextlib.nullcontext, clock=None):
     """One training step after a world barrier: (whole step, optimizer) seconds. Without
     sync, under no_sync: DDP launches no all-reduce, so this is compute alone. `scope()`
-    is entered around the timed part (a profiler's step annotation)."""
+    is entered around the timed part (a profiler's step annotation); a `clock`
+    (commclock.CommClock) is told when the backward returned."""
     opt.zero_grad(set_to_none=False)
     dist.barrier()
     run.progress.tick()
@@ -132,6 +133,8 @@ def _ddp_step(run: Run, ddp, opt, x, y, *, sync: bool, scope=contextlib.nullcont
                 nn.functional.cross_entropy(ddp(x), y).backward()
         run.sync()
         t1 = time.perf_counter()
+        if clock is not None:
+            clock.returned(t1)
         opt.step()
         run.sync()
         t2 = time.perf_counter()
