@@ -22,8 +22,9 @@ from pydantic import Field
 from commsim.collectives.algorithms import build_schedule
 from commsim.collectives.group import GroupCost
 from commsim.scenario import Setup, resolve
+from commsim.spec_base import Spec
 from commsim.spec_io import parse_spec, read_yaml
-from commsim.specs import ClusterSpec, Scenario, Spec, SpecError
+from commsim.specs import ClusterSpec, Scenario, SpecError
 from commsim.step.groups import Groups
 from commsim.step.predict import predict
 from commsim.step.prediction import Prediction

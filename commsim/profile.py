@@ -22,8 +22,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from commsim.spec_base import Spec
 from commsim.spec_io import load_spec, read_yaml
-from commsim.specs import ClusterSpec, LinkClass, NcclOverrides, Spec, SpecError
+from commsim.specs import ClusterSpec, LinkClass, NcclOverrides, SpecError
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "all-to-all", "send-recv")
 TIERS = ("intra-node", "inter-node", "cross-rack")

@@ -10,7 +10,8 @@ import yaml
 from pydantic import ValidationError
 
 from commsim.files import read_text
-from commsim.specs import Spec, SpecError
+from commsim.spec_base import Spec
+from commsim.specs import SpecError
 
 UNION_TAGS = {"str", "int", "float", "bool"}  # pydantic names a union's branch in `loc`
 

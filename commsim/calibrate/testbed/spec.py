@@ -9,8 +9,9 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, model_validator
 
+from commsim.spec_base import Latency, Rate, Spec
 from commsim.spec_io import load_spec
-from commsim.specs import ClusterSpec, Latency, Rate, Spec
+from commsim.specs import ClusterSpec
 
 MIN_RATE = 1e6 / 8  # 1 Mbit/s: below this a 24 KiB bucket is a long unshaped burst
 MAX_RATE = 1e9 / 8  # 1 Gbit/s: the host CPU forwards every packet, so links must stay slow
