@@ -30,23 +30,23 @@ def test_export_then_import_gives_the_same_step(tmp_path):
 
 
 def test_export_refuses_what_it_cannot_write(tmp_path):
-    out = runner.invoke(
-        app,
-        [
-            "trace",
-            "export",
-            "--out",
-            str(tmp_path / "t"),
-            *LAYOUT,
-            "--cp",
-            "2",
-            "--zero",
-            "3",
-        ],
+    """A layout the export does not write (expert all-to-alls under another micro-batch's
+    compute), and a bad flag: one line, exit 2, nothing written."""
+    scenario = tmp_path / "moe.yaml"
+    scenario.write_text(
+        "model: mixtral-8x7b\ncluster: dgx-h100-ib\ngpus: 16\nglobal_batch: 32\n"
+        "micro_batch: 1\nseq_len: 1024\nstrategy: {tp: 2, pp: 2, ep: 2, ep_overlap: true}\n"
     )
-    assert out.exit_code == 2
-    assert "not exported to Chakra yet" in out.output and "Traceback" not in out.output
-    assert not list(tmp_path.iterdir())
+    out_dir = tmp_path / "out"
+    for args, says in (
+        ([str(scenario)], "--ep-overlap: not exported to Chakra yet"),
+        ([*LAYOUT, "--zero", "3", "--fsdp-shard", "3"], "--fsdp-shard 3"),
+    ):
+        out = runner.invoke(app, ["trace", "export", "--out", str(out_dir / "t"), *args])
+        assert out.exit_code == 2, out.output
+        assert says in out.output and "Traceback" not in out.output
+        assert len(out.output.strip().splitlines()) == 1
+        assert not out_dir.exists()
 
 
 def test_summary_and_predict_json(tmp_path):

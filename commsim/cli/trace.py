@@ -13,14 +13,20 @@ from commsim.cli.options import (
     AlgorithmOpt,
     BucketOpt,
     ClusterOpt,
+    CompressionOpt,
     CpOpt,
     EpOpt,
+    ErrorFeedbackOpt,
+    EtpOpt,
+    FsdpOpt,
+    FsdpShardOpt,
     GlobalBatchOpt,
     GpusOpt,
     InterleaveOpt,
     MicroBatchOpt,
     ModelOpt,
     OrderOpt,
+    OverlapOpt,
     PlacementOpt,
     PpOpt,
     RecomputeOpt,
@@ -183,48 +189,41 @@ def export_cmd(
     bucket_mb: BucketOpt = None,
     algorithm: AlgorithmOpt = None,
     placement: PlacementOpt = None,
+    overlap: OverlapOpt = None,
+    compression: CompressionOpt = None,
+    error_feedback: ErrorFeedbackOpt = None,
     tp: TpOpt = None,
     pp: PpOpt = None,
     ep: EpOpt = None,
+    etp: EtpOpt = None,
     cp: CpOpt = None,
     zero: ZeroOpt = None,
+    fsdp: FsdpOpt = False,
+    fsdp_shard: FsdpShardOpt = None,
     recompute: RecomputeOpt = None,
     interleave: InterleaveOpt = None,
     order: OrderOpt = None,
     tp_overlap: TpOverlapOpt = None,
     json_out: terminal.JsonOpt = False,
 ) -> None:
-    """Write the Chakra execution trace (one .et file per rank) of a layout's step."""
+    """Write the Chakra execution trace (one .et file per rank) of a layout's step: data,
+    tensor, pipeline, context and expert parallelism (folded grids too), ZeRO 0-3 and
+    hybrid sharding, compression (plain DDP), the parameter server. Refused: an expert
+    all-to-all overlap (--ep-overlap), DeepSpeed's 2021 per-parameter ZeRO-3."""
+    # the layout's flags, as given (the parameters above but the output and the scenario)
+    flags = {k: v for k, v in locals().items() if k not in ("out", "scenario", "fsdp", "json_out")}
     from pathlib import Path
 
+    from commsim.cli.given import blame_flags, refuse_ignored
     from commsim.cli.options import setup_from_flags
     from commsim.files import write_atomic
     from commsim.traces.chakra import chakra_files
     from commsim.traces.export import export_graph
     from commsim.traces.replay import replay
 
-    with terminal.user_errors():
-        setup = setup_from_flags(
-            scenario,
-            model=model,
-            cluster=cluster,
-            gpus=gpus,
-            global_batch=global_batch,
-            micro_batch=micro_batch,
-            seq_len=seq_len,
-            bucket_mb=bucket_mb,
-            algorithm=algorithm,
-            placement=placement,
-            tp=tp,
-            pp=pp,
-            ep=ep,
-            cp=cp,
-            zero=zero,
-            recompute=recompute,
-            interleave=interleave,
-            order=order,
-            tp_overlap=tp_overlap,
-        )
+    with terminal.user_errors(), blame_flags(scenario, flags):
+        setup = setup_from_flags(scenario, fsdp=fsdp, **flags)
+        refuse_ignored(setup.scenario.strategy, flags)
         graph, predicted = export_graph(setup)
         files = chakra_files(graph, graph.metadata)  # all built before any is written
         Path(out).parent.mkdir(parents=True, exist_ok=True)
