@@ -387,3 +387,89 @@ def test_context_parallel_with_zero3_node_counts_by_hand(tmp_path):
     block = setup.workload.layers[1].params
     assert {n.bytes for n in rank0 if n.op == "reduce-scatter"} == {block * 4}
     assert graph.groups["dp0"] == ("dp", tuple(range(8)))
+
+
+FOLDED = dict(model="mixtral-8x7b", cluster="dgx-h100-ib", gpus=8, tp=2)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(ep=4, etp=1),
+        dict(ep=2, etp=1),
+        dict(ep=4),  # etp = tp, one expert-data-parallel rank: its buckets run nothing
+        dict(ep=2, zero=3, global_batch=16, seq_len=4096),  # ZeRO-3 of expert parameters
+        dict(ep=4, etp=1, zero=3, global_batch=16, overlap=False),
+    ],
+)
+def test_folded_expert_grid_one_stage_replays_predict_exactly(tmp_path, layout):
+    """MoE parallel folding (etp other than tp) and ZeRO-3 of expert parameters on one
+    stage: expert all-to-alls on the folded ep groups, expert buckets (or units) on the
+    expert-data-parallel groups; the replay is `predict`'s step, read back and re-priced."""
+    setup, graph, step, paths = _export(tmp_path, **(FOLDED | layout))
+    written = replay(graph).step_s
+    assert written == pytest.approx(step, rel=1e-12)
+    _reads_back_the_same(setup, paths, written)
+
+
+def test_folded_expert_grid_pipelined(tmp_path):
+    """tp 2 x pp 2 x dp 4 with ep 4 folded over tp x dp (etp 1): the schedule's replay,
+    within predict's send accounting as other pipelines."""
+    setup, graph, step, paths = _export(tmp_path, **(FOLDED | dict(gpus=16, pp=2, ep=4, etp=1)))
+    assert replay(graph).step_s == pytest.approx(step, rel=0.01)
+    _reads_back_the_same(setup, paths, replay(graph).step_s)
+
+
+def test_folded_expert_grid_node_counts_by_hand(tmp_path):
+    """Mixtral 8x7B, tp 2 x dp 4, ep 4 x etp 1 (edp 2), 8 micro-batches of 32 MoE blocks:
+    per micro-batch 32 x (1 + 1) tensor-parallel all-reduces (attention's: the MoE layer's
+    take the expert grid's) and 32 x (2 + 2) all-to-alls, no expert tensor-parallel
+    all-reduce (etp 1); ep groups of 4 consecutive ranks (the
+    expert grid [edp, ep, etp] read over the ranks in order), edp pairs 4 apart; the
+    buckets' all-reduces on dp (dense) and edp (experts) groups, one each."""
+    setup, graph, _, _ = _export(tmp_path, **(FOLDED | dict(ep=4, etp=1)))
+    rank0 = graph.ranks[0]
+    by_pg = {}
+    for n in rank0:
+        if n.kind == "coll":
+            by_pg.setdefault((n.op, n.pg), []).append(n)
+    assert len(by_pg[("all-reduce", "tp0")]) == 8 * 32 * 2
+    a2a = by_pg[("all-to-all", "ep0")]
+    assert len(a2a) == 8 * 32 * 4
+    sh = step_shape(setup)
+    assert {n.bytes for n in a2a} == {1 * 1024 * 4096 * 2 * sh.routed / 2}
+    assert graph.groups["ep0"] == ("ep", (0, 1, 2, 3)) and graph.groups["ep1"][1] == (4, 5, 6, 7)
+    assert graph.groups["edp0"] == ("edp", (0, 4)) and not any(
+        k == "etp" for k, _ in graph.groups.values()
+    )
+    from commsim.step.predict import step_model, strategy_layouts
+
+    b = (
+        step_model(setup)
+        .dp.sync_plan(strategy_layouts(setup, [setup.scenario.strategy]), 0)
+        .buckets
+    )
+    assert [n.bytes for n in by_pg[("all-reduce", "dp0")]] == list(b.bytes[~b.expert])
+    assert [n.bytes for n in by_pg[("all-reduce", "edp0")]] == list(b.bytes[b.expert])
+
+
+def test_expert_zero3_node_counts_by_hand(tmp_path):
+    """Mixtral 8x7B, tp 2 x dp 4, ep 2 (etp 2, edp 2), ZeRO-3, 4 micro-batches of 32
+    blocks: each unit gathers its dense parameters (over tp) on dp and its experts' (over
+    etp x ep) on edp, forward and backward, plus the end layers; reduce-scatters both."""
+    setup, graph, _, _ = _export(tmp_path, **(FOLDED | dict(ep=2, zero=3, global_batch=16)))
+    rank0 = graph.ranks[0]
+    sh = step_shape(setup)
+    dense = [n for n in rank0 if n.op == "all-gather" and n.pg == "dp0" and "unit" in n.name]
+    expert = [n for n in rank0 if n.op == "all-gather" and n.pg == "edp0"]
+    assert len(dense) == len(expert) == 4 * 2 * 32
+    assert {n.bytes for n in dense} == {(sh.block_params - sh.expert_params) / 2 * 2}
+    assert {n.bytes for n in expert} == {sh.expert_params / (2 * 2) * 2}
+    scatters = [n for n in rank0 if n.op == "reduce-scatter"]
+    assert len(scatters) == 4 * 2 * 32 and graph.counts()["coll all-gather"] == 8 * 4 * (2 * 65)
+
+
+def step_shape(setup):
+    from commsim.step.shape import Shape
+
+    return Shape.of(setup.workload)

@@ -56,7 +56,7 @@ from commsim.step.model import (
 )
 from commsim.step.pipeline import chunk_times, simulate
 from commsim.step.predict import predict, step_model, strategy_layouts
-from commsim.step.sync import PARAM_WIRE_BYTES, allreduce_costs
+from commsim.step.sync import PARAM_WIRE_BYTES
 from commsim.topology.placement import PLACEMENTS, rank_grid
 from commsim.traces.graph import Graph, Node
 from commsim.traces.writer import Coll, Ring, Writer, Zero3, sync_start
@@ -65,7 +65,6 @@ from commsim.traces.writer import Coll, Ring, Writer, Zero3, sync_start
 def _refuse(strategy: Strategy) -> None:
     """What the export does not write yet, one line each (see README, Limits)."""
     for flag, bad in (
-        ("--etp", strategy.expert_tp != strategy.tp),  # a folded expert grid
         ("--compression", strategy.compression != "none"),
         ("--algorithm ps", strategy.algorithm == "ps"),
         ("--ep-overlap", strategy.ep_overlap),  # all-to-alls under another micro-batch
@@ -186,38 +185,33 @@ def _ddp_nodes(pred) -> list[Node]:
     return sorted(nodes, key=lambda x: x.id)
 
 
-def _bucket_ops(model, L: Layouts) -> list[tuple[str, float, float, bool]]:
-    """(op, bytes, seconds, expert) of every data-parallel collective of the stage's sync:
-    what allreduce_costs prices, recorded as it asks for each (by op, then bucket: they
-    run back to back from one point, so their order does not change when they end)."""
+def _asked(model, L: Layouts, nbytes, expert) -> list[tuple[str, np.ndarray, np.ndarray, bool]]:
+    """(op, sizes, seconds, expert) of every set of collectives the step model's sync asks
+    its groups to price for these buckets (step.dpsync.bucket_costs: an all-reduce each,
+    ZeRO's reduce-scatter and all-gather, or a comm hook's collectives), in the order asked."""
+    asked: list[tuple[str, np.ndarray, np.ndarray, bool]] = []
     r = L.row(0)
-    sync = model.dp.sync_plan(L, 0)
-    placement = PLACEMENTS.index(r["placement"])
-    shape = (
-        r["tp"],
-        r["dp"],
-        r["pp"],
-        r["ep"],
-        r["ps_shards"],
-        r["cp"],
-        1,
-        RANK_ORDERS.index(r["order"]),
-    )
-    asked: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
+    price = model.dp.group_price(r)
 
-    def price(op, algorithm, sizes, expert):
-        kind = "edp" if expert else "dp"
-        t = model.groups.time(op, algorithm, sizes, placement, kind, *shape)
-        asked.append((op, np.asarray(sizes), t, np.full(len(sizes), expert)))
+    def record(op, algorithm, sizes, expert):
+        t = price(op, algorithm, sizes, expert)
+        asked.append((op, np.asarray(sizes, dtype=float), np.asarray(t, dtype=float), expert))
         return t
 
-    if r["dp"] * r["cp"] > 1:
-        b = sync.buckets
-        allreduce_costs(price, r["algorithm"], b.bytes, b.expert, r["zero"], int(L.grad_bytes[0]))
+    model.dp.bucket_costs(r, nbytes, expert, int(L.grad_bytes[0]), record)
+    return asked
+
+
+def _bucket_ops(model, L: Layouts) -> list[tuple[str, float, float, bool]]:
+    """(op, bytes, seconds, expert) of every data-parallel collective of the stage's sync
+    (_asked, by op, then bucket: they run back to back from one point, so their order does
+    not change when they end); groups of one rank run nothing (priced 0)."""
+    b = model.dp.sync_plan(L, 0).buckets
     return [
-        (op, float(s), float(t), bool(e))
-        for op, sizes, times, expert in asked
-        for s, t, e in zip(sizes, times, expert, strict=True)
+        (op, float(s), float(t), bool(expert))
+        for op, sizes, times, expert in _asked(model, L, b.bytes, b.expert)
+        for s, t in zip(sizes, times, strict=True)
+        if t > 0
     ]
 
 
