@@ -473,3 +473,55 @@ def step_shape(setup):
     from commsim.step.shape import Shape
 
     return Shape.of(setup.workload)
+
+
+GPT2 = dict(model="gpt2-xl", cluster="aws-p4d", gpus=16, global_batch=64)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(compression="powersgd:4"),
+        dict(compression="topk:0.01+int8", error_feedback=True),
+        dict(compression="int8"),
+        dict(compression="fp16", overlap=False),
+        dict(overlap=False),  # uncompressed, every bucket after the backward
+    ],
+)
+def test_compressed_ddp_replays_predict_exactly(tmp_path, layout):
+    """A comm hook's step (step.timeline): encodes on the compute chain inside the last
+    backward, each bucket's collectives on its compressed payloads after its encode, the
+    decodes after the backward; the replay is `predict`'s step, read back and re-priced."""
+    setup, graph, step, paths = _export(tmp_path, **(GPT2 | layout))
+    written = replay(graph).step_s
+    assert written == pytest.approx(step, rel=1e-12)
+    _reads_back_the_same(setup, paths, written)
+
+
+def test_compressed_ddp_node_counts_by_hand(tmp_path):
+    """fp16 (a cast each way, 6 HBM bytes an element each) and int8 (ZeRO++'s qgZ: an
+    all-to-all and an all-gather of n bytes plus one fp32 scale per chunk) on GPT-2 XL's
+    buckets of n fp32 gradients: one encode and one decode a bucket, of the HBM model's
+    seconds, and the hook's collectives, in order, each of its payload's bytes."""
+    from commsim.compression import INT8_CHUNK
+    from commsim.step.predict import step_model, strategy_layouts
+
+    setup, graph, _, _ = _export(tmp_path, **(GPT2 | dict(compression="fp16")))
+    L = strategy_layouts(setup, [setup.scenario.strategy])
+    n = step_model(setup).dp.sync_plan(L, 0).buckets.bytes / 4
+    rank0 = graph.ranks[0]
+    hbm = setup.gpu.hbm_bandwidth
+    for kind in ("encode", "decode"):
+        codec = [x for x in rank0 if x.name.startswith(kind)]
+        assert [x.duration for x in codec] == pytest.approx(list(6.0 * n / hbm), rel=1e-12)
+    colls = [x for x in rank0 if x.kind == "coll"]
+    assert [(x.op, x.bytes) for x in colls] == [("all-reduce", 2 * k) for k in n]
+    _, graph, _, _ = _export(tmp_path, **(GPT2 | dict(compression="int8")))
+    colls = [x for x in graph.ranks[0] if x.kind == "coll"]
+    wire = [k + 4 * -(-k // INT8_CHUNK) for k in n]
+    assert [(x.op, x.bytes) for x in colls] == [
+        (op, w) for w in wire for op in ("all-to-all", "all-gather")
+    ]
+    ids = {x.id: x for x in graph.ranks[0]}
+    assert all(ids[x.deps[0]].op == "all-to-all" for x in colls if x.op == "all-gather")
+    assert {x.pg for x in colls} == {"dp0"} and len(graph.groups["dp0"][1]) == 16

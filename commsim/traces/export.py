@@ -3,8 +3,10 @@ step model schedules it, so a user without GPUs can feed other simulators.
 
 - Plain data parallelism: the step's own timeline (step.timeline via step.predict): each
   micro-batch's forward and backward, the last backward layer by layer, each gradient
-  bucket's all-reduce waiting for the layer that makes it ready and for the bucket before
-  it, then the optimizer. Its replay is the predicted step time.
+  bucket's all-reduce waiting for the layer that makes it ready (overlap off: the
+  backward's end) and for the bucket before it, then the optimizer; a comm hook's encodes
+  inside the last backward, each bucket's collectives on its compressed payloads after
+  its encode, its decode after them and the backward. Its replay is the predicted step.
 - Tensor x pipeline x data (x expert) parallelism, ZeRO 0-2, in either rank order: each
   stage's 1F1B (or interleaved) op order (step.pipeline.stage_order); an op is a receive
   from the previous
@@ -65,7 +67,6 @@ from commsim.traces.writer import Coll, Ring, Writer, Zero3, sync_start
 def _refuse(strategy: Strategy) -> None:
     """What the export does not write yet, one line each (see README, Limits)."""
     for flag, bad in (
-        ("--compression", strategy.compression != "none"),
         ("--algorithm ps", strategy.algorithm == "ps"),
         ("--ep-overlap", strategy.ep_overlap),  # all-to-alls under another micro-batch
         ("zero3_issue: parameter", strategy.zero3_issue != "unit"),  # DeepSpeed's 2021 ZeRO-3
@@ -138,7 +139,7 @@ def export_graph(setup: Setup, strategy: Strategy | None = None) -> tuple[Graph,
     if L.plain[0]:
         if setup.dp(strategy) > 1:
             ranks.kind("dp")
-        nodes = _ddp_nodes(pred)
+        nodes = _ddp_nodes(pred, _bucket_colls(model, L, pred), bool(L.overlap[0]))
         graph = Graph({}, ranks.groups, meta)
         for rank in range(setup.n_gpus):
             graph.ranks[rank] = [_with_pg(x, ranks.pg[rank].get("dp")) for x in nodes]
@@ -154,35 +155,52 @@ def _with_pg(node: Node, pg: str | None) -> Node:
     return Node(node.id, node.kind, node.name, node.duration, node.deps, node.op, node.bytes, pg)
 
 
-def _ddp_nodes(pred) -> list[Node]:
-    """The plain-DDP timeline as one rank's nodes (pg filled in per rank)."""
+def _ddp_nodes(pred, colls: list[list[tuple[str, float, float]]], overlap: bool) -> list[Node]:
+    """The plain-DDP timeline (step.timeline) as one rank's nodes (pg filled in per rank):
+    its compute stream as a chain (a comm hook's encodes inside the last backward, its
+    decodes after it), each bucket's collectives (`colls`, one stream) after the node that
+    launches them (its encode, else the layer that makes it ready; overlap off: the
+    backward's end) and the previous bucket's, each decode after its bucket's, the
+    optimizer after the last."""
     compute = sorted((e for e in pred.events if e.stream == "compute"), key=lambda e: e.start_s)
-    n_b = len(pred.buckets)
-    nodes: list[Node] = []
-    ends = []
+    ends = np.array([e.end_s for e in compute])
+    backward = max(k for k, e in enumerate(compute) if e.label.startswith(("backward", "encode")))
+    launch = [
+        backward if not overlap else int(np.argmin(np.abs(ends - b.ready_s))) for b in pred.buckets
+    ]
     for k, e in enumerate(compute):
-        nid = n_b + k
-        deps = () if k == 0 else (nid - 1,)
-        if e.label == "optimizer" and n_b:
-            deps = (*deps, n_b - 1)
-        nodes.append(Node(nid, "comp", e.label, e.end_s - e.start_s, deps))
-        ends.append(e.end_s)
-    ends_arr = np.array(ends)
-    for b in pred.buckets:
-        ready = n_b + int(np.argmin(np.abs(ends_arr - b.ready_s)))
-        deps = (ready,) if b.index == 0 else (ready, b.index - 1)
-        nodes.append(
-            Node(
-                b.index,
-                "coll",
-                f"all-reduce bucket {b.index}",
-                b.time_s,
-                deps,
-                "all-reduce",
-                b.bytes,
-            )
-        )
-    return sorted(nodes, key=lambda x: x.id)
+        if overlap and e.label.startswith("encode bucket "):
+            launch[int(e.label.rsplit(" ", 1)[1])] = k
+    w, last, stream = Writer(), (), ()
+    done: dict[int, tuple[int, ...]] = {}  # bucket -> its last collective
+    for k, e in enumerate(compute):
+        deps = last
+        if e.label.startswith("decode bucket "):
+            deps = (*deps, *done[int(e.label.rsplit(" ", 1)[1])])
+        if e.label == "optimizer":
+            deps = (*deps, *stream)
+        last = w.add("comp", e.label, e.end_s - e.start_s, deps)
+        for b in (b for b, at in enumerate(launch) if at == k):
+            deps = (*last, *stream)
+            for op, size, seconds in colls[b]:
+                name = f"{op} bucket {b}"
+                stream = deps = w.add("coll", name, seconds, deps, op=op, bytes=size)
+            done[b] = stream
+    return w.nodes
+
+
+def _bucket_colls(model, L: Layouts, pred) -> list[list[tuple[str, float, float]]]:
+    """(op, bytes, seconds) of each plain-DDP bucket's collectives: its all-reduce, or a
+    comm hook's collectives on its compressed payloads (_asked: what the step model
+    prices for the bucket, in the hook's order)."""
+    if L.row(0)["compression"] == "none":
+        return [[("all-reduce", b.bytes, b.time_s)] for b in pred.buckets]
+    sync = model.dp.sync_plan(L, 0).buckets
+    asked = _asked(model, L, sync.bytes, sync.expert)
+    return [
+        [(op, float(sizes[b]), float(times[b])) for op, sizes, times, _ in asked]
+        for b in range(len(pred.buckets))
+    ]
 
 
 def _asked(model, L: Layouts, nbytes, expert) -> list[tuple[str, np.ndarray, np.ndarray, bool]]:
