@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 
+import numpy as np
 import pytest
 
 from commsim.cli.options import setup_from_flags
@@ -50,7 +51,8 @@ def _reads_back_the_same(setup, paths, written):
     back = import_chakra(paths)
     assert replay(back).step_s == written
     s = setup.scenario.strategy
-    priced = ClusterPricer(back, setup.cluster, setup.n_gpus, s.algorithm, s.placement)
+    shards = int(back.metadata.get("ps_shards", 1))
+    priced = ClusterPricer(back, setup.cluster, setup.n_gpus, s.algorithm, s.placement, shards)
     assert replay(back, priced).step_s == pytest.approx(written, rel=1e-12)
 
 
@@ -525,3 +527,48 @@ def test_compressed_ddp_node_counts_by_hand(tmp_path):
     ids = {x.id: x for x in graph.ranks[0]}
     assert all(ids[x.deps[0]].op == "all-to-all" for x in colls if x.op == "all-gather")
     assert {x.pg for x in colls} == {"dp0"} and len(graph.groups["dp0"][1]) == 16
+
+
+@pytest.mark.parametrize("layout", [dict(), dict(ps_shards=4), dict(ps_shards=2, overlap=False)])
+def test_parameter_server_ddp_replays_predict_exactly(tmp_path, layout):
+    """The parameter server (--algorithm ps) on plain DDP: each bucket an all-reduce
+    collective of the bucket's bytes, lasting the push and pull step.groups prices; the
+    replay is `predict`'s step, and re-priced from the files (the algorithm and the server
+    count in the trace's metadata) the same."""
+    setup, graph, step, paths = _export(tmp_path, **(GPT2 | dict(algorithm="ps") | layout))
+    written = replay(graph).step_s
+    assert written == pytest.approx(step, rel=1e-12)
+    assert graph.metadata["algorithm"] == "ps"
+    assert graph.metadata["ps_shards"] == str(layout.get("ps_shards", 1))
+    _reads_back_the_same(setup, paths, written)
+
+
+def test_parameter_server_pipelined_needs_its_server_count(tmp_path):
+    """tp 2 x pp 2 x dp 4 under ps with 2 servers: every all-reduce (tensor-parallel ones
+    too, as the step model prices them) priced as the parameter server's, the dp groups'
+    with 2 servers; read back, re-priced with the metadata's server count it is the
+    recorded step, with 1 server it is not (the count matters here)."""
+    layout = dict(gpus=16, tp=2, pp=2, algorithm="ps", ps_shards=2)
+    setup, graph, step, paths = _export(tmp_path, **layout)
+    written = replay(graph).step_s
+    assert written == pytest.approx(step, rel=0.01)  # the schedule: send accounting
+    _reads_back_the_same(setup, paths, written)
+    back = import_chakra(paths)
+    one = ClusterPricer(back, setup.cluster, setup.n_gpus, "ps", "blocked", 1)
+    assert abs(replay(back, one).step_s / written - 1) > 0.01
+
+
+def test_parameter_server_node_counts_by_hand(tmp_path):
+    """GPT-2 XL on 16 GPUs under ps: one all-reduce a bucket, of the bucket's bytes, on
+    the 16-rank dp group, each priced as step.groups prices the parameter server there."""
+    from commsim.step.predict import step_model, strategy_layouts
+
+    setup, graph, _, _ = _export(tmp_path, **(GPT2 | dict(algorithm="ps", ps_shards=4)))
+    L = strategy_layouts(setup, [setup.scenario.strategy])
+    model = step_model(setup)
+    b = model.dp.sync_plan(L, 0).buckets
+    colls = [x for x in graph.ranks[0] if x.kind == "coll"]
+    assert [(x.op, x.bytes) for x in colls] == [("all-reduce", k) for k in b.bytes]
+    ps = [float(model.groups.price("all-reduce", "dp", L, np.array([k]))[0]) for k in b.bytes]
+    assert [x.duration for x in colls] == pytest.approx(list(ps), rel=1e-12)
+    assert graph.counts()["coll all-reduce"] == 16 * len(b.bytes)

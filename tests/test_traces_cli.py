@@ -39,7 +39,7 @@ def test_export_refuses_what_it_cannot_write(tmp_path):
     )
     out_dir = tmp_path / "out"
     for args, says in (
-        ([str(scenario)], "--ep-overlap: not exported to Chakra yet"),
+        ([str(scenario)], "strategy.ep_overlap: not exported to Chakra"),
         ([*LAYOUT, "--zero", "3", "--fsdp-shard", "3"], "--fsdp-shard 3"),
     ):
         out = runner.invoke(app, ["trace", "export", "--out", str(out_dir / "t"), *args])
@@ -77,3 +77,26 @@ def test_bad_trace_is_one_line(tmp_path):
         app, ["trace", "summary", str(_write(tmp_path, nccl_trace())), "--plot", "x.png"]
     )
     assert plot.exit_code == 2 and "--plot: needs --cluster" in plot.output
+
+
+def test_parameter_server_export_imports_at_its_price(tmp_path):
+    """--algorithm ps: the trace's metadata carries the algorithm and server count, and
+    `trace import --cluster` prices the step it recorded; a server count that is not one
+    is a one-line error."""
+    out = runner.invoke(
+        app, ["trace", "export", "--out", str(tmp_path / "t"), *LAYOUT, "--algorithm", "ps"]
+    )
+    assert out.exit_code == 0, out.output
+    files = sorted(str(p) for p in tmp_path.glob("t.*.et"))
+    back = runner.invoke(app, ["trace", "import", *files, "--cluster", "dgx-a100-ib", "--json"])
+    doc = json.loads(back.output)
+    assert abs(doc["priced_s"] / doc["recorded_s"] - 1) < 1e-12
+    from commsim.traces.chakra import chakra_files, import_chakra
+
+    graph = import_chakra(files)
+    for rank, data in chakra_files(graph, graph.metadata | {"ps_shards": "two"}).items():
+        (tmp_path / f"bad.{rank}.et").write_bytes(data)
+    bad = sorted(str(p) for p in tmp_path.glob("bad.*.et"))
+    out = runner.invoke(app, ["trace", "import", *bad, "--cluster", "dgx-a100-ib"])
+    assert out.exit_code == 2 and "metadata.ps_shards: 'two': not a server count" in out.output
+    assert len(out.output.strip().splitlines()) == 1

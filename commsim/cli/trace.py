@@ -61,10 +61,13 @@ def _cluster(name: str, profile: str | None, gpus: int):
     return build_cluster(spec, gpus)
 
 
-def _price(graph: Graph, cluster: str, profile: str | None, gpus: int, algorithm, placement):
+def _price(
+    graph: Graph, cluster: str, profile: str | None, gpus: int, algorithm, placement, shards=1
+):
     from commsim.traces.pricing import ClusterPricer
 
-    return ClusterPricer(graph, _cluster(cluster, profile, gpus), gpus, algorithm, placement)
+    built = _cluster(cluster, profile, gpus)
+    return ClusterPricer(graph, built, gpus, algorithm, placement, shards)
 
 
 @trace_app.command("summary")
@@ -208,8 +211,9 @@ def export_cmd(
 ) -> None:
     """Write the Chakra execution trace (one .et file per rank) of a layout's step: data,
     tensor, pipeline, context and expert parallelism (folded grids too), ZeRO 0-3 and
-    hybrid sharding, compression (plain DDP), the parameter server. Refused: an expert
-    all-to-all overlap (--ep-overlap), DeepSpeed's 2021 per-parameter ZeRO-3."""
+    hybrid sharding, compression (plain DDP), the parameter server. Refused (scenario
+    fields): ep_overlap (expert all-to-alls under another micro-batch's compute) and
+    zero3_issue: parameter (DeepSpeed's 2021 per-tensor ZeRO-3)."""
     # the layout's flags, as given (the parameters above but the output and the scenario)
     flags = {k: v for k, v in locals().items() if k not in ("out", "scenario", "fsdp", "json_out")}
     from pathlib import Path
@@ -277,7 +281,10 @@ def import_cmd(
             n = max(r for _, rs in graph.groups.values() for r in rs) + 1
             alg = algorithm or graph.metadata.get("algorithm", "auto")
             where = placement or graph.metadata.get("placement", "blocked")
-            price = _price(graph, cluster, profile, n, alg, where)
+            shards = graph.metadata.get("ps_shards", "1")  # a parameter server's (export's)
+            if not shards.isdigit() or int(shards) < 1:
+                raise SpecError(files[0], "metadata.ps_shards", f"{shards!r}: not a server count")
+            price = _price(graph, cluster, profile, n, alg, where, int(shards))
             doc |= {"priced_s": replay(graph, price).step_s, "kept_as_traced": sorted(price.kept)}
     if json_out:
         terminal.print_json(doc)

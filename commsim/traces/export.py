@@ -7,6 +7,8 @@ step model schedules it, so a user without GPUs can feed other simulators.
   backward's end) and for the bucket before it, then the optimizer; a comm hook's encodes
   inside the last backward, each bucket's collectives on its compressed payloads after
   its encode, its decode after them and the backward. Its replay is the predicted step.
+  Under the parameter server each all-reduce is one collective lasting its push and pull
+  (the trace's metadata names the algorithm and its servers).
 - Tensor x pipeline x data (x expert) parallelism, ZeRO 0-2, in either rank order: each
   stage's 1F1B (or interleaved) op order (step.pipeline.stage_order); an op is a receive
   from the previous
@@ -64,15 +66,16 @@ from commsim.traces.graph import Graph, Node
 from commsim.traces.writer import Coll, Ring, Writer, Zero3, sync_start
 
 
-def _refuse(strategy: Strategy) -> None:
-    """What the export does not write yet, one line each (see README, Limits)."""
-    for flag, bad in (
-        ("--algorithm ps", strategy.algorithm == "ps"),
-        ("--ep-overlap", strategy.ep_overlap),  # all-to-alls under another micro-batch
-        ("zero3_issue: parameter", strategy.zero3_issue != "unit"),  # DeepSpeed's 2021 ZeRO-3
+def _refuse(strategy: Strategy, source: str) -> None:
+    """What the export does not write, one line each naming the scenario field (see README,
+    Limits): expert all-to-alls hidden under another micro-batch's compute, DeepSpeed's
+    2021 per-tensor ZeRO-3."""
+    for field, bad in (
+        ("strategy.ep_overlap", strategy.ep_overlap),
+        ("strategy.zero3_issue", strategy.zero3_issue != "unit"),
     ):
         if bad:
-            raise SpecError(flag, "", "not exported to Chakra yet (see README, Limits)")
+            raise SpecError(source, field, "not exported to Chakra (see README, Limits)")
 
 
 class _Ranks:
@@ -126,7 +129,7 @@ def export_graph(setup: Setup, strategy: Strategy | None = None) -> tuple[Graph,
     """(every rank's graph, the step time `predict` reports) of one strategy."""
     strategy = strategy or setup.scenario.strategy
     check_layout(setup, strategy)
-    _refuse(strategy)
+    _refuse(strategy, setup.source)
     model = step_model(setup)
     L = strategy_layouts(setup, [strategy])
     pred = predict(setup, strategy, model)
@@ -136,6 +139,8 @@ def export_graph(setup: Setup, strategy: Strategy | None = None) -> tuple[Graph,
         "algorithm": strategy.algorithm,
         "placement": strategy.placement,
     }
+    if strategy.algorithm == "ps":  # its servers: what a replay on commsim's model prices
+        meta["ps_shards"] = str(strategy.ps_shards)
     if L.plain[0]:
         if setup.dp(strategy) > 1:
             ranks.kind("dp")
