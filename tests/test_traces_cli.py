@@ -100,3 +100,27 @@ def test_parameter_server_export_imports_at_its_price(tmp_path):
     out = runner.invoke(app, ["trace", "import", *bad, "--cluster", "dgx-a100-ib"])
     assert out.exit_code == 2 and "metadata.ps_shards: 'two': not a server count" in out.output
     assert len(out.output.strip().splitlines()) == 1
+
+
+def test_readme_export_examples_run(tmp_path, monkeypatch):
+    """The README's `trace export` lines run as written (in a scratch folder): one file a
+    rank; one stage replays to `predict`'s step exactly, the pipeline within its send
+    accounting."""
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("### `commsim trace`: real workloads in and out", 1)[1]
+    text = block.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    lines = [shlex.split(x, comments=True) for x in text.splitlines()]
+    exports = [x for x in lines if x[:3] == ["commsim", "trace", "export"]]
+    assert len(exports) == 3
+    monkeypatch.chdir(tmp_path)
+    for cmd in exports:
+        out = runner.invoke(app, [*cmd[1:], "--json"])
+        assert out.exit_code == 0, out.output
+        doc = json.loads(out.output)
+        assert doc["files"] == int(cmd[cmd.index("--gpus") + 1])
+        exact = "--pp" not in cmd
+        tolerance = 1e-12 if exact else 0.01
+        assert abs(doc["replayed_s"] / doc["predicted_s"] - 1) < tolerance
