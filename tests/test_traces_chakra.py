@@ -360,7 +360,7 @@ def test_hybrid_sharding_node_counts_by_hand(tmp_path):
     "layout",
     [
         dict(gpus=8, cp=2),
-        dict(gpus=16, cp=2, tp=2),
+        dict(gpus=16, cp=2, tp=2, global_batch=8),
         dict(gpus=8, cp=2, recompute="full"),
         dict(gpus=8, cp=2, overlap=False),
     ],
