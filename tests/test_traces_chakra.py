@@ -98,6 +98,8 @@ def test_exported_layout_reads_back_the_same(tmp_path, layout):
         dict(interleave=2),
         dict(interleave=4),
         dict(interleave=2, zero=1),
+        dict(zero=1, overlap_param_gather=False),
+        dict(interleave=2, zero=2, overlap_param_gather=False),
         dict(interleave=2, order="tp-cp-ep-pp-dp"),
         dict(tp_overlap=True),
         dict(tp_overlap=True, interleave=2),
@@ -572,3 +574,16 @@ def test_parameter_server_node_counts_by_hand(tmp_path):
     ps = [float(model.groups.price("all-reduce", "dp", L, np.array([k]))[0]) for k in b.bytes]
     assert [x.duration for x in colls] == pytest.approx(list(ps), rel=1e-12)
     assert graph.counts()["coll all-reduce"] == 16 * len(b.bytes)
+
+
+def test_zero12_gathers_after_the_optimizer_where_not_overlapped(tmp_path):
+    """ZeRO-1 without --overlap-param-gather (Megatron-core's default off, DeepSpeed's
+    stage 1-2): the reduce-scatters before the optimizer, each bucket's parameter
+    all-gather after it, one by one, the step ending with the last."""
+    setup, graph, _, _ = _export(tmp_path, gpus=16, tp=2, pp=2, zero=1, overlap_param_gather=False)
+    rank0 = graph.ranks[0]
+    at = next(j for j, x in enumerate(rank0) if x.name == "optimizer")
+    before = [x.op for x in rank0[:at] if x.name.startswith("dp ")]
+    after = [x.op for x in rank0[at + 1 :]]
+    assert set(before) == {"reduce-scatter"} and set(after) == {"all-gather"}
+    assert len(before) == len(after) and rank0[at + 1].deps == (at,)

@@ -414,8 +414,18 @@ def _stage_nodes(rank, k, ops, row, t, colls, send, sync, ranks, z3, ring) -> li
     # where the ops ran as the schedule says, this is `begin`; with ring attention or ZeRO-3
     # units inside them, the hidden part before their own end
     prev = sync_start(w, w.landed(last) - t.dp_hidden) if sync else ()
-    for op_name, size, seconds, expert in sync:
-        pg = pgs["edp" if expert else "dp"]
-        prev = w.add("coll", f"dp {op_name}", seconds, prev, op=op_name, bytes=size, pg=pg)
-    w.add("comp", "optimizer", t.optimizer, (*last, *prev))
+    # ZeRO 1-2's parameter gathers run after the optimizer step, one by one, where they are
+    # not overlapped with the next forward (step.dpsync: overlap_param_gather off)
+    later = bool(row["overlap"]) and not row["gather_overlap"]
+    ahead = [not (later and op_name == "all-gather") for op_name, *_ in sync]
+
+    def run(ops, prev):
+        for op_name, size, seconds, expert in ops:
+            pg = pgs["edp" if expert else "dp"]
+            prev = w.add("coll", f"dp {op_name}", seconds, prev, op=op_name, bytes=size, pg=pg)
+        return prev
+
+    prev = run([x for x, a in zip(sync, ahead, strict=True) if a], prev)
+    prev = w.add("comp", "optimizer", t.optimizer, (*last, *prev))
+    run([x for x, a in zip(sync, ahead, strict=True) if not a], prev)
     return w.nodes
