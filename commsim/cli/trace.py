@@ -27,6 +27,7 @@ from commsim.cli.options import (
     ModelOpt,
     OrderOpt,
     OverlapOpt,
+    ParamGatherOpt,
     PlacementOpt,
     PpOpt,
     RecomputeOpt,
@@ -179,6 +180,14 @@ def predict_cmd(
         terminal.console.print(f"assumed: {a}", highlight=False)
 
 
+# the scenario fields `trace export` takes flags for (cli.given's names)
+EXPORT_FLAGS = (
+    *("global_batch", "micro_batch", "seq_len", "bucket_mb", "algorithm", "placement"),
+    *("overlap", "compression", "error_feedback", "tp", "pp", "ep", "etp", "cp", "zero"),
+    *("fsdp_shard", "recompute", "interleave", "order", "tp_overlap", "overlap_param_gather"),
+)
+
+
 @trace_app.command("export")
 def export_cmd(
     out: Annotated[str, typer.Option(help="Prefix of the files: PREFIX.<rank>.et")],
@@ -207,6 +216,7 @@ def export_cmd(
     interleave: InterleaveOpt = None,
     order: OrderOpt = None,
     tp_overlap: TpOverlapOpt = None,
+    overlap_param_gather: ParamGatherOpt = None,
     json_out: terminal.JsonOpt = False,
 ) -> None:
     """Write the Chakra execution trace (one .et file per rank) of a layout's step: data,
@@ -214,17 +224,17 @@ def export_cmd(
     hybrid sharding, compression (plain DDP), the parameter server. Refused (scenario
     fields): ep_overlap (expert all-to-alls under another micro-batch's compute) and
     zero3_issue: parameter (DeepSpeed's 2021 per-tensor ZeRO-3)."""
-    # the layout's flags, as given (the parameters above but the output and the scenario)
-    flags = {k: v for k, v in locals().items() if k not in ("out", "scenario", "fsdp", "json_out")}
+    args = locals()  # the flags as given
     from pathlib import Path
 
-    from commsim.cli.given import blame_flags, refuse_ignored
+    from commsim.cli.given import blame_flags, pick, refuse_ignored
     from commsim.cli.options import setup_from_flags
     from commsim.files import write_atomic
     from commsim.traces.chakra import chakra_files
     from commsim.traces.export import export_graph
     from commsim.traces.replay import replay
 
+    flags = pick(args, ("model", "cluster", "gpus", *EXPORT_FLAGS))
     with terminal.user_errors(), blame_flags(scenario, flags):
         setup = setup_from_flags(scenario, fsdp=fsdp, **flags)
         refuse_ignored(setup.scenario.strategy, flags)
