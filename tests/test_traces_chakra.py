@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 
+import numpy as np
 import pytest
 
 from commsim.cli.options import setup_from_flags
@@ -50,7 +51,8 @@ def _reads_back_the_same(setup, paths, written):
     back = import_chakra(paths)
     assert replay(back).step_s == written
     s = setup.scenario.strategy
-    priced = ClusterPricer(back, setup.cluster, setup.n_gpus, s.algorithm, s.placement)
+    shards = int(back.metadata.get("ps_shards", 1))
+    priced = ClusterPricer(back, setup.cluster, setup.n_gpus, s.algorithm, s.placement, shards)
     assert replay(back, priced).step_s == pytest.approx(written, rel=1e-12)
 
 
@@ -96,6 +98,8 @@ def test_exported_layout_reads_back_the_same(tmp_path, layout):
         dict(interleave=2),
         dict(interleave=4),
         dict(interleave=2, zero=1),
+        dict(zero=1, overlap_param_gather=False),
+        dict(interleave=2, zero=2, overlap_param_gather=False),
         dict(interleave=2, order="tp-cp-ep-pp-dp"),
         dict(tp_overlap=True),
         dict(tp_overlap=True, interleave=2),
@@ -307,3 +311,279 @@ def test_bad_files_are_one_line_errors(tmp_path):
         import_chakra([_corrupt(tmp_path, pw.delimited([*msgs, bare]))])
     with pytest.raises(SpecError, match="named <prefix>.<rank>.et"):
         import_chakra([tmp_path / "trace.et"])
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(gpus=8, fsdp_shard=2),
+        dict(gpus=8, tp=2, fsdp_shard=2),
+        dict(gpus=16, fsdp_shard=4, overlap=False),
+    ],
+)
+def test_hybrid_sharding_one_stage_replays_predict_exactly(tmp_path, layout):
+    """HSDP on one stage, where compute hides the prefetched gathers (and without overlap):
+    the units' shard-group gathers and reduce-scatters and the replica all-reduces replay
+    step.fsdp's closed form exactly; re-priced and read back the same."""
+    setup, graph, step, paths = _export(tmp_path, global_batch=16, zero=3, **layout)
+    written = replay(graph).step_s
+    assert written == pytest.approx(step, rel=1e-12)
+    _reads_back_the_same(setup, paths, written)
+
+
+def test_hybrid_sharding_node_counts_by_hand(tmp_path):
+    """Llama 2 7B on 8 GPUs, dp 8 sharded in groups of 2 (4 replicas), 2 micro-batches of
+    32 blocks: per micro-batch 32 units gathered forward and backward plus the end layers
+    each way on the shard group, 32 reduce-scatters there, each followed by an all-reduce
+    of the shard's half of the gradient over the 4 replicas."""
+    setup, graph, _, _ = _export(tmp_path, gpus=8, global_batch=16, zero=3, fsdp_shard=2)
+    rank0 = graph.ranks[0]
+    block = setup.workload.layers[1].params
+    gathers = [n for n in rank0 if n.op == "all-gather"]
+    scatters = [n for n in rank0 if n.op == "reduce-scatter"]
+    replicas = [n for n in rank0 if n.op == "all-reduce"]
+    assert (len(gathers), len(scatters), len(replicas)) == (2 * (2 * 32 + 2), 2 * 32, 2 * 32)
+    assert {n.bytes for n in gathers if "unit" in n.name} == {block * 2}  # bf16
+    assert {n.bytes for n in scatters} == {block * 4} and {n.bytes for n in replicas} == {
+        block * 4 / 2
+    }
+    assert {n.pg for n in gathers + scatters} == {"shard0"} and {n.pg for n in replicas} == {
+        "replica0"
+    }
+    assert graph.groups["shard0"] == ("shard", (0, 1))
+    assert graph.groups["replica0"] == ("replica", (0, 2, 4, 6))
+    # each reduce-scatter's all-reduce follows it on the stream
+    ids = {n.id: n for n in rank0}
+    assert all(ids[n.deps[-1]].op == "reduce-scatter" for n in replicas)
+    assert graph.counts()["coll all-reduce"] == 8 * 2 * 32
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(gpus=8, cp=2),
+        dict(gpus=16, cp=2, tp=2, global_batch=8),
+        dict(gpus=8, cp=2, recompute="full"),
+        dict(gpus=8, cp=2, overlap=False),
+    ],
+)
+def test_context_parallel_with_zero3_replays_predict_exactly(tmp_path, layout):
+    """Context parallelism under ZeRO-3: each unit is a block of ring attention, its
+    gathers and reduce-scatters on the dp x cp group; on one stage, where compute hides
+    the gathers, the replay is `predict`'s step (ring and ZeRO-3 exposure add up as the
+    step model adds them), read back and re-priced the same."""
+    setup, graph, step, paths = _export(tmp_path, zero=3, **(CP | layout))
+    written = replay(graph).step_s
+    assert written == pytest.approx(step, rel=1e-12)
+    _reads_back_the_same(setup, paths, written)
+
+
+def test_context_parallel_with_zero3_node_counts_by_hand(tmp_path):
+    """Llama 2 7B, cp 2 x dp 4, ZeRO-3, 4 micro-batches of 32 blocks: the ZeRO-3 counts
+    (32 units gathered each way plus the end layers, 32 reduce-scatters a micro-batch) on
+    the 8-rank dp x cp group, and the ring's 3 sends a block (1 forward, 2 backward)."""
+    setup, graph, _, _ = _export(tmp_path, gpus=8, cp=2, zero=3, **CP)
+    rank0 = graph.ranks[0]
+    assert sum(n.op == "all-gather" for n in rank0) == 4 * (2 * 32 + 2)
+    assert sum(n.op == "reduce-scatter" for n in rank0) == 4 * 32
+    assert sum(n.kind == "send" for n in rank0) == sum(n.kind == "recv" for n in rank0)
+    assert sum(n.kind == "send" for n in rank0) == 4 * 32 * 3
+    block = setup.workload.layers[1].params
+    assert {n.bytes for n in rank0 if n.op == "reduce-scatter"} == {block * 4}
+    assert graph.groups["dp0"] == ("dp", tuple(range(8)))
+
+
+FOLDED = dict(model="mixtral-8x7b", cluster="dgx-h100-ib", gpus=8, tp=2)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(ep=4, etp=1),
+        dict(ep=2, etp=1),
+        dict(ep=4),  # etp = tp, one expert-data-parallel rank: its buckets run nothing
+        dict(ep=2, zero=3, global_batch=16, seq_len=4096),  # ZeRO-3 of expert parameters
+        dict(ep=4, etp=1, zero=3, global_batch=16, overlap=False),
+    ],
+)
+def test_folded_expert_grid_one_stage_replays_predict_exactly(tmp_path, layout):
+    """MoE parallel folding (etp other than tp) and ZeRO-3 of expert parameters on one
+    stage: expert all-to-alls on the folded ep groups, expert buckets (or units) on the
+    expert-data-parallel groups; the replay is `predict`'s step, read back and re-priced."""
+    setup, graph, step, paths = _export(tmp_path, **(FOLDED | layout))
+    written = replay(graph).step_s
+    assert written == pytest.approx(step, rel=1e-12)
+    _reads_back_the_same(setup, paths, written)
+
+
+def test_folded_expert_grid_pipelined(tmp_path):
+    """tp 2 x pp 2 x dp 4 with ep 4 folded over tp x dp (etp 1): the schedule's replay,
+    within predict's send accounting as other pipelines."""
+    setup, graph, step, paths = _export(tmp_path, **(FOLDED | dict(gpus=16, pp=2, ep=4, etp=1)))
+    assert replay(graph).step_s == pytest.approx(step, rel=0.01)
+    _reads_back_the_same(setup, paths, replay(graph).step_s)
+
+
+def test_folded_expert_grid_node_counts_by_hand(tmp_path):
+    """Mixtral 8x7B, tp 2 x dp 4, ep 4 x etp 1 (edp 2), 8 micro-batches of 32 MoE blocks:
+    per micro-batch 32 x (1 + 1) tensor-parallel all-reduces (attention's: the MoE layer's
+    take the expert grid's) and 32 x (2 + 2) all-to-alls, no expert tensor-parallel
+    all-reduce (etp 1); ep groups of 4 consecutive ranks (the
+    expert grid [edp, ep, etp] read over the ranks in order), edp pairs 4 apart; the
+    buckets' all-reduces on dp (dense) and edp (experts) groups, one each."""
+    setup, graph, _, _ = _export(tmp_path, **(FOLDED | dict(ep=4, etp=1)))
+    rank0 = graph.ranks[0]
+    by_pg = {}
+    for n in rank0:
+        if n.kind == "coll":
+            by_pg.setdefault((n.op, n.pg), []).append(n)
+    assert len(by_pg[("all-reduce", "tp0")]) == 8 * 32 * 2
+    a2a = by_pg[("all-to-all", "ep0")]
+    assert len(a2a) == 8 * 32 * 4
+    sh = step_shape(setup)
+    assert {n.bytes for n in a2a} == {1 * 1024 * 4096 * 2 * sh.routed / 2}
+    assert graph.groups["ep0"] == ("ep", (0, 1, 2, 3)) and graph.groups["ep1"][1] == (4, 5, 6, 7)
+    assert graph.groups["edp0"] == ("edp", (0, 4)) and not any(
+        k == "etp" for k, _ in graph.groups.values()
+    )
+    from commsim.step.predict import step_model, strategy_layouts
+
+    b = (
+        step_model(setup)
+        .dp.sync_plan(strategy_layouts(setup, [setup.scenario.strategy]), 0)
+        .buckets
+    )
+    assert [n.bytes for n in by_pg[("all-reduce", "dp0")]] == list(b.bytes[~b.expert])
+    assert [n.bytes for n in by_pg[("all-reduce", "edp0")]] == list(b.bytes[b.expert])
+
+
+def test_expert_zero3_node_counts_by_hand(tmp_path):
+    """Mixtral 8x7B, tp 2 x dp 4, ep 2 (etp 2, edp 2), ZeRO-3, 4 micro-batches of 32
+    blocks: each unit gathers its dense parameters (over tp) on dp and its experts' (over
+    etp x ep) on edp, forward and backward, plus the end layers; reduce-scatters both."""
+    setup, graph, _, _ = _export(tmp_path, **(FOLDED | dict(ep=2, zero=3, global_batch=16)))
+    rank0 = graph.ranks[0]
+    sh = step_shape(setup)
+    dense = [n for n in rank0 if n.op == "all-gather" and n.pg == "dp0" and "unit" in n.name]
+    expert = [n for n in rank0 if n.op == "all-gather" and n.pg == "edp0"]
+    assert len(dense) == len(expert) == 4 * 2 * 32
+    assert {n.bytes for n in dense} == {(sh.block_params - sh.expert_params) / 2 * 2}
+    assert {n.bytes for n in expert} == {sh.expert_params / (2 * 2) * 2}
+    scatters = [n for n in rank0 if n.op == "reduce-scatter"]
+    assert len(scatters) == 4 * 2 * 32 and graph.counts()["coll all-gather"] == 8 * 4 * (2 * 65)
+
+
+def step_shape(setup):
+    from commsim.step.shape import Shape
+
+    return Shape.of(setup.workload)
+
+
+GPT2 = dict(model="gpt2-xl", cluster="aws-p4d", gpus=16, global_batch=64)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(compression="powersgd:4"),
+        dict(compression="topk:0.01+int8", error_feedback=True),
+        dict(compression="int8"),
+        dict(compression="fp16", overlap=False),
+        dict(overlap=False),  # uncompressed, every bucket after the backward
+    ],
+)
+def test_compressed_ddp_replays_predict_exactly(tmp_path, layout):
+    """A comm hook's step (step.timeline): encodes on the compute chain inside the last
+    backward, each bucket's collectives on its compressed payloads after its encode, the
+    decodes after the backward; the replay is `predict`'s step, read back and re-priced."""
+    setup, graph, step, paths = _export(tmp_path, **(GPT2 | layout))
+    written = replay(graph).step_s
+    assert written == pytest.approx(step, rel=1e-12)
+    _reads_back_the_same(setup, paths, written)
+
+
+def test_compressed_ddp_node_counts_by_hand(tmp_path):
+    """fp16 (a cast each way, 6 HBM bytes an element each) and int8 (ZeRO++'s qgZ: an
+    all-to-all and an all-gather of n bytes plus one fp32 scale per chunk) on GPT-2 XL's
+    buckets of n fp32 gradients: one encode and one decode a bucket, of the HBM model's
+    seconds, and the hook's collectives, in order, each of its payload's bytes."""
+    from commsim.compression import INT8_CHUNK
+    from commsim.step.predict import step_model, strategy_layouts
+
+    setup, graph, _, _ = _export(tmp_path, **(GPT2 | dict(compression="fp16")))
+    L = strategy_layouts(setup, [setup.scenario.strategy])
+    n = step_model(setup).dp.sync_plan(L, 0).buckets.bytes / 4
+    rank0 = graph.ranks[0]
+    hbm = setup.gpu.hbm_bandwidth
+    for kind in ("encode", "decode"):
+        codec = [x for x in rank0 if x.name.startswith(kind)]
+        assert [x.duration for x in codec] == pytest.approx(list(6.0 * n / hbm), rel=1e-12)
+    colls = [x for x in rank0 if x.kind == "coll"]
+    assert [(x.op, x.bytes) for x in colls] == [("all-reduce", 2 * k) for k in n]
+    _, graph, _, _ = _export(tmp_path, **(GPT2 | dict(compression="int8")))
+    colls = [x for x in graph.ranks[0] if x.kind == "coll"]
+    wire = [k + 4 * -(-k // INT8_CHUNK) for k in n]
+    assert [(x.op, x.bytes) for x in colls] == [
+        (op, w) for w in wire for op in ("all-to-all", "all-gather")
+    ]
+    ids = {x.id: x for x in graph.ranks[0]}
+    assert all(ids[x.deps[0]].op == "all-to-all" for x in colls if x.op == "all-gather")
+    assert {x.pg for x in colls} == {"dp0"} and len(graph.groups["dp0"][1]) == 16
+
+
+@pytest.mark.parametrize("layout", [dict(), dict(ps_shards=4), dict(ps_shards=2, overlap=False)])
+def test_parameter_server_ddp_replays_predict_exactly(tmp_path, layout):
+    """The parameter server (--algorithm ps) on plain DDP: each bucket an all-reduce
+    collective of the bucket's bytes, lasting the push and pull step.groups prices; the
+    replay is `predict`'s step, and re-priced from the files (the algorithm and the server
+    count in the trace's metadata) the same."""
+    setup, graph, step, paths = _export(tmp_path, **(GPT2 | dict(algorithm="ps") | layout))
+    written = replay(graph).step_s
+    assert written == pytest.approx(step, rel=1e-12)
+    assert graph.metadata["algorithm"] == "ps"
+    assert graph.metadata["ps_shards"] == str(layout.get("ps_shards", 1))
+    _reads_back_the_same(setup, paths, written)
+
+
+def test_parameter_server_pipelined_needs_its_server_count(tmp_path):
+    """tp 2 x pp 2 x dp 4 under ps with 2 servers: every all-reduce (tensor-parallel ones
+    too, as the step model prices them) priced as the parameter server's, the dp groups'
+    with 2 servers; read back, re-priced with the metadata's server count it is the
+    recorded step, with 1 server it is not (the count matters here)."""
+    layout = dict(gpus=16, tp=2, pp=2, algorithm="ps", ps_shards=2)
+    setup, graph, step, paths = _export(tmp_path, **layout)
+    written = replay(graph).step_s
+    assert written == pytest.approx(step, rel=0.01)  # the schedule: send accounting
+    _reads_back_the_same(setup, paths, written)
+    back = import_chakra(paths)
+    one = ClusterPricer(back, setup.cluster, setup.n_gpus, "ps", "blocked", 1)
+    assert abs(replay(back, one).step_s / written - 1) > 0.01
+
+
+def test_parameter_server_node_counts_by_hand(tmp_path):
+    """GPT-2 XL on 16 GPUs under ps: one all-reduce a bucket, of the bucket's bytes, on
+    the 16-rank dp group, each priced as step.groups prices the parameter server there."""
+    from commsim.step.predict import step_model, strategy_layouts
+
+    setup, graph, _, _ = _export(tmp_path, **(GPT2 | dict(algorithm="ps", ps_shards=4)))
+    L = strategy_layouts(setup, [setup.scenario.strategy])
+    model = step_model(setup)
+    b = model.dp.sync_plan(L, 0).buckets
+    colls = [x for x in graph.ranks[0] if x.kind == "coll"]
+    assert [(x.op, x.bytes) for x in colls] == [("all-reduce", k) for k in b.bytes]
+    ps = [float(model.groups.price("all-reduce", "dp", L, np.array([k]))[0]) for k in b.bytes]
+    assert [x.duration for x in colls] == pytest.approx(list(ps), rel=1e-12)
+    assert graph.counts()["coll all-reduce"] == 16 * len(b.bytes)
+
+
+def test_zero12_gathers_after_the_optimizer_where_not_overlapped(tmp_path):
+    """ZeRO-1 without --overlap-param-gather (Megatron-core's default off, DeepSpeed's
+    stage 1-2): the reduce-scatters before the optimizer, each bucket's parameter
+    all-gather after it, one by one, the step ending with the last."""
+    setup, graph, _, _ = _export(tmp_path, gpus=16, tp=2, pp=2, zero=1, overlap_param_gather=False)
+    rank0 = graph.ranks[0]
+    at = next(j for j, x in enumerate(rank0) if x.name == "optimizer")
+    before = [x.op for x in rank0[:at] if x.name.startswith("dp ")]
+    after = [x.op for x in rank0[at + 1 :]]
+    assert set(before) == {"reduce-scatter"} and set(after) == {"all-gather"}
+    assert len(before) == len(after) and rank0[at + 1].deps == (at,)

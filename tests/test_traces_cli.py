@@ -30,23 +30,23 @@ def test_export_then_import_gives_the_same_step(tmp_path):
 
 
 def test_export_refuses_what_it_cannot_write(tmp_path):
-    out = runner.invoke(
-        app,
-        [
-            "trace",
-            "export",
-            "--out",
-            str(tmp_path / "t"),
-            *LAYOUT,
-            "--cp",
-            "2",
-            "--zero",
-            "3",
-        ],
+    """A layout the export does not write (expert all-to-alls under another micro-batch's
+    compute), and a bad flag: one line, exit 2, nothing written."""
+    scenario = tmp_path / "moe.yaml"
+    scenario.write_text(
+        "model: mixtral-8x7b\ncluster: dgx-h100-ib\ngpus: 16\nglobal_batch: 32\n"
+        "micro_batch: 1\nseq_len: 1024\nstrategy: {tp: 2, pp: 2, ep: 2, ep_overlap: true}\n"
     )
-    assert out.exit_code == 2
-    assert "not exported to Chakra yet" in out.output and "Traceback" not in out.output
-    assert not list(tmp_path.iterdir())
+    out_dir = tmp_path / "out"
+    for args, says in (
+        ([str(scenario)], "strategy.ep_overlap: not exported to Chakra"),
+        ([*LAYOUT, "--zero", "3", "--fsdp-shard", "3"], "--fsdp-shard 3"),
+    ):
+        out = runner.invoke(app, ["trace", "export", "--out", str(out_dir / "t"), *args])
+        assert out.exit_code == 2, out.output
+        assert says in out.output and "Traceback" not in out.output
+        assert len(out.output.strip().splitlines()) == 1
+        assert not out_dir.exists()
 
 
 def test_summary_and_predict_json(tmp_path):
@@ -77,3 +77,50 @@ def test_bad_trace_is_one_line(tmp_path):
         app, ["trace", "summary", str(_write(tmp_path, nccl_trace())), "--plot", "x.png"]
     )
     assert plot.exit_code == 2 and "--plot: needs --cluster" in plot.output
+
+
+def test_parameter_server_export_imports_at_its_price(tmp_path):
+    """--algorithm ps: the trace's metadata carries the algorithm and server count, and
+    `trace import --cluster` prices the step it recorded; a server count that is not one
+    is a one-line error."""
+    out = runner.invoke(
+        app, ["trace", "export", "--out", str(tmp_path / "t"), *LAYOUT, "--algorithm", "ps"]
+    )
+    assert out.exit_code == 0, out.output
+    files = sorted(str(p) for p in tmp_path.glob("t.*.et"))
+    back = runner.invoke(app, ["trace", "import", *files, "--cluster", "dgx-a100-ib", "--json"])
+    doc = json.loads(back.output)
+    assert abs(doc["priced_s"] / doc["recorded_s"] - 1) < 1e-12
+    from commsim.traces.chakra import chakra_files, import_chakra
+
+    graph = import_chakra(files)
+    for rank, data in chakra_files(graph, graph.metadata | {"ps_shards": "two"}).items():
+        (tmp_path / f"bad.{rank}.et").write_bytes(data)
+    bad = sorted(str(p) for p in tmp_path.glob("bad.*.et"))
+    out = runner.invoke(app, ["trace", "import", *bad, "--cluster", "dgx-a100-ib"])
+    assert out.exit_code == 2 and "metadata.ps_shards: 'two': not a server count" in out.output
+    assert len(out.output.strip().splitlines()) == 1
+
+
+def test_readme_export_examples_run(tmp_path, monkeypatch):
+    """The README's `trace export` lines run as written (in a scratch folder): one file a
+    rank; one stage replays to `predict`'s step exactly, the pipeline within its send
+    accounting."""
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("### `commsim trace`: real workloads in and out", 1)[1]
+    text = block.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    lines = [shlex.split(x, comments=True) for x in text.splitlines()]
+    exports = [x for x in lines if x[:3] == ["commsim", "trace", "export"]]
+    assert len(exports) == 3
+    monkeypatch.chdir(tmp_path)
+    for cmd in exports:
+        out = runner.invoke(app, [*cmd[1:], "--json"])
+        assert out.exit_code == 0, out.output
+        doc = json.loads(out.output)
+        assert doc["files"] == int(cmd[cmd.index("--gpus") + 1])
+        exact = "--pp" not in cmd
+        tolerance = 1e-12 if exact else 0.01
+        assert abs(doc["replayed_s"] / doc["predicted_s"] - 1) < tolerance

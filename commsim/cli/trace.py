@@ -13,14 +13,21 @@ from commsim.cli.options import (
     AlgorithmOpt,
     BucketOpt,
     ClusterOpt,
+    CompressionOpt,
     CpOpt,
     EpOpt,
+    ErrorFeedbackOpt,
+    EtpOpt,
+    FsdpOpt,
+    FsdpShardOpt,
     GlobalBatchOpt,
     GpusOpt,
     InterleaveOpt,
     MicroBatchOpt,
     ModelOpt,
     OrderOpt,
+    OverlapOpt,
+    ParamGatherOpt,
     PlacementOpt,
     PpOpt,
     RecomputeOpt,
@@ -55,10 +62,13 @@ def _cluster(name: str, profile: str | None, gpus: int):
     return build_cluster(spec, gpus)
 
 
-def _price(graph: Graph, cluster: str, profile: str | None, gpus: int, algorithm, placement):
+def _price(
+    graph: Graph, cluster: str, profile: str | None, gpus: int, algorithm, placement, shards=1
+):
     from commsim.traces.pricing import ClusterPricer
 
-    return ClusterPricer(graph, _cluster(cluster, profile, gpus), gpus, algorithm, placement)
+    built = _cluster(cluster, profile, gpus)
+    return ClusterPricer(graph, built, gpus, algorithm, placement, shards)
 
 
 @trace_app.command("summary")
@@ -170,6 +180,14 @@ def predict_cmd(
         terminal.console.print(f"assumed: {a}", highlight=False)
 
 
+# the scenario fields `trace export` takes flags for (cli.given's names)
+EXPORT_FLAGS = (
+    *("global_batch", "micro_batch", "seq_len", "bucket_mb", "algorithm", "placement"),
+    *("overlap", "compression", "error_feedback", "tp", "pp", "ep", "etp", "cp", "zero"),
+    *("fsdp_shard", "recompute", "interleave", "order", "tp_overlap", "overlap_param_gather"),
+)
+
+
 @trace_app.command("export")
 def export_cmd(
     out: Annotated[str, typer.Option(help="Prefix of the files: PREFIX.<rank>.et")],
@@ -183,48 +201,43 @@ def export_cmd(
     bucket_mb: BucketOpt = None,
     algorithm: AlgorithmOpt = None,
     placement: PlacementOpt = None,
+    overlap: OverlapOpt = None,
+    compression: CompressionOpt = None,
+    error_feedback: ErrorFeedbackOpt = None,
     tp: TpOpt = None,
     pp: PpOpt = None,
     ep: EpOpt = None,
+    etp: EtpOpt = None,
     cp: CpOpt = None,
     zero: ZeroOpt = None,
+    fsdp: FsdpOpt = False,
+    fsdp_shard: FsdpShardOpt = None,
     recompute: RecomputeOpt = None,
     interleave: InterleaveOpt = None,
     order: OrderOpt = None,
     tp_overlap: TpOverlapOpt = None,
+    overlap_param_gather: ParamGatherOpt = None,
     json_out: terminal.JsonOpt = False,
 ) -> None:
-    """Write the Chakra execution trace (one .et file per rank) of a layout's step."""
+    """Write the Chakra execution trace (one .et file per rank) of a layout's step: data,
+    tensor, pipeline, context and expert parallelism (folded grids too), ZeRO 0-3 and
+    hybrid sharding, compression (plain DDP), the parameter server. Refused (scenario
+    fields): ep_overlap (expert all-to-alls under another micro-batch's compute) and
+    zero3_issue: parameter (DeepSpeed's 2021 per-tensor ZeRO-3)."""
+    args = locals()  # the flags as given
     from pathlib import Path
 
+    from commsim.cli.given import blame_flags, pick, refuse_ignored
     from commsim.cli.options import setup_from_flags
     from commsim.files import write_atomic
     from commsim.traces.chakra import chakra_files
     from commsim.traces.export import export_graph
     from commsim.traces.replay import replay
 
-    with terminal.user_errors():
-        setup = setup_from_flags(
-            scenario,
-            model=model,
-            cluster=cluster,
-            gpus=gpus,
-            global_batch=global_batch,
-            micro_batch=micro_batch,
-            seq_len=seq_len,
-            bucket_mb=bucket_mb,
-            algorithm=algorithm,
-            placement=placement,
-            tp=tp,
-            pp=pp,
-            ep=ep,
-            cp=cp,
-            zero=zero,
-            recompute=recompute,
-            interleave=interleave,
-            order=order,
-            tp_overlap=tp_overlap,
-        )
+    flags = pick(args, ("model", "cluster", "gpus", *EXPORT_FLAGS))
+    with terminal.user_errors(), blame_flags(scenario, flags):
+        setup = setup_from_flags(scenario, fsdp=fsdp, **flags)
+        refuse_ignored(setup.scenario.strategy, flags)
         graph, predicted = export_graph(setup)
         files = chakra_files(graph, graph.metadata)  # all built before any is written
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -278,7 +291,10 @@ def import_cmd(
             n = max(r for _, rs in graph.groups.values() for r in rs) + 1
             alg = algorithm or graph.metadata.get("algorithm", "auto")
             where = placement or graph.metadata.get("placement", "blocked")
-            price = _price(graph, cluster, profile, n, alg, where)
+            shards = graph.metadata.get("ps_shards", "1")  # a parameter server's (export's)
+            if not shards.isdigit() or int(shards) < 1:
+                raise SpecError(files[0], "metadata.ps_shards", f"{shards!r}: not a server count")
+            price = _price(graph, cluster, profile, n, alg, where, int(shards))
             doc |= {"priced_s": replay(graph, price).step_s, "kept_as_traced": sorted(price.kept)}
     if json_out:
         terminal.print_json(doc)

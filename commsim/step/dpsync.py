@@ -43,6 +43,7 @@ from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.shape import Shape, expert_shards, slowest, stage_layers
 from commsim.step.sync import (
     BucketCosts,
+    Price,
     Tail,
     compressed_costs,
     serial_time,
@@ -239,17 +240,40 @@ class DataParallel:
         return self._holds[key]
 
     def bucket_costs(
-        self, r: dict, nbytes: np.ndarray, expert: np.ndarray, grad_bytes: int
+        self, r: dict, nbytes: np.ndarray, expert: np.ndarray, grad_bytes: int, price=None
     ) -> tuple[BucketCosts, np.ndarray]:
         """Network and codec seconds of buckets of `nbytes` (expert: on the expert-data-
         parallel group) under one layout (a Layouts.row), and of the network seconds the
-        parameter all-gathers' (ZeRO 1-2)."""
-        dp, ep = r["dp"], r["ep"]
+        parameter all-gathers' (ZeRO 1-2). `price`: group_price(r) unless given (a Chakra
+        export wraps it to write each collective it asks for)."""
+        price = price or self.group_price(r)
+        none = np.zeros(len(nbytes))
+        if r["dp"] * r["cp"] == 1:
+            return BucketCosts(none, none, none), none
+        alg = r["algorithm"]
+        if r["compression"] != "none":
+            hooked = compressed_costs(
+                price,
+                alg,
+                lambda op: OP_ALGORITHMS[op],
+                parse_compressor(r["compression"]),
+                np.rint(nbytes / grad_bytes),
+                r["dp"] * r["cp"],
+                self.gpu,
+                r["error_feedback"],
+            )
+            return hooked, none
+        reduce, gather = zero_costs(price, alg, nbytes, expert, r["zero"], grad_bytes)
+        return BucketCosts(reduce + gather, none, none), gather
+
+    def group_price(self, r: dict) -> Price:
+        """Seconds of an op by an algorithm for each size on one layout's (a Layouts.row)
+        data-parallel groups, or expert-data-parallel ones (sync.Price)."""
         shape = (
             r["tp"],
-            dp,
+            r["dp"],
             r["pp"],
-            ep,
+            r["ep"],
             r["ps_shards"],
             r["cp"],
             1,
@@ -262,24 +286,7 @@ class DataParallel:
             kind = "edp" if expert else "dp"
             return self.groups.time(op, algorithm, sizes, placement, kind, *shape)
 
-        none = np.zeros(len(nbytes))
-        if dp * r["cp"] == 1:
-            return BucketCosts(none, none, none), none
-        alg = r["algorithm"]
-        if r["compression"] != "none":
-            hooked = compressed_costs(
-                price,
-                alg,
-                lambda op: OP_ALGORITHMS[op],
-                parse_compressor(r["compression"]),
-                np.rint(nbytes / grad_bytes),
-                dp * r["cp"],
-                self.gpu,
-                r["error_feedback"],
-            )
-            return hooked, none
-        reduce, gather = zero_costs(price, alg, nbytes, expert, r["zero"], grad_bytes)
-        return BucketCosts(reduce + gather, none, none), gather
+        return price
 
     def layer_weights(self, recompute: str) -> tuple[float, ...]:
         """Each workload layer's share of a backward (any scale): 2x its forward FLOPs, and

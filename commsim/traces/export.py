@@ -3,8 +3,12 @@ step model schedules it, so a user without GPUs can feed other simulators.
 
 - Plain data parallelism: the step's own timeline (step.timeline via step.predict): each
   micro-batch's forward and backward, the last backward layer by layer, each gradient
-  bucket's all-reduce waiting for the layer that makes it ready and for the bucket before
-  it, then the optimizer. Its replay is the predicted step time.
+  bucket's all-reduce waiting for the layer that makes it ready (overlap off: the
+  backward's end) and for the bucket before it, then the optimizer; a comm hook's encodes
+  inside the last backward, each bucket's collectives on its compressed payloads after
+  its encode, its decode after them and the backward. Its replay is the predicted step.
+  Under the parameter server each all-reduce is one collective lasting its push and pull
+  (the trace's metadata names the algorithm and its servers).
 - Tensor x pipeline x data (x expert) parallelism, ZeRO 0-2, in either rank order: each
   stage's 1F1B (or interleaved) op order (step.pipeline.stage_order); an op is a receive
   from the previous
@@ -24,19 +28,20 @@ step model schedules it, so a user without GPUs can feed other simulators.
   .collectives), as late as the schedule's exposed time for them allows.
 
   ZeRO-3 / FSDP: each op's compute as its chunk's units with their gathers and reduce-
-  scatters (Writer.units, as step.fsdp runs them); its replay follows those units, not
-  the schedule (which has no ZeRO-3 inside its ops): on one stage it is `predict`'s step
-  where compute hides the gathers, or nothing is overlapped.
+  scatters (Writer.units, as step.fsdp runs them: hybrid sharding's on the shard group,
+  each reduce-scatter followed by the replica group's all-reduce); its replay follows
+  those units, not the schedule (which has no ZeRO-3 inside its ops): on one stage it is
+  `predict`'s step where compute hides the gathers, or nothing is overlapped.
 
   Context parallelism: each op's compute as its chunk's blocks with their ring-attention
-  steps (Writer.ring, as step.model._context_parallel prices them); on one stage its
-  replay is `predict`'s step.
-
-Not exported (one line each): context parallelism with ZeRO-3,
-ZeRO-3 of expert parameters, hybrid sharding, compression, the parameter-server algorithm.
+  steps (Writer.ring, as step.model._context_parallel prices them); under ZeRO-3 each unit
+  is such a block. On one stage its replay is `predict`'s step (with ZeRO-3: where compute
+  hides the gathers).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 
@@ -55,28 +60,29 @@ from commsim.step.model import (
 )
 from commsim.step.pipeline import chunk_times, simulate
 from commsim.step.predict import predict, step_model, strategy_layouts
-from commsim.step.sync import PARAM_WIRE_BYTES, allreduce_costs
+from commsim.step.sync import PARAM_WIRE_BYTES
 from commsim.topology.placement import PLACEMENTS, rank_grid
 from commsim.traces.graph import Graph, Node
-from commsim.traces.writer import Ring, Writer, Zero3, sync_start
+from commsim.traces.writer import Coll, Ring, Writer, Zero3, sync_start
 
 
-def _refuse(strategy: Strategy) -> None:
-    for flag, bad in (
-        ("--fsdp-shard", strategy.zero == 3 and bool(strategy.fsdp_shard)),
-        ("--cp with --zero 3", strategy.cp > 1 and strategy.zero == 3),
-        ("--etp", strategy.expert_tp != strategy.tp),  # a folded expert grid
-        ("--compression", strategy.compression != "none"),
-        ("--algorithm ps", strategy.algorithm == "ps"),
+def _refuse(strategy: Strategy, source: str) -> None:
+    """What the export does not write, one line each naming the scenario field (see README,
+    Limits): expert all-to-alls hidden under another micro-batch's compute, DeepSpeed's
+    2021 per-tensor ZeRO-3."""
+    for field, bad in (
+        ("strategy.ep_overlap", strategy.ep_overlap),
+        ("strategy.zero3_issue", strategy.zero3_issue != "unit"),
     ):
         if bad:
-            raise SpecError(flag, "", "not exported to Chakra yet (see README, Limits)")
+            raise SpecError(source, field, "not exported to Chakra (see README, Limits)")
 
 
 class _Ranks:
     """Rank ids of every group kind (the layout's rank order: Megatron's tp-cp-ep-dp-pp or
-    tp-cp-ep-pp-dp, under its placement: rank r runs on the placement's r-th GPU) and the
-    process groups named after them."""
+    tp-cp-ep-pp-dp, under its placement: rank r runs on the placement's r-th GPU; expert
+    groups on the folded grid, hybrid sharding's shard and replica groups) and the process
+    groups named after them."""
 
     def __init__(self, model, L: Layouts, n: int):
         r = L.row(0)
@@ -84,21 +90,31 @@ class _Ranks:
         self.order = RANK_ORDERS.index(r["order"])
         self.rank_of_gpu = np.argsort(model.groups.orders[r["placement"]])
         self.shape = (r["tp"], r["dp"], r["pp"], r["ep"], r["cp"])
+        self.shard, self.etp = r["fsdp_shard"] or 1, r["etp"]
         tp, dp, pp, _, cp = self.shape
         self.grid = rank_grid(np.arange(n), r["order"], tp, cp, dp, pp)  # [stage, dp, cp, tp]
         self.at = np.argwhere(self.grid >= 0)[np.argsort(self.grid.ravel())]  # rank -> index
         self.model, self.n = model, n
         self.groups: dict[str, tuple[str, tuple[int, ...]]] = {}
-        self.pg: dict[tuple[str, int], str] = {}  # (kind, rank) -> process group name
+        self.pg: dict[int, dict[str, str]] = {rank: {} for rank in range(n)}  # rank -> kind -> pg
 
     def kind(self, kind: str) -> None:
         tp, dp, pp, ep, cp = self.shape
-        gpus = self.model.groups.members(self.placement, kind, tp, dp, pp, ep, cp, 1, self.order)
+        gpus = self.model.groups.members(
+            self.placement, kind, tp, dp, pp, ep, cp, self.shard, self.order, self.etp
+        )
         for j, row in enumerate(self.rank_of_gpu[gpus].tolist()):
             name = f"{kind}{j}"
             self.groups[name] = (kind, tuple(row))
             for rank in row:
-                self.pg[(kind, rank)] = name
+                self.pg[rank][kind] = name
+
+    def ring(self, rank: int) -> tuple[str, tuple[int, int]]:
+        """The rank's context-parallel group and its (next, previous) ranks round it."""
+        pg = self.pg[rank]["cp"]
+        members = self.groups[pg][1]
+        at = members.index(rank)
+        return pg, (members[(at + 1) % len(members)], members[(at - 1) % len(members)])
 
     def stage(self, rank: int) -> int:
         return int(self.at[rank][0])
@@ -113,7 +129,7 @@ def export_graph(setup: Setup, strategy: Strategy | None = None) -> tuple[Graph,
     """(every rank's graph, the step time `predict` reports) of one strategy."""
     strategy = strategy or setup.scenario.strategy
     check_layout(setup, strategy)
-    _refuse(strategy)
+    _refuse(strategy, setup.source)
     model = step_model(setup)
     L = strategy_layouts(setup, [strategy])
     pred = predict(setup, strategy, model)
@@ -123,13 +139,15 @@ def export_graph(setup: Setup, strategy: Strategy | None = None) -> tuple[Graph,
         "algorithm": strategy.algorithm,
         "placement": strategy.placement,
     }
+    if strategy.algorithm == "ps":  # its servers: what a replay on commsim's model prices
+        meta["ps_shards"] = str(strategy.ps_shards)
     if L.plain[0]:
         if setup.dp(strategy) > 1:
             ranks.kind("dp")
-        nodes = _ddp_nodes(pred)
+        nodes = _ddp_nodes(pred, _bucket_colls(model, L, pred), bool(L.overlap[0]))
         graph = Graph({}, ranks.groups, meta)
         for rank in range(setup.n_gpus):
-            graph.ranks[rank] = [_with_pg(x, ranks.pg.get(("dp", rank))) for x in nodes]
+            graph.ranks[rank] = [_with_pg(x, ranks.pg[rank].get("dp")) for x in nodes]
         return graph, pred.step_time_s
     graph = _pipeline_graph(model, L, ranks)
     graph.metadata.update(meta)
@@ -142,69 +160,81 @@ def _with_pg(node: Node, pg: str | None) -> Node:
     return Node(node.id, node.kind, node.name, node.duration, node.deps, node.op, node.bytes, pg)
 
 
-def _ddp_nodes(pred) -> list[Node]:
-    """The plain-DDP timeline as one rank's nodes (pg filled in per rank)."""
+def _ddp_nodes(pred, colls: list[list[tuple[str, float, float]]], overlap: bool) -> list[Node]:
+    """The plain-DDP timeline (step.timeline) as one rank's nodes (pg filled in per rank):
+    its compute stream as a chain (a comm hook's encodes inside the last backward, its
+    decodes after it), each bucket's collectives (`colls`, one stream) after the node that
+    launches them (its encode, else the layer that makes it ready; overlap off: the
+    backward's end) and the previous bucket's, each decode after its bucket's, the
+    optimizer after the last."""
     compute = sorted((e for e in pred.events if e.stream == "compute"), key=lambda e: e.start_s)
-    n_b = len(pred.buckets)
-    nodes: list[Node] = []
-    ends = []
+    ends = np.array([e.end_s for e in compute])
+    backward = max(k for k, e in enumerate(compute) if e.label.startswith(("backward", "encode")))
+    launch = [
+        backward if not overlap else int(np.argmin(np.abs(ends - b.ready_s))) for b in pred.buckets
+    ]
     for k, e in enumerate(compute):
-        nid = n_b + k
-        deps = () if k == 0 else (nid - 1,)
-        if e.label == "optimizer" and n_b:
-            deps = (*deps, n_b - 1)
-        nodes.append(Node(nid, "comp", e.label, e.end_s - e.start_s, deps))
-        ends.append(e.end_s)
-    ends_arr = np.array(ends)
-    for b in pred.buckets:
-        ready = n_b + int(np.argmin(np.abs(ends_arr - b.ready_s)))
-        deps = (ready,) if b.index == 0 else (ready, b.index - 1)
-        nodes.append(
-            Node(
-                b.index,
-                "coll",
-                f"all-reduce bucket {b.index}",
-                b.time_s,
-                deps,
-                "all-reduce",
-                b.bytes,
-            )
-        )
-    return sorted(nodes, key=lambda x: x.id)
+        if overlap and e.label.startswith("encode bucket "):
+            launch[int(e.label.rsplit(" ", 1)[1])] = k
+    w, last, stream = Writer(), (), ()
+    done: dict[int, tuple[int, ...]] = {}  # bucket -> its last collective
+    for k, e in enumerate(compute):
+        deps = last
+        if e.label.startswith("decode bucket "):
+            deps = (*deps, *done[int(e.label.rsplit(" ", 1)[1])])
+        if e.label == "optimizer":
+            deps = (*deps, *stream)
+        last = w.add("comp", e.label, e.end_s - e.start_s, deps)
+        for b in (b for b, at in enumerate(launch) if at == k):
+            deps = (*last, *stream)
+            for op, size, seconds in colls[b]:
+                name = f"{op} bucket {b}"
+                stream = deps = w.add("coll", name, seconds, deps, op=op, bytes=size)
+            done[b] = stream
+    return w.nodes
+
+
+def _bucket_colls(model, L: Layouts, pred) -> list[list[tuple[str, float, float]]]:
+    """(op, bytes, seconds) of each plain-DDP bucket's collectives: its all-reduce, or a
+    comm hook's collectives on its compressed payloads (_asked: what the step model
+    prices for the bucket, in the hook's order)."""
+    if L.row(0)["compression"] == "none":
+        return [[("all-reduce", b.bytes, b.time_s)] for b in pred.buckets]
+    sync = model.dp.sync_plan(L, 0).buckets
+    asked = _asked(model, L, sync.bytes, sync.expert)
+    return [
+        [(op, float(sizes[b]), float(times[b])) for op, sizes, times, _ in asked]
+        for b in range(len(pred.buckets))
+    ]
+
+
+def _asked(model, L: Layouts, nbytes, expert) -> list[tuple[str, np.ndarray, np.ndarray, bool]]:
+    """(op, sizes, seconds, expert) of every set of collectives the step model's sync asks
+    its groups to price for these buckets (step.dpsync.bucket_costs: an all-reduce each,
+    ZeRO's reduce-scatter and all-gather, or a comm hook's collectives), in the order asked."""
+    asked: list[tuple[str, np.ndarray, np.ndarray, bool]] = []
+    r = L.row(0)
+    price = model.dp.group_price(r)
+
+    def record(op, algorithm, sizes, expert):
+        t = price(op, algorithm, sizes, expert)
+        asked.append((op, np.asarray(sizes, dtype=float), np.asarray(t, dtype=float), expert))
+        return t
+
+    model.dp.bucket_costs(r, nbytes, expert, int(L.grad_bytes[0]), record)
+    return asked
 
 
 def _bucket_ops(model, L: Layouts) -> list[tuple[str, float, float, bool]]:
-    """(op, bytes, seconds, expert) of every data-parallel collective of the stage's sync:
-    what allreduce_costs prices, recorded as it asks for each (by op, then bucket: they
-    run back to back from one point, so their order does not change when they end)."""
-    r = L.row(0)
-    sync = model.dp.sync_plan(L, 0)
-    placement = PLACEMENTS.index(r["placement"])
-    shape = (
-        r["tp"],
-        r["dp"],
-        r["pp"],
-        r["ep"],
-        r["ps_shards"],
-        r["cp"],
-        1,
-        RANK_ORDERS.index(r["order"]),
-    )
-    asked: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
-
-    def price(op, algorithm, sizes, expert):
-        kind = "edp" if expert else "dp"
-        t = model.groups.time(op, algorithm, sizes, placement, kind, *shape)
-        asked.append((op, np.asarray(sizes), t, np.full(len(sizes), expert)))
-        return t
-
-    if r["dp"] * r["cp"] > 1:
-        b = sync.buckets
-        allreduce_costs(price, r["algorithm"], b.bytes, b.expert, r["zero"], int(L.grad_bytes[0]))
+    """(op, bytes, seconds, expert) of every data-parallel collective of the stage's sync
+    (_asked, by op, then bucket: they run back to back from one point, so their order does
+    not change when they end); groups of one rank run nothing (priced 0)."""
+    b = model.dp.sync_plan(L, 0).buckets
     return [
-        (op, float(s), float(t), bool(e))
-        for op, sizes, times, expert in asked
-        for s, t, e in zip(sizes, times, expert, strict=True)
+        (op, float(s), float(t), bool(expert))
+        for op, sizes, times, expert in _asked(model, L, b.bytes, b.expert)
+        for s, t in zip(sizes, times, strict=True)
+        if t > 0
     ]
 
 
@@ -213,17 +243,45 @@ def _pipeline_graph(model, L: Layouts, ranks: _Ranks) -> Graph:
     row, b = L.row(0), model.evaluate(L).row(0)
     p, m, v = row["pp"], row["micro_batches"], row["interleave"]
     t = chunk_times(row, b)
-    sh = model.shape
     blocks = float(model.compute(L).blocks[0]) / v
-    on = (("tp", row["tp"]), ("dp", row["dp"] * row["cp"]), ("ep", row["ep"]), ("cp", row["cp"]))
+    z3 = _zero3(model, L, blocks) if row["zero"] == 3 and row["dp"] * row["cp"] > 1 else None
+    _group_kinds(model, L, ranks, z3 is not None)
+    colls = _op_collectives(model, L, blocks)
+    send = float(send_bytes(L, model.shape)[0])
+    sync = _bucket_ops(model, L)
+    ring = _ring(model, L, blocks) if row["cp"] > 1 else None
+    ops = simulate(p, m, v, t)
+    graph = Graph({}, ranks.groups)
+    for rank in range(ranks.n):
+        k = ranks.stage(rank)
+        mine = [o for o in ops if o.stage == k]
+        graph.ranks[rank] = _stage_nodes(rank, k, mine, row, t, colls, send, sync, ranks, z3, ring)
+    return graph
+
+
+def _group_kinds(model, L: Layouts, ranks: _Ranks, zero3: bool) -> None:
+    """The process groups of every kind the layout runs a collective on (groups of one rank
+    run nothing)."""
+    row = L.row(0)
+    on = [("tp", row["tp"]), ("dp", row["dp"] * row["cp"]), ("ep", row["ep"]), ("cp", row["cp"])]
+    if model.shape.expert_params:
+        on += [("edp", int(L.edp[0])), ("etp", int(L.expert_tp[0]))]
+    if zero3 and row["fsdp_shard"]:  # hybrid sharding
+        shard = row["fsdp_shard"]
+        on += [("shard", shard * row["cp"]), ("replica", row["dp"] // shard)]
     for kind, n in on:
         if n > 1:
             ranks.kind(kind)
-    if row["ep"] > 1 and row["dp"] // row["ep"] > 1:
-        ranks.kind("edp")
-    if p > 1:
+    if row["pp"] > 1:
         ranks.groups["pp"] = ("pp", tuple(range(ranks.n)))
-    colls = []  # (op, bytes, seconds, kind, per forward)
+
+
+def _op_collectives(model, L: Layouts, blocks: float) -> list[tuple[str, float, float, str, int]]:
+    """(op, bytes, seconds, group kind, count a forward) of a chunk's tensor-parallel all-
+    reduces, expert all-to-alls and the experts' tensor-parallel all-reduces, each of the
+    step model's size and price (step.model._tensor_parallel, _expert_parallel)."""
+    sh, row = model.shape, L.row(0)
+    colls = []
     if row["tp"] > 1:
         ar = float(model.groups.price("all-reduce", "tp", L, tp_bytes(L, sh))[0])
         colls.append(
@@ -236,8 +294,7 @@ def _pipeline_graph(model, L: Layouts, ranks: _Ranks) -> Graph:
         colls.append(
             ("all-to-all", float(ep_bytes(L, sh)[0]), a2a, "ep", ALL_TO_ALLS_FORWARD * moe * blocks)
         )
-    if row["tp"] > 1 and sh.routed:  # the experts' tensor-parallel gather (etp = tp here)
-        ranks.kind("etp")
+    if int(L.expert_tp[0]) > 1 and sh.routed:  # the experts' tensor-parallel gather
         gather = float(model.groups.price("all-reduce", "etp", L, etp_bytes(L, sh))[0])
         colls.append(
             ("all-reduce", float(etp_bytes(L, sh)[0]), gather, "etp", sh.moe_share * blocks)
@@ -245,18 +302,7 @@ def _pipeline_graph(model, L: Layouts, ranks: _Ranks) -> Graph:
     for op, _, _, _, count in colls:
         if abs(count - round(count)) > 1e-9:
             raise SpecError("--pp", "", f"{count:g} {op}s a chunk is not whole: not exported")
-    send = float(send_bytes(L, sh)[0])
-    sync = _bucket_ops(model, L)
-    z3 = _zero3(model, L, blocks) if row["zero"] == 3 and row["dp"] > 1 else None
-    ring = _ring(model, L, blocks) if row["cp"] > 1 else None
-    ops = simulate(p, m, v, t)
-    graph = Graph({}, ranks.groups)
-    for rank in range(ranks.n):
-        k = ranks.stage(rank)
-        mine = [o for o in ops if o.stage == k]
-        stage = _stage_nodes(rank, k, mine, row, t, colls, send, sync, ranks, z3 or ring)
-        graph.ranks[rank] = stage
-    return graph
+    return [(op, size, seconds, kind, round(count)) for op, size, seconds, kind, count in colls]
 
 
 def _ring(model, L: Layouts, blocks: float) -> Ring:
@@ -274,23 +320,34 @@ def _ring(model, L: Layouts, blocks: float) -> Ring:
 
 
 def _zero3(model, L: Layouts, blocks: float) -> Zero3:
-    """A dense model's ZeRO-3 units, sized and priced as step.fsdp does."""
+    """A chunk's ZeRO-3 units, sized and priced as step.fsdp._per_unit does: per unit the
+    dense parameters per GPU (a block's over tp) on the sharding group, the experts' (over
+    etp x ep) on the expert-data-parallel one; hybrid sharding's reduce-scatter is followed
+    by the shard's all-reduce over the replica group; one stage (pp 1) gathers the end
+    layers too. Groups of one rank run nothing (step.groups prices them 0)."""
     sh, r = model.shape, L.row(0)
-    if sh.expert_params:
-        raise SpecError("--zero 3", "", "ZeRO-3 of expert parameters: not exported to Chakra")
     if abs(blocks - round(blocks)) > 1e-9 or blocks < 1:
         raise SpecError("--zero 3", "", f"{blocks:g} ZeRO-3 units a chunk: not exported")
+    shard = "shard" if r["fsdp_shard"] else "dp"
+    g = float(L.grad_bytes[0])
 
-    def priced(op: str, nbytes: float) -> tuple[str, float, float]:
-        return op, nbytes, float(model.groups.price(op, "dp", L, np.array([nbytes]))[0])
+    def run(op: str, kind: str, params: float, dtype_bytes: float) -> tuple[Coll, ...]:
+        nbytes = params * dtype_bytes
+        seconds = float(model.groups.price(op, kind, L, np.array([nbytes]))[0])
+        return ((op, nbytes, seconds, kind),) if seconds > 0 and nbytes > 0 else ()
 
-    unit = sh.block_params / r["tp"]  # parameters per GPU of one block (a unit)
+    dense = (sh.block_params - sh.expert_params) / r["tp"]
+    sparse = sh.expert_params / float(L.expert_tp[0] * r["ep"])
     ends = (sh.pre_params + sh.post_params) / r["tp"] if r["pp"] == 1 else 0.0
+    replica = ()
+    if r["fsdp_shard"]:  # each shard's gradient summed across the replica groups
+        replica = run("all-reduce", "replica", dense / (r["fsdp_shard"] * r["cp"]), g)
     return Zero3(
         int(round(blocks)),
-        priced("all-gather", unit * PARAM_WIRE_BYTES),
-        priced("reduce-scatter", unit * float(L.grad_bytes[0])),
-        priced("all-gather", ends * PARAM_WIRE_BYTES) if ends else None,
+        run("all-gather", shard, dense, PARAM_WIRE_BYTES)
+        + run("all-gather", "edp", sparse, PARAM_WIRE_BYTES),
+        run("reduce-scatter", shard, dense, g) + replica + run("reduce-scatter", "edp", sparse, g),
+        run("all-gather", shard, ends, PARAM_WIRE_BYTES),
         bool(r["overlap"]),
     )
 
@@ -300,16 +357,19 @@ def _tag(kind: str, chunk: int, mb: int, m: int, v: int) -> int:
     return ((kind == "B") * v + chunk) * m + mb
 
 
-def _stage_nodes(rank, k, ops, row, t, colls, send, sync, ranks, split=None) -> list[Node]:
+def _stage_nodes(rank, k, ops, row, t, colls, send, sync, ranks, z3, ring) -> list[Node]:
     """One rank's chain (receive, compute, tp/ep collectives, send per op, each node ending
-    when the schedule says), then its data-parallel sync from where it begins (sync_start)
-    and the optimizer."""
+    when the schedule says; an op's compute as ZeRO-3 units, ring-attention blocks, or
+    units of ring-attention blocks), then its data-parallel sync from where it begins
+    (sync_start) and the optimizer."""
     p, m, v = row["pp"], row["micro_batches"], row["interleave"]
     full, overlap = row["recompute"] == "full", bool(row["tp_overlap"])
     w = Writer()
     begin = ops[-1].end - t.dp_hidden  # the sync's start: the model hides that before the end
     last: tuple[int, ...] = ()
     pp_pg = "pp" if p > 1 else None
+    pgs = ranks.pg[rank]
+    cp = ranks.ring(rank) if ring is not None else None
     for op in ops:
         kind, c, i = op.kind, op.chunk, op.mb
         fwd = kind == "F"
@@ -332,19 +392,20 @@ def _stage_nodes(rank, k, ops, row, t, colls, send, sync, ranks, split=None) -> 
             )
         what = f"{'forward' if fwd else 'backward'} {i} chunk {c}"
         before, compute = last, t.forward if fwd else t.backward
-        if isinstance(split, Ring):
-            last = w.ring(what, fwd, compute, split, ranks, rank, last)
-        elif split is not None:  # ZeRO-3's units
-            last = w.units(what, fwd, compute, split, ranks.pg[("dp", rank)], last)
+        if z3 is not None:  # ZeRO-3's units, each a block of ring attention under cp
+            body = partial(w.ring_block, what, fwd, compute, ring, *cp) if ring else None
+            last = w.units(what, fwd, compute, z3, pgs, last, body)
+        elif ring is not None:
+            last = w.ring(what, fwd, compute, ring, *cp, last)
         else:
             if op.start < begin < op.compute_end:  # the sync starts inside this compute
                 last = w.add("comp", f"{what} (before sync)", begin - op.start, last)
                 compute -= begin - op.start
             last = w.add("comp", what, compute, last)
         runs = [
-            (op_name, size, seconds, group, ranks.pg[(group, rank)], group == "tp" and overlap)
+            (op_name, size, seconds, group, pgs[group], group == "tp" and overlap)
             for op_name, size, seconds, group, count in colls
-            for _ in range(int(round(count * (2 if full and not fwd else 1))))
+            for _ in range(count * (2 if full and not fwd else 1))
         ]
         last = w.collectives(runs, before, last, op.start, op.tp_end)
         if dst is not None:
@@ -353,8 +414,18 @@ def _stage_nodes(rank, k, ops, row, t, colls, send, sync, ranks, split=None) -> 
     # where the ops ran as the schedule says, this is `begin`; with ring attention or ZeRO-3
     # units inside them, the hidden part before their own end
     prev = sync_start(w, w.landed(last) - t.dp_hidden) if sync else ()
-    for op_name, size, seconds, expert in sync:
-        pg = ranks.pg[("edp" if expert else "dp", rank)]
-        prev = w.add("coll", f"dp {op_name}", seconds, prev, op=op_name, bytes=size, pg=pg)
-    w.add("comp", "optimizer", t.optimizer, (*last, *prev))
+    # ZeRO 1-2's parameter gathers run after the optimizer step, one by one, where they are
+    # not overlapped with the next forward (step.dpsync: overlap_param_gather off)
+    later = bool(row["overlap"]) and not row["gather_overlap"]
+    ahead = [not (later and op_name == "all-gather") for op_name, *_ in sync]
+
+    def run(ops, prev):
+        for op_name, size, seconds, expert in ops:
+            pg = pgs["edp" if expert else "dp"]
+            prev = w.add("coll", f"dp {op_name}", seconds, prev, op=op_name, bytes=size, pg=pg)
+        return prev
+
+    prev = run([x for x, a in zip(sync, ahead, strict=True) if a], prev)
+    prev = w.add("comp", "optimizer", t.optimizer, (*last, *prev))
+    run([x for x, a in zip(sync, ahead, strict=True) if not a], prev)
     return w.nodes

@@ -32,8 +32,10 @@ class ClusterPricer:
         n_gpus: int,
         algorithm: str = "auto",
         placement: str = "blocked",
+        ps_shards: int = 1,
     ):
         self.graph, self.cluster, self.algorithm = graph, cluster, algorithm
+        self.ps_shards = ps_shards  # servers of a parameter server ("ps"): on dp groups only
         self.gpu = place(cluster, n_gpus, placement)
         self.n = n_gpus
         self.kept: set[str] = set()
@@ -51,7 +53,8 @@ class ClusterPricer:
         """All groups of one description and size, at once."""
         if (desc, size) not in self._costs:
             rows = [r for d, r in self.graph.groups.values() if d == desc and len(r) == size]
-            self._costs[(desc, size)] = concurrent_cost(self.cluster, self._gpus(rows))
+            shards = self.ps_shards if desc == "dp" else 1  # as step.groups.Groups.price
+            self._costs[(desc, size)] = concurrent_cost(self.cluster, self._gpus(rows), shards)
         return self._costs[(desc, size)]
 
     def _send_pairs(self, desc: str) -> tuple[np.ndarray, np.ndarray]:

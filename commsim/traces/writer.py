@@ -11,17 +11,23 @@ from commsim.specs import SpecError
 from commsim.step.compute import ATTENTION_BACKWARD
 from commsim.traces.graph import Node
 
+# one collective of a ZeRO-3 unit: (op, bytes, seconds, group kind: dp, shard, replica, edp)
+Coll = tuple[str, float, float, str]
+
 
 @dataclass(frozen=True)
 class Zero3:
     """A chunk's ZeRO-3 units (step.fsdp): each gathers its parameters before its forward
     and its backward and reduce-scatters its gradients after its backward; one stage
-    (pp 1) gathers the end layers with its first unit. (op, bytes, seconds) of each."""
+    (pp 1) gathers the end layers with its first unit. Each is the collectives step.fsdp
+    sums, run one after another: the dense parameters' on the sharding group (dp, or
+    hybrid sharding's shard group, whose reduce-scatter is followed by the shard's
+    all-reduce across the replica group), the experts' on their expert-data-parallel one."""
 
     units: int
-    gather: tuple[str, float, float]
-    scatter: tuple[str, float, float]
-    ends: tuple[str, float, float] | None
+    gather: tuple[Coll, ...]
+    scatter: tuple[Coll, ...]
+    ends: tuple[Coll, ...]
     overlap: bool
 
 
@@ -50,17 +56,19 @@ class Writer:
         self.ends: list[float] = []  # each node's end in the schedule (step.pipeline.simulate)
         self.stream: tuple[int, ...] = ()  # the last ZeRO-3 collective (one stream, in order)
 
-    def ring(self, what, fwd: bool, compute: float, ring: Ring, ranks, rank: int, last):
-        """An op's compute as its blocks, each running cp - 1 ring steps, the merge of the
-        steps' partial results through HBM, then the rest of its compute; a backward under
+    def ring(self, what, fwd: bool, compute: float, ring: Ring, pg: str, peers, last):
+        """An op's compute as its blocks, each as ring_block runs it."""
+        for b in range(ring.blocks):
+            last = self.ring_block(what, fwd, compute, ring, pg, peers, b, last)
+        return last
+
+    def ring_block(self, what, fwd: bool, compute: float, ring: Ring, pg, peers, b: int, last):
+        """Block b of an op: cp - 1 ring steps, the merge of the steps' partial results
+        through HBM, then the rest of its share of the compute; a backward under
         recomputation replays the forward's steps and merge first. A step sends this rank's
-        chunk to the next rank (backward, then the gradients' too), receives the previous
-        rank's, and attends to the one it holds (the core's share; backward
-        ATTENTION_BACKWARD times it), the next step waiting for all three."""
-        pg = ranks.pg[("cp", rank)]
-        members = ranks.groups[pg][1]
-        at = members.index(rank)
-        peers = members[(at + 1) % ring.cp], members[(at - 1) % ring.cp]
+        chunk to the next rank (`peers`: next, previous; backward, then the gradients' too),
+        receives the previous rank's, and attends to the one it holds (the core's share;
+        backward ATTENTION_BACKWARD times it), the next step waiting for all three."""
         passes = [True] if fwd else [True, False] if ring.replay else [False]
         part = {True: ring.core, False: ring.core * ATTENTION_BACKWARD}
         merge = {True: ring.merge[0], False: ring.merge[1]}
@@ -68,13 +76,11 @@ class Writer:
         if rest < 0:
             raise SpecError("--cp", "", "a block's attention outlasts its compute: not exported")
         kw = dict(op="send-recv", bytes=ring.nbytes, pg=pg)
-        for b in range(ring.blocks):
-            for forward in passes:
-                name = f"{what} block {b}" + (" replay" if forward and not fwd else "")
-                last = self._steps(name, forward, part[forward], ring, peers, last, kw)
-                last = self.add("comp", f"{name} ring merge", merge[forward], last)
-            last = self.add("comp", f"{what} block {b}", rest, last)
-        return last
+        for forward in passes:
+            name = f"{what} block {b}" + (" replay" if forward and not fwd else "")
+            last = self._steps(name, forward, part[forward], ring, peers, last, kw)
+            last = self.add("comp", f"{name} ring merge", merge[forward], last)
+        return self.add("comp", f"{what} block {b}", rest, last)
 
     def _steps(self, name, forward: bool, part: float, ring: Ring, peers, last, kw):
         """A block's cp - 1 ring steps in one direction (forward: K and V; backward: also
@@ -95,43 +101,44 @@ class Writer:
             last = (*sent, *got, *core)
         return last
 
-    def units(self, what, fwd: bool, compute: float, z3: Zero3, pg: str, before):
+    def units(self, what, fwd: bool, compute: float, z3: Zero3, pgs: dict, before, body=None):
         """An op's compute as ZeRO-3 units of equal compute (step.fsdp): unit j waits for
-        its gather and unit j - 1; with overlap the gather of unit j + 1 is issued when
-        unit j starts (after unit j - 1), else after unit j (and its reduce-scatter); each
-        backward unit's reduce-scatter follows it; the op ends with its last unit and, in
-        backward, that unit's reduce-scatter."""
+        its gathers and unit j - 1; with overlap the gathers of unit j + 1 are issued when
+        unit j starts (after unit j - 1), else after unit j (and its reduce-scatters); each
+        backward unit's reduce-scatters follow it; the op ends with its last unit and, in
+        backward, that unit's reduce-scatters. `pgs`: this rank's group of each kind;
+        `body(j, deps)` adds unit j's compute (default: one node)."""
         side = "forward" if fwd else "backward"
 
-        def coll(name, spec, deps):
-            op, nbytes, seconds = spec
-            self.stream = self.add(
-                "coll",
-                f"zero3 {name}",
-                seconds,
-                (*deps, *self.stream),
-                op=op,
-                bytes=nbytes,
-                pg=pg,
-            )
+        def colls(label, specs, deps):
+            for op, nbytes, seconds, kind in specs:  # one stream, in issue order
+                self.stream = self.add(
+                    "coll",
+                    f"zero3 {op} {label}" + (f" ({kind})" if kind != "dp" else ""),
+                    seconds,
+                    (*deps, *self.stream),
+                    op=op,
+                    bytes=nbytes,
+                    pg=pgs[kind],
+                )
             return self.stream
 
-        if z3.ends is not None:
-            coll(f"all-gather end layers ({side})", z3.ends, before)
-        gathers = {0: coll(f"all-gather unit 0 ({side})", z3.gather, before)}
+        def compute_unit(j, deps):
+            return self.add("comp", f"{what} unit {j}", compute / z3.units, deps)
+
+        body = body or compute_unit
+        if z3.ends:
+            colls(f"end layers ({side})", z3.ends, before)
+        gathers = {0: colls(f"unit 0 ({side})", z3.gather, before)}
         previous, unit, scatter = before, (), ()
         for j in range(z3.units):
             if z3.overlap and j + 1 < z3.units:  # prefetched when unit j starts
-                gathers[j + 1] = coll(f"all-gather unit {j + 1} ({side})", z3.gather, previous)
-            unit = self.add(
-                "comp", f"{what} unit {j}", compute / z3.units, (*previous, *gathers[j])
-            )
+                gathers[j + 1] = colls(f"unit {j + 1} ({side})", z3.gather, previous)
+            unit = body(j, (*previous, *gathers[j]))
             if not fwd:
-                scatter = coll(f"reduce-scatter unit {j}", z3.scatter, unit)
+                scatter = colls(f"unit {j}", z3.scatter, unit)
             if not z3.overlap and j + 1 < z3.units:
-                gathers[j + 1] = coll(
-                    f"all-gather unit {j + 1} ({side})", z3.gather, (*unit, *scatter)
-                )
+                gathers[j + 1] = colls(f"unit {j + 1} ({side})", z3.gather, (*unit, *scatter))
             previous = unit
         return (*unit, *scatter)
 
