@@ -11,18 +11,17 @@ step model schedules it, so a user without GPUs can feed other simulators.
   (the trace's metadata names the algorithm and its servers).
 - Tensor x pipeline x data (x expert) parallelism, ZeRO 0-2, in either rank order: each
   stage's 1F1B (or interleaved) op order (step.pipeline.stage_order); an op is a receive
-  from the previous
-  stage, its compute, its tensor-parallel all-reduces (2 a block forward, Shoeybi et al.;
-  twice that backward under full recomputation) and expert all-to-alls, each of the
-  model's size (step.model.tp_bytes, ep_bytes) and price, then the send to the next stage
-  (send_bytes). After the stage's last backward, the gradient buckets (step.dpsync: an
-  all-reduce each, or ZeRO's reduce-scatter and all-gather, step.sync.allreduce_costs)
-  run one after another from where the model's hidden part of the sync begins (the
-  schedule's end less the hidden part, also before the last chunk's backward when
-  interleaved: the model hides it under the whole last micro-batch's backward), then the
-  optimizer. Its replay is the step the pipeline schedule lays out (step.pipeline
-  .pipeline_events); the closed form `predict` reports differs from it by the send
-  accounting step.pipeline describes.
+  from the previous stage, its compute, its tensor-parallel all-reduces
+  (Shape.tp_collectives a block forward: 2 dense, Shoeybi et al.; twice that backward
+  under full recomputation) and expert all-to-alls, each of the model's size
+  (step.model.tp_bytes, ep_bytes) and price, then the send to the next stage (send_bytes).
+  After the stage's last backward, the gradient buckets (step.dpsync: an all-reduce each,
+  or ZeRO's reduce-scatter and all-gather, step.sync.allreduce_costs) run one after
+  another from where the model's hidden part of the sync begins (the schedule's end less
+  the hidden part, also before the last chunk's backward when interleaved: the model hides
+  it under the whole last micro-batch's backward), then the optimizer. Its replay is the
+  step the pipeline schedule lays out (step.pipeline .pipeline_events); the closed form
+  `predict` reports differs from it by the send accounting step.pipeline describes.
 
   With tp_overlap an op's tensor-parallel all-reduces run beside its compute (Writer
   .collectives), as late as the schedule's exposed time for them allows.
