@@ -48,9 +48,11 @@ def nccl_tests_log(
     seed: int,
     noise: float = 0.02,
     version_code: int = 22907,
+    env: dict[str, str] | None = None,
 ) -> str:
     """One test of nccl-tests output: `op` on `hosts` nodes of `spec`, every GPU a rank,
-    each size timed by the NCCL backend's model times a lognormal noise."""
+    each size timed by the NCCL backend's model times a lognormal noise; `env`'s NCCL
+    variables logged by each rank as NCCL_DEBUG=INFO prints them."""
     gpn = spec.node.gpus_per_node
     n = hosts * gpn
     c = build_cluster(spec, n)
@@ -71,6 +73,12 @@ def nccl_tests_log(
             f"#  Rank {r:2d} Group  0 Pid {50000 + r:6d} on   node-a{host + 1:02d} device "
             f"{dev:2d} [0000:{dev + 1:02x}:00] NVIDIA H100 80GB HBM3"
         )
+    for r in range(n):
+        lines += [
+            f"node-a{r // gpn + 1:02d}:{50000 + r}:{50000 + r} [{r % gpn}] NCCL INFO {k} set by "
+            f"environment to {v}"
+            for k, v in (env or {}).items()
+        ]
     lines += [
         "#",
         "#       size         count      type   redop    root     time   algbw   busbw  #wrong"

@@ -495,3 +495,45 @@ def test_profile_with_bad_field_names_file_and_field(tmp_path):
     path.write_text("cluster: c\nbackend: gloo\ntiers: {}\n")
     with pytest.raises(SpecError, match=r"p.yaml: format: a format-1 profile .* calibrate fit"):
         load_profile(path)
+
+
+def test_a_fit_of_runs_under_nccl_algo_keeps_it(tmp_path):
+    """Logs of runs that exported NCCL_ALGO=ring (NCCL's INFO line on every rank), timed by
+    NCCL's model restricted to ring with known parameters: the fit prices them under ring,
+    finds the parameters again and the profile carries NCCL_ALGO=ring; a log whose ranks
+    disagree, and runs that disagree, are refused."""
+    import numpy as np
+    from synth_nccl import BINARY, nccl_tests_log, two_h100_nodes
+
+    from commsim.calibrate.fit import fit_profile
+    from commsim.calibrate.ncclt import parse_log
+    from commsim.calibrate.records import read_results
+
+    spec = two_h100_nodes()
+    true = spec.nccl.model_copy(
+        update={"algo": "ring", "latency_scale": {"net": 1.3}, "channel_bandwidth_inter": 40e9}
+    )
+    sizes = 2.0 ** np.arange(3, 31)
+    records = []
+    for k, op in enumerate(("all-reduce", "all-gather")):
+        log = tmp_path / f"{BINARY[op]}.log"
+        text = nccl_tests_log(spec.model_copy(update={"nccl": true}), op, 2, sizes, seed=k,
+                              env={"NCCL_ALGO": "ring"})  # fmt: skip
+        log.write_text(text)
+        records += parse_log(log)
+    assert records[0]["nccl_env"] == {"NCCL_ALGO": "ring"}
+    out = tmp_path / "r.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in records))
+    nccl = fit_profile(read_results([str(out)]), spec).profile.nccl
+    assert (nccl.algo, nccl.proto) == ("ring", None)
+    assert nccl.latency_scale["net"] == pytest.approx(1.3, rel=0.05)
+    assert nccl.channel_bandwidth_inter_Bps == pytest.approx(40e9, rel=0.05)
+    mixed = tmp_path / "mixed.log"
+    mixed.write_text(text.replace("to ring", "to tree", 1))
+    with pytest.raises(SpecError, match=r"line \d+: NCCL_ALGO=ring, but an earlier rank"):
+        parse_log(mixed)
+    other = dict(records[0], nccl_env={"NCCL_ALGO": "tree"}, run="other")
+    rows = [dict(r, run="other") for r in records[1:29]]
+    out.write_text("".join(json.dumps(r) + "\n" for r in [*records, other, *rows]))
+    with pytest.raises(SpecError, match="the runs exported different NCCL_ALGO"):
+        fit_profile(read_results([str(out)]), spec)

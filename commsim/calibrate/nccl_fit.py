@@ -62,6 +62,21 @@ def measured_version(results: Results, spec: ClusterSpec) -> str:
     return spec.nccl.version
 
 
+def measured_overrides(results: Results, source: str) -> dict[str, str]:
+    """NCCL_ALGO / NCCL_PROTO as the runs exported them ({"algo": ..., "proto": ...}, only
+    those set): the runs were timed under them, so the fit prices them so. Runs that
+    disagree cannot share one fit (a SpecError)."""
+    out: dict[str, str] = {}
+    for var, key in (("NCCL_ALGO", "algo"), ("NCCL_PROTO", "proto")):
+        seen = {r.meta.nccl_env.get(var) for r in results.runs.values()}
+        if len(seen) > 1:
+            shown = ", ".join(sorted(str(v or "unset") for v in seen))
+            raise SpecError(source, "", f"the runs exported different {var} ({shown}): fit apart")
+        if (value := seen.pop() if seen else None) is not None:
+            out[key] = value
+    return out
+
+
 def _candidates(spec: ClusterSpec, points: list[Point]) -> list[Param]:
     """The parameters some measurement could depend on, at NCCL's own values."""
     gpn = spec.node.gpus_per_node
@@ -108,7 +123,9 @@ def fit_nccl(
 ) -> NcclFitResult:
     """Fit the NCCL parameters the points determine (see the module docstring)."""
     version = measured_version(results, spec)
-    spec = spec.model_copy(update={"nccl": spec.nccl.model_copy(update={"version": version})})
+    overrides = measured_overrides(results, source)
+    nccl = spec.nccl.model_copy(update={"version": version} | overrides)
+    spec = spec.model_copy(update={"nccl": nccl})
     cluster = build_cluster(spec, max(max(p.gpus) for p in points) + 1)
     groups: dict[tuple[int, ...], GroupCost] = {}
     for p in points:
@@ -167,7 +184,7 @@ def fit_nccl(
         for p, f in zip(params, free, strict=True)
         if not f
     ]
-    fit = _record(version, params, u, free, reps)
+    fit = _record(version, params, u, free, reps).model_copy(update=overrides)
     return NcclFitResult(fit, times(u), _spec(spec, params, u), notes, warnings)
 
 

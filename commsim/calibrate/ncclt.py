@@ -43,6 +43,10 @@ _VERSION = re.compile(r"^# nccl-tests version (\S+)(?:.*nccl-library=(\d+))?")
 _RANK = re.compile(r"^#\s+Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)")
 _ITERS = re.compile(r"warmup iters:\s*(\d+)\s+iters:\s*(\d+)")
 _NCCL = re.compile(r"^NCCL version (\S+)")
+# NCCL_DEBUG=INFO's line for an override the job exported ("host:pid:tid [dev] NCCL INFO
+# NCCL_ALGO set by environment to ring,tree"; src/misc/param.cc, tuning.cc): the runs were
+# measured under it, so the fit prices them under it and the profile keeps it
+_ENV = re.compile(r"NCCL INFO (NCCL_ALGO|NCCL_PROTO) set by environment to (\S+?)\.?$")
 
 
 def nccl_version(code: int) -> str:
@@ -64,6 +68,7 @@ class _Section:
     iters: int | None = None
     ranks: list[dict[str, Any]] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    nccl_env: dict[str, str] = field(default_factory=dict)  # NCCL_ALGO / NCCL_PROTO exported
     configured: bool = False  # its "# nThread" line was seen
     in_table: bool = False
     done: bool = False
@@ -154,6 +159,15 @@ def _sections(text: str, source: str) -> list[_Section]:
             )
         elif (m := _NCCL.match(stripped)) and cur.nccl is None:
             cur.nccl = m.group(1).split("+")[0]
+        elif m := _ENV.search(stripped):
+            name, value = m.groups()
+            if cur.nccl_env.setdefault(name, value) != value:
+                raise SpecError(
+                    source,
+                    f"line {n}",
+                    f"{name}={value}, but an earlier rank of this test says "
+                    f"{cur.nccl_env[name]}: one test runs one setting",
+                )
         elif stripped.startswith("#") and stripped[1:].split()[:1] == ["size"]:
             columns = stripped[1:].split()
             if columns[: len(COLUMNS)] != COLUMNS:
@@ -220,6 +234,7 @@ def parse_log(path: str | Path, op: str | None = None) -> list[dict[str, Any]]:
                 "world_size": world,
                 "ranks": sec.ranks,
                 "versions": versions,
+                "nccl_env": sec.nccl_env,
                 "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                 "file": source,
             }

@@ -58,6 +58,7 @@ class MetaRecord(Record):
     world_size: int = Field(ge=1)
     ranks: list[RankInfo]
     versions: dict[str, str] = {}
+    nccl_env: dict[str, str] = {}  # NCCL_ALGO / NCCL_PROTO the run exported (its NCCL log)
     timestamp: str = ""
     file: str | None = None  # the log a record was imported from
 

@@ -20,7 +20,7 @@ step model schedules it, so a user without GPUs can feed other simulators.
   another from where the model's hidden part of the sync begins (the schedule's end less
   the hidden part, also before the last chunk's backward when interleaved: the model hides
   it under the whole last micro-batch's backward), then the optimizer. Its replay is the
-  step the pipeline schedule lays out (step.pipeline .pipeline_events); the closed form
+  step the pipeline schedule lays out (step.pipeline.pipeline_events); the closed form
   `predict` reports differs from it by the send accounting step.pipeline describes.
 
   With tp_overlap an op's tensor-parallel all-reduces run beside its compute (Writer

@@ -188,6 +188,11 @@ def meta_record(run: Run) -> dict[str, Any]:
         "world_size": run.world,
         "ranks": [{k: v for k, v in i.items() if k != "run"} for i in infos],
         "versions": versions,
+        # NCCL_ALGO / NCCL_PROTO as NCCL reads them from the environment (rank 0's: torchrun
+        # gives every rank the same): the fit prices the run under them
+        "nccl_env": {v: os.environ[v] for v in ("NCCL_ALGO", "NCCL_PROTO") if os.environ.get(v)}
+        if run.backend == "nccl"
+        else {},
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "config": {k: v for k, v in asdict(run.cfg).items() if k != "out"},
     }
