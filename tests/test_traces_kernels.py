@@ -115,3 +115,26 @@ def test_the_fitted_gpu_is_written_and_read_back(tmp_path):
     res = runner.invoke(app, ["trace", "kernels", fast.source, *flags, "--gpu-out", str(bad)])
     assert res.exit_code == 2 and "peak" in res.output and not bad.exists()
     assert len(res.output.strip().splitlines()) == 1
+
+
+def test_a_trace_without_sequence_parallelism_is_fitted_as_run(tmp_path):
+    """A tp 2 run without sequence parallelism runs the element-wise work of the whole
+    sequence on each rank: made with that roofline, `--no-sequence-parallel` fits the
+    catalog's HBM share back, and the default (on) reads the same trace as slower HBM."""
+    off = setup_from_flags(None, **LLAMA | dict(sequence_parallel=False))
+    parts = roofline(off, off.scenario.strategy, 1)
+    on = roofline(setup_from_flags(None, **LLAMA), off.scenario.strategy.model_copy(
+        update={"sequence_parallel": True}), 1)  # fmt: skip
+    assert parts["other"] > on["other"] and parts["gemm"] == pytest.approx(on["gemm"], rel=1e-12)
+    t = _made_with(tmp_path, parts, {"gemm": 1.0, "attention": 1.0, "other": 1.0})
+    flags = ["--model", "llama2-7b", "--cluster", "dgx-a100-ib", "--micro-batch", "1"]
+    flags += ["--seq-len", "2048", "--tp", "2", "--json"]
+    gpu = catalog.gpu("a100-80gb")
+
+    def hbm(*more):
+        res = runner.invoke(app, ["trace", "kernels", t.source, *flags, *more])
+        assert res.exit_code == 0, res.output
+        return {r["class"]: r for r in json.loads(res.output)["classes"]}["other"]
+
+    assert hbm("--no-sequence-parallel")["fitted"] == pytest.approx(gpu.hbm_efficiency)
+    assert hbm()["fitted"] < gpu.hbm_efficiency

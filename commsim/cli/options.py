@@ -159,7 +159,14 @@ FlashOpt = Annotated[
     typer.Option("--flash-attention/--no-flash-attention", help="Fused (Flash) attention."),
 ]
 _SP = "--sequence-parallel/--no-sequence-parallel"
-SequenceParallelOpt = Annotated[bool | None, typer.Option(_SP, help="Norms etc. split over tp.")]
+SequenceParallelOpt = Annotated[
+    bool | None,
+    typer.Option(
+        _SP,
+        help="Megatron's sequence parallelism: norms, residual adds and dropout on the tp "
+        "rank's share of the tokens (off: every tp rank runs them on all).",
+    ),
+]
 TpOverlapOpt = Annotated[
     bool | None,
     typer.Option("--tp-overlap/--no-tp-overlap", help="Overlap tensor-parallel comm with GEMMs."),

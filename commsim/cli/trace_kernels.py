@@ -16,6 +16,7 @@ from commsim.cli.options import (
     PrecisionOpt,
     RecomputeOpt,
     SeqLenOpt,
+    SequenceParallelOpt,
     TpOpt,
 )
 from commsim.report import terminal
@@ -38,6 +39,7 @@ def kernels_cmd(
     recompute: RecomputeOpt = None,
     precision: PrecisionOpt = None,
     flash_attention: FlashOpt = None,
+    sequence_parallel: SequenceParallelOpt = None,
     gpu_out: GpuOutOpt = None,
     json_out: terminal.JsonOpt = False,
 ) -> None:
@@ -65,6 +67,7 @@ def kernels_cmd(
             recompute=recompute,
             precision=precision,
             flash_attention=flash_attention,
+            sequence_parallel=sequence_parallel,
         )
         fit = fit_kernels(setup, read, setup.scenario.micro_batch)
         doc = {"gpu": setup.gpu.name, "steps": fit.steps, "classes": fit.rows()}
