@@ -127,3 +127,24 @@ def test_the_cross_entropy_passes_by_hand():
     norm = 2 * 128 * 512 * ACT / HBM  # on the 128 tokens a rank holds under SP
     assert float(t.post_fwd[0]) == pytest.approx(norm + head + 38 * logits / HBM, rel=1e-9)
     assert float(t.post_bwd[0]) == pytest.approx(2 * (norm + head) + 14 * logits / HBM, rel=1e-9)
+
+
+def test_fp8_cast_writes_the_copy_and_its_transpose():
+    """An FP8 block's forward minus a BF16 one's, on an H100 (toy GPT, tp 2, 256 tokens):
+    its four GEMMs at the FP8 rate instead of BF16's, plus each GEMM input cast by TE's
+    cast_transpose, read 2 bytes, write 1 + 1 (FP8_CAST = 4): inputs of 512 (QKV, up), 256
+    (the output projection's q slice) and 1,024 (down) columns a token."""
+    h100 = catalog.GPUS["h100"]
+    rates = Rates.of(h100)
+    shapes = [(256, 768, 512), (256, 512, 256), (256, 1024, 512), (256, 512, 1024)]
+
+    def gemms(rate):
+        return sum(float(gemm_seconds(m, n, k, rate, rates.sms)) for m, n, k in shapes)
+
+    cast = (2 + 1 + 1) * 256 * (512 + 256 + 512 + 1024) / h100.stream_bandwidth
+    w = build_workload(GPT)
+    fwd = {
+        p: float(stage_times(w, h100, Layouts.build(tp=2, micro_batch=1, fp8=p)).block_fwd[0])
+        for p in (True, False)
+    }
+    assert fwd[True] - fwd[False] == pytest.approx(gemms(rates.fp8) - gemms(rates.gemm) + cast)

@@ -12,7 +12,7 @@ HBM bandwidth. Each kernel class has its own rate:
   rest of the tile (tile quantization), and ceil(tiles / SMs) waves run where tiles / SMs
   would do (wave quantization). Small GEMMs (tensor-parallel slices, a MoE expert's ~1,000
   tokens) lose most there. FP8 (Transformer Engine) runs the blocks' linear layers at the
-  FP8 peak and rate, and pays a cast of each GEMM input (read 2 bytes, write 1).
+  FP8 peak and rate, and pays a cast of each GEMM input (FP8_CAST).
 - Attention core: the QK^T and AV FLOPs FlashAttention executes (causal: half of the s x s
   square; the model's FLOP count, Megatron's, keeps the whole square) at the GPU's
   FlashAttention rate; backward 2.5x forward (it recomputes the scores: 5 matmuls to 2,
@@ -48,7 +48,11 @@ FP32_GRAD_ADD = ACT + 2 * 4
 # (aten/src/ATen/native/cuda/Dropout.cu, dropout_cuda: mask of kBool), as Korthikanti et al.
 # 2022 count it (sbh bytes per dropout)
 MASK = 1
-FP8_CAST = 3  # bytes to cast a bf16 element to fp8: read 2, write 1
+# bytes to cast a bf16 GEMM input to fp8 for training: Transformer Engine's cast_transpose
+# reads the bf16 element (2) and writes the fp8 copy and its transpose (1 + 1), the transpose
+# being the wgrad GEMM's operand on Hopper (common/transpose/rtc/cast_transpose.cu at
+# 192ce32: output_c and output_t); Blackwell's MXFP8 writes rowwise and columnwise copies alike
+FP8_CAST = 2 + 1 + 1
 # HBM bytes a logit of Megatron's vocab-parallel cross-entropy (megatron/core/tensor_parallel/
 # cross_entropy.py at d98e8a64d, 2026-08, as megatron/mpu/cross_entropy.py in 2021; the
 # default, cross_entropy_loss_fusion off), each pass over the b s x v / tp logits: forward,
