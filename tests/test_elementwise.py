@@ -126,7 +126,8 @@ def test_the_cross_entropy_passes_by_hand():
     head = gemm_seconds(256, 500, 512, Rates.of(A100).gemm, 108)
     norm = 2 * 128 * 512 * ACT / HBM  # on the 128 tokens a rank holds under SP
     assert float(t.post_fwd[0]) == pytest.approx(norm + head + 38 * logits / HBM, rel=1e-9)
-    assert float(t.post_bwd[0]) == pytest.approx(2 * (norm + head) + 14 * logits / HBM, rel=1e-9)
+    norm_b = 5 * 128 * 512 * ACT / HBM
+    assert float(t.post_bwd[0]) == pytest.approx(norm_b + 2 * head + 14 * logits / HBM, rel=1e-9)
 
 
 def test_fp8_cast_writes_the_copy_and_its_transpose():
@@ -148,3 +149,18 @@ def test_fp8_cast_writes_the_copy_and_its_transpose():
         for p in (True, False)
     }
     assert fwd[True] - fwd[False] == pytest.approx(gemms(rates.fp8) - gemms(rates.gemm) + cast)
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_dropout_backward_reads_the_mask(sp):
+    """Backward, each dropout's gradient is dy x mask x scale (the autograd of Megatron's
+    bias_dropout_add): read dy (2 bytes) and the mask (1), write dx (2), h per held token,
+    twice a block: 2 x 512 x 5 x held bytes more than a block without dropout."""
+    held = 128 if sp else 256
+    L = Layouts.build(tp=2, micro_batch=1, sequence_parallel=sp)
+
+    def bwd(model):
+        return float(stage_times(build_workload(model), A100, L).block_bwd[0])
+
+    extra = 2 * 512 * (2 + 1 + 2) * held / HBM
+    assert bwd(GPT) - bwd(GPT.model_copy(update={"dropout": False})) == pytest.approx(extra)

@@ -19,7 +19,8 @@ HBM bandwidth. Each kernel class has its own rate:
   Dao 2023). Without FlashAttention: the full square as GEMMs, and the softmax, its mask
   and dropout over b x heads x s^2 elements through HBM.
 - Element-wise: bytes through HBM at what streaming kernels reach of its datasheet
-  bandwidth (catalog: hbm_efficiency); backward twice the forward.
+  bandwidth (catalog: hbm_efficiency), forward and backward counted kernel by kernel
+  (ELEMENTWISE).
 
 A model without blocks (a CNN, custom layers) runs its FLOPs at the GEMM rate.
 """
@@ -61,6 +62,33 @@ FP8_CAST = 2 + 1 + 1
 # multiply by the loss gradient in place (4 + 4), the cast's gradient to 16 bits (4 + 2): 14
 CROSS_ENTROPY_FORWARD = 2 + 4 + 4 + 8 + 8 + 4 + 8
 CROSS_ENTROPY_BACKWARD = 8 + 4 + 2
+# Element-wise kernels' HBM traffic in elements of a row they touch (x ACT bytes), forward and
+# backward, from the kernels' code:
+# - norm (LayerNorm or RMSNorm): forward reads x, writes y; backward, a kernel for dx (reads dy
+#   and x, writes dx) and one for the weight's partial sums that reads dy and x again (Apex
+#   csrc/layer_norm_cuda_kernel.cu cuComputeGradInput + cuComputePartGradGammaBeta, the
+#   Megatron 2021-22 rows; PyTorch's aten/src/ATen/native/cuda/layer_norm_kernel.cu has the
+#   same two passes, torchtitan's and MosaicML's rows). Transformer Engine's one-kernel
+#   backward (common/normalization ln_bwd) reads dy and x once (3): the NeMo / Megatron-Bridge
+#   rows' norms are 2 x 2 h x ACT bytes a token overcounted, < 1% of their step: one count
+# - residual add: forward reads both inputs, writes the sum; backward, autograd sums the two
+#   gradients of the stream where it forks into the branch (read 2, write 1); with dropout
+#   (Megatron's bias_dropout_add) the branch's gradient is dy x mask x scale: read dy and the
+#   mask (MASK bytes), write (DROPOUT_BACKWARD)
+# - GeLU (Megatron's bias_gelu, fused_bias_gelu.py bias_gelu_back): forward reads and writes
+#   f; backward reads dy and the input, writes dx
+# - SwiGLU (megatron/core/fusions/fused_bias_swiglu.py swiglu_back; TE's dswiglu alike):
+#   forward reads gate and up, writes f; backward reads dy, gate and up, writes dgate and dup
+# - rotary embedding of Q and K (TE / Apex fused RoPE, backward the same rotation of the
+#   gradient): read and write each, both ways
+ELEMENTWISE = {
+    "norm": (2, 5),
+    "residual": (3, 3),
+    "gelu": (2, 3),
+    "swiglu": (3, 5),
+    "rotary": (2, 2),
+}
+DROPOUT_BACKWARD = 2 * ACT + MASK  # bytes an element: read dy and the mask, write dx
 ATTENTION_BACKWARD = 2.5  # FlashAttention's backward / forward FLOPs (5 matmuls to 2)
 CAUSAL = 0.5  # the share of the s x s square causal FlashAttention computes
 # MoE (Megatron-core's all-to-all token dispatcher, transformer/moe/token_dispatcher.py): the
@@ -231,13 +259,13 @@ class _Block:
         mlp_f = (1 - moe_share) * dense_f + moe_share * moe_f
         cast = attn_cast + (1 - moe_share) * dense_cast + moe_share * moe_cast
         core_f, core_bytes = self._core(b, cp)
-        elementwise = self._elementwise(1 - moe_share) + moe_share * moe_bytes
-        gemm_f = attn_f + mlp_f
+        ew_f, ew_b = self._elementwise(1 - moe_share)
+        gemm_f, mem = attn_f + mlp_f, self.rates.memory
         # a permutation's backward is the inverse gather / scatter: the same bytes once
-        permute = moe_share * moved / self.rates.memory
-        fwd = gemm_f + core_f + (elementwise + core_bytes + cast) / self.rates.memory + permute
-        bwd = BACKWARD_FACTOR * (gemm_f + (elementwise + core_bytes + cast) / self.rates.memory)
-        bwd = bwd + ATTENTION_BACKWARD * core_f + permute
+        permute = moe_share * moved / mem
+        fwd = gemm_f + core_f + (ew_f + moe_share * moe_bytes + core_bytes + cast) / mem + permute
+        bwd = BACKWARD_FACTOR * (gemm_f + (moe_share * moe_bytes + core_bytes + cast) / mem)
+        bwd = bwd + ew_b / mem + ATTENTION_BACKWARD * core_f + permute
         return fwd, bwd, core_f
 
     def op_replay(self) -> np.ndarray:
@@ -250,7 +278,7 @@ class _Block:
         k = (t, c.kv_heads * c.head_width / tp, c.hidden, 1.0)
         o = (t, c.hidden, c.heads * c.head_width / tp, 1.0)
         seconds, cast = self._gemms([k, o, mlp])
-        return seconds + (self._elementwise(1.0) + cast) / self.rates.memory
+        return seconds + (self._elementwise(1.0)[0] + cast) / self.rates.memory
 
     def _rate(self) -> np.ndarray:
         return np.where(self.fp8, self.rates.fp8, self.rates.gemm)
@@ -328,34 +356,40 @@ class _Block:
         score_bytes = np.where(self.flash, 0.0, EAGER_SCORE_BYTES * squares)
         return np.where(self.flash, flash, eager), score_bytes
 
-    def _elementwise(self, dense_share: float) -> np.ndarray:
-        """HBM bytes of a block's element-wise forward: two norms (read and write h each)
-        and two residual adds (read 2 h, write h) on the tokens this GPU holds (sequence
+    def _elementwise(self, dense_share: float):
+        """HBM bytes of a block's element-wise (forward, backward), ELEMENTWISE kernel by
+        kernel: two norms and two residual adds on the tokens this GPU holds (sequence
         parallelism splits them over tp; without it every tp rank runs them on the whole
         sequence, Korthikanti et al. 2022 sec. 4.2.2), with dropout (the model's) the mask
         each residual add's fused bias-dropout writes (Megatron's bias_dropout_add, a mask of
-        h per token, twice), rotary embeddings of Q and K (read and write) and, in a dense
-        block (`dense_share` of them), the MLP's activation (gated: read 2 f, write f; else
-        read and write f, its bias fused) on its slice of the whole sequence."""
+        h per token, twice) and reads back; rotary embeddings of Q and K and, in a dense
+        block (`dense_share` of them), the MLP's activation on its slice of the whole
+        sequence."""
         c, t, tp = self.arch, self.tokens, self.tp
-        masks = 2 * c.hidden * MASK if c.has_dropout else 0
-        held = (2 * 2 + 2 * 3) * c.hidden * ACT + masks
-        activation = dense_share * (3 if c.gated_mlp else 2) * c.ffn_hidden * ACT
-        rotary = 0 if c.style.learned_positions else 2 * (c.heads + c.kv_heads) * c.head_width
-        return t / self.split * held + t * (activation + rotary * ACT) / tp
+        norm, residual = ELEMENTWISE["norm"], ELEMENTWISE["residual"]
+        act = ELEMENTWISE["swiglu" if c.gated_mlp else "gelu"]
+        rotary = 0 if c.style.learned_positions else (c.heads + c.kv_heads) * c.head_width
+        dropout = 2 * c.hidden if c.has_dropout else 0  # elements a token, both residuals
+        out = []
+        for way in (0, 1):
+            held = 2 * (norm[way] + residual[way]) * c.hidden * ACT
+            held += dropout * (MASK if way == 0 else DROPOUT_BACKWARD)
+            sliced = dense_share * act[way] * c.ffn_hidden + ELEMENTWISE["rotary"][way] * rotary
+            out.append(t / self.split * held + t * sliced * ACT / tp)
+        return out[0], out[1]
 
 
 def _ends(arch, rates: Rates, tokens, tp, split):
     """Forward and backward seconds of the layers before the blocks (the embedding: gather
-    b s rows of h) and after them (the final norm, the LM head's GEMM in BF16, the fp32
-    cross-entropy over the vocabulary slice, CROSS_ENTROPY_* bytes a logit); the embedding's
-    output and the norm on the tokens a tp rank holds (`split`:
-    tp with sequence parallelism, else 1)."""
+    b s rows of h) and after them (the final norm, ELEMENTWISE; the LM head's GEMM in BF16;
+    the fp32 cross-entropy over the vocabulary slice, CROSS_ENTROPY_* bytes a logit); the
+    embedding's output and the norm on the tokens a tp rank holds (`split`: tp with
+    sequence parallelism, else 1)."""
     h, v = arch.hidden, arch.vocab
     embed = 2 * tokens / split * h * ACT / rates.memory
     head = gemm_seconds(tokens, v / tp, h, rates.gemm, rates.sms)
     logits = tokens * v / tp / rates.memory
-    norm = 2 * tokens / split * h * ACT / rates.memory
-    post_fwd = norm + head + CROSS_ENTROPY_FORWARD * logits
-    post_bwd = BACKWARD_FACTOR * (norm + head) + CROSS_ENTROPY_BACKWARD * logits
+    norm_f, norm_b = (n * tokens / split * h * ACT / rates.memory for n in ELEMENTWISE["norm"])
+    post_fwd = norm_f + head + CROSS_ENTROPY_FORWARD * logits
+    post_bwd = norm_b + BACKWARD_FACTOR * head + CROSS_ENTROPY_BACKWARD * logits
     return embed, embed, post_fwd, post_bwd
