@@ -134,7 +134,8 @@ def test_fp8_cast_writes_the_copy_and_its_transpose():
     """An FP8 block's forward minus a BF16 one's, on an H100 (toy GPT, tp 2, 256 tokens):
     its four GEMMs at the FP8 rate instead of BF16's, plus each GEMM input cast by TE's
     cast_transpose, read 2 bytes, write 1 + 1 (FP8_CAST = 4): inputs of 512 (QKV, up), 256
-    (the output projection's q slice) and 1,024 (down) columns a token."""
+    (the output projection's q slice) and 1,024 (down) columns a token; backward, each
+    GEMM's output gradient cast the same way."""
     h100 = catalog.GPUS["h100"]
     rates = Rates.of(h100)
     shapes = [(256, 768, 512), (256, 512, 256), (256, 1024, 512), (256, 512, 1024)]
@@ -144,11 +145,14 @@ def test_fp8_cast_writes_the_copy_and_its_transpose():
 
     cast = (2 + 1 + 1) * 256 * (512 + 256 + 512 + 1024) / h100.stream_bandwidth
     w = build_workload(GPT)
-    fwd = {
-        p: float(stage_times(w, h100, Layouts.build(tp=2, micro_batch=1, fp8=p)).block_fwd[0])
-        for p in (True, False)
-    }
+    t = {p: stage_times(w, h100, Layouts.build(tp=2, micro_batch=1, fp8=p)) for p in (True, False)}
+    fwd = {p: float(t[p].block_fwd[0]) for p in t}
     assert fwd[True] - fwd[False] == pytest.approx(gemms(rates.fp8) - gemms(rates.gemm) + cast)
+    # backward: dgrad and wgrad GEMMs (twice the forward's) and each GEMM's output gradient
+    # cast with its transpose: 768, 512, 1,024 and 512 columns a token
+    grad_cast = (2 + 1 + 1) * 256 * (768 + 512 + 1024 + 512) / h100.stream_bandwidth
+    bwd = float(t[True].block_bwd[0] - t[False].block_bwd[0])
+    assert bwd == pytest.approx(2 * (gemms(rates.fp8) - gemms(rates.gemm)) + grad_cast)
 
 
 @pytest.mark.parametrize("sp", [True, False])

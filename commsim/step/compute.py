@@ -12,7 +12,8 @@ HBM bandwidth. Each kernel class has its own rate:
   rest of the tile (tile quantization), and ceil(tiles / SMs) waves run where tiles / SMs
   would do (wave quantization). Small GEMMs (tensor-parallel slices, a MoE expert's ~1,000
   tokens) lose most there. FP8 (Transformer Engine) runs the blocks' linear layers at the
-  FP8 peak and rate, and pays a cast of each GEMM input (FP8_CAST).
+  FP8 peak and rate, and pays a cast of each GEMM input forward and of each output's
+  gradient backward (FP8_CAST).
 - Attention core: the QK^T and AV FLOPs FlashAttention executes (causal: half of the s x s
   square; the model's FLOP count, Megatron's, keeps the whole square) at the GPU's
   FlashAttention rate; backward 2.5x forward (it recomputes the scores: 5 matmuls to 2,
@@ -69,8 +70,8 @@ CROSS_ENTROPY_BACKWARD = 8 + 4 + 2
 #   csrc/layer_norm_cuda_kernel.cu cuComputeGradInput + cuComputePartGradGammaBeta, the
 #   Megatron 2021-22 rows; PyTorch's aten/src/ATen/native/cuda/layer_norm_kernel.cu has the
 #   same two passes, torchtitan's and MosaicML's rows). Transformer Engine's one-kernel
-#   backward (common/normalization ln_bwd) reads dy and x once (3): the NeMo / Megatron-Bridge
-#   rows' norms are 2 x 2 h x ACT bytes a token overcounted, < 1% of their step: one count
+#   backward (common/normalization ln_bwd) reads dy and x once (3): counted 5 there too, it
+#   puts the NeMo / Megatron-Bridge rows of the published-runs table 0.1-1.0 points slower
 # - residual add: forward reads both inputs, writes the sum; backward, autograd sums the two
 #   gradients of the stream where it forks into the branch (read 2, write 1); with dropout
 #   (Megatron's bias_dropout_add) the branch's gradient is dy x mask x scale: read dy and the
@@ -253,19 +254,21 @@ class _Block:
         """(forward, backward, attention core forward) seconds of the mean block."""
         c = self.arch
         moe_share = (c.layers - c.dense_layers) / c.layers if c.experts > 1 else 0.0
-        attn_f, attn_cast = self._gemms(self._attention_gemms())
-        dense_f, dense_cast = self._gemms(self._mlp_gemms(c.ffn_hidden, 1.0, 1.0))
+        attn, dense = self._attention_gemms(), self._mlp_gemms(c.ffn_hidden, 1.0, 1.0)
+        (attn_f, attn_cast), (dense_f, dense_cast) = self._gemms(attn), self._gemms(dense)
         moe_f, moe_cast, moe_bytes, moved = self._moe() if moe_share else (0.0,) * 4
         mlp_f = (1 - moe_share) * dense_f + moe_share * moe_f
         cast = attn_cast + (1 - moe_share) * dense_cast + moe_share * moe_cast
+        grad_cast = self._grad_casts(attn) + (1 - moe_share) * self._grad_casts(dense)
+        grad_cast = grad_cast + moe_share * BACKWARD_FACTOR * moe_cast  # the experts': 2x
         core_f, core_bytes = self._core(b, cp)
         ew_f, ew_b = self._elementwise(1 - moe_share)
         gemm_f, mem = attn_f + mlp_f, self.rates.memory
         # a permutation's backward is the inverse gather / scatter: the same bytes once
         permute = moe_share * moved / mem
         fwd = gemm_f + core_f + (ew_f + moe_share * moe_bytes + core_bytes + cast) / mem + permute
-        bwd = BACKWARD_FACTOR * (gemm_f + (moe_share * moe_bytes + core_bytes + cast) / mem)
-        bwd = bwd + ew_b / mem + ATTENTION_BACKWARD * core_f + permute
+        bwd = BACKWARD_FACTOR * (gemm_f + (moe_share * moe_bytes + core_bytes) / mem)
+        bwd = bwd + (ew_b + grad_cast) / mem + ATTENTION_BACKWARD * core_f + permute
         return fwd, bwd, core_f
 
     def op_replay(self) -> np.ndarray:
@@ -292,6 +295,12 @@ class _Block:
             seconds = seconds + gemm_seconds(m, n, k, rate, sms, count, concurrent)
             cast = cast + np.where(self.fp8, FP8_CAST * m * k * count, 0.0)
         return seconds, cast
+
+    def _grad_casts(self, shapes):
+        """FP8 cast bytes of the backward of (m, n, k, count) GEMMs: each output's gradient
+        (m x n) cast with its transpose (FP8_CAST), the dgrad and wgrad GEMMs' operands; the
+        forward's casts of the inputs are kept for the backward."""
+        return sum(np.where(self.fp8, FP8_CAST * m * n * count, 0.0) for m, n, _, count in shapes)
 
     def _attention_gemms(self):
         """Attention's projections: fused QKV and the output (or MLA's latents)."""
