@@ -168,3 +168,22 @@ def test_dropout_backward_reads_the_mask(sp):
 
     extra = 2 * 512 * (2 + 1 + 2) * held / HBM
     assert bwd(GPT) - bwd(GPT.model_copy(update={"dropout": False})) == pytest.approx(extra)
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_a_one_pass_norm_backward_reads_dy_and_x_once(sp):
+    """Transformer Engine's norm backward (one kernel: read dy and x, write dx: 3 values a
+    row) against Apex's and PyTorch's two passes (5): 2 values of h fewer a held token for
+    each of a block's two norms and for the final norm, nothing else changes."""
+    held = 128 if sp else 256
+    w = build_workload(GPT)
+
+    def times(norm_backward):
+        L = Layouts.build(tp=2, micro_batch=1, sequence_parallel=sp, norm_backward=norm_backward)
+        return stage_times(w, A100, L)
+
+    two, one = times(0), times(1)
+    fewer = held * 2 * 512 * ACT / HBM  # (5 - 3) h values of ACT bytes a norm
+    assert float(two.block_bwd[0] - one.block_bwd[0]) == pytest.approx(2 * fewer)
+    assert float(two.post_bwd[0] - one.post_bwd[0]) == pytest.approx(fewer)
+    assert float(two.block_fwd[0]) == float(one.block_fwd[0])

@@ -95,11 +95,13 @@ def _setup(model=TOY, gpus=32, **strategy):
 
 
 def test_predict_and_the_search_agree_without_sequence_parallelism():
-    """... and with autograd's gradient accumulation (the other field of a 2021 stack)."""
-    setup = _setup(sequence_parallel=False, grad_accumulation="autograd")
+    """... and with the stack's other fields: autograd's gradient accumulation (a 2021
+    stack's), a one-pass norm backward (Transformer Engine's), each searched as given."""
+    setup = _setup(sequence_parallel=False, grad_accumulation="autograd", norm_backward="one-pass")
     layouts = enumerate_layouts(setup)
     assert not layouts.sequence_parallel.any()
     assert (layouts.grad_accumulation == 1).all()  # autograd
+    assert (layouts.norm_backward == 1).all()  # one-pass
     assert not layouts.tp_overlap.any()  # Megatron overlaps TP comm only under SP
     found = search(step_model(setup), layouts)
     rank = {int(i): k for k, i in enumerate(found.fitting)}
@@ -108,6 +110,7 @@ def test_predict_and_the_search_agree_without_sequence_parallelism():
     for i in picks:
         strategy = layouts.strategy(int(i), setup.scenario.strategy)
         assert (strategy.sequence_parallel, strategy.grad_accumulation) == (False, "autograd")
+        assert strategy.norm_backward == "one-pass"
         sc = setup.scenario.model_copy(update={"micro_batch": int(layouts.micro_batch[i])})
         variant = type(setup)(sc, setup.source, setup.cluster, setup.gpu, setup.workload)
         got = predict(variant, strategy)

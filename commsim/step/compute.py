@@ -70,8 +70,8 @@ CROSS_ENTROPY_BACKWARD = 8 + 4 + 2
 #   csrc/layer_norm_cuda_kernel.cu cuComputeGradInput + cuComputePartGradGammaBeta, the
 #   Megatron 2021-22 rows; PyTorch's aten/src/ATen/native/cuda/layer_norm_kernel.cu has the
 #   same two passes, torchtitan's and MosaicML's rows). Transformer Engine's one-kernel
-#   backward (common/normalization ln_bwd) reads dy and x once (3): counted 5 there too, it
-#   puts the NeMo / Megatron-Bridge rows of the published-runs table 0.1-1.0 points slower
+#   backward (common/normalization ln_bwd) reads dy and x once (NORM_ONE_PASS_BACKWARD):
+#   Strategy.norm_backward picks which
 # - residual add: forward reads both inputs, writes the sum; backward, autograd sums the two
 #   gradients of the stream where it forks into the branch (read 2, write 1); with dropout
 #   (Megatron's bias_dropout_add) the branch's gradient is dy x mask x scale: read dy and the
@@ -89,6 +89,7 @@ ELEMENTWISE = {
     "swiglu": (3, 5),
     "rotary": (2, 2),
 }
+NORM_ONE_PASS_BACKWARD = 3
 DROPOUT_BACKWARD = 2 * ACT + MASK  # bytes an element: read dy and the mask, write dx
 ATTENTION_BACKWARD = 2.5  # FlashAttention's backward / forward FLOPs (5 matmuls to 2)
 CAUSAL = 0.5  # the share of the s x s square causal FlashAttention computes
@@ -194,9 +195,11 @@ def stage_times(workload: Workload, gpu: GPUSpec, L) -> StageTimes:
     tokens = b * workload.seq_len / cp  # a GEMM's rows: the whole sequence (SP gathers it)
     ep, etp = L.ep.astype(float), L.expert_tp.astype(float)
     split = np.where(L.sequence_parallel, tp, 1.0)  # ranks sharing the element-wise work
-    block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split)
+    # a norm's backward, in values a row: two passes or Transformer Engine's one
+    norm_b = np.where(L.norm_backward == 1, NORM_ONE_PASS_BACKWARD, ELEMENTWISE["norm"][1])
+    block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split, norm_b)
     fwd, bwd, core = block.times(b, cp)
-    pre_fwd, pre_bwd, post_fwd, post_bwd = _ends(arch, rates, tokens, tp, split)
+    pre_fwd, pre_bwd, post_fwd, post_bwd = _ends(arch, rates, tokens, tp, split, norm_b)
     bwd, pre_bwd, post_bwd = bwd + adds.block, pre_bwd + adds.pre, post_bwd + adds.post
     return StageTimes(fwd, bwd, core, block.op_replay(), pre_fwd, pre_bwd, post_fwd, post_bwd)
 
@@ -249,6 +252,8 @@ class _Block:
     flash: np.ndarray
     workload: Workload
     split: np.ndarray  # tp ranks the norms and residual adds split over: tp with SP, else 1
+    # a norm's backward HBM values a row (Strategy.norm_backward; two passes by default)
+    norm_b: np.ndarray | int = ELEMENTWISE["norm"][1]
 
     def times(self, b, cp):
         """(forward, backward, attention core forward) seconds of the mean block."""
@@ -375,7 +380,7 @@ class _Block:
         block (`dense_share` of them), the MLP's activation on its slice of the whole
         sequence."""
         c, t, tp = self.arch, self.tokens, self.tp
-        norm, residual = ELEMENTWISE["norm"], ELEMENTWISE["residual"]
+        norm, residual = (ELEMENTWISE["norm"][0], self.norm_b), ELEMENTWISE["residual"]
         act = ELEMENTWISE["swiglu" if c.gated_mlp else "gelu"]
         rotary = 0 if c.style.learned_positions else (c.heads + c.kv_heads) * c.head_width
         dropout = 2 * c.hidden if c.has_dropout else 0  # elements a token, both residuals
@@ -388,17 +393,18 @@ class _Block:
         return out[0], out[1]
 
 
-def _ends(arch, rates: Rates, tokens, tp, split):
+def _ends(arch, rates: Rates, tokens, tp, split, norm_b):
     """Forward and backward seconds of the layers before the blocks (the embedding: gather
-    b s rows of h) and after them (the final norm, ELEMENTWISE; the LM head's GEMM in BF16;
-    the fp32 cross-entropy over the vocabulary slice, CROSS_ENTROPY_* bytes a logit); the
-    embedding's output and the norm on the tokens a tp rank holds (`split`: tp with
-    sequence parallelism, else 1)."""
+    b s rows of h) and after them (the final norm, ELEMENTWISE, its backward `norm_b`
+    values a row; the LM head's GEMM in BF16; the fp32 cross-entropy over the vocabulary
+    slice, CROSS_ENTROPY_* bytes a logit); the embedding's output and the norm on the
+    tokens a tp rank holds (`split`: tp with sequence parallelism, else 1)."""
     h, v = arch.hidden, arch.vocab
     embed = 2 * tokens / split * h * ACT / rates.memory
     head = gemm_seconds(tokens, v / tp, h, rates.gemm, rates.sms)
     logits = tokens * v / tp / rates.memory
-    norm_f, norm_b = (n * tokens / split * h * ACT / rates.memory for n in ELEMENTWISE["norm"])
+    norm = (ELEMENTWISE["norm"][0], norm_b)
+    norm_f, norm_b = (n * tokens / split * h * ACT / rates.memory for n in norm)
     post_fwd = norm_f + head + CROSS_ENTROPY_FORWARD * logits
     post_bwd = norm_b + BACKWARD_FACTOR * head + CROSS_ENTROPY_BACKWARD * logits
     return embed, embed, post_fwd, post_bwd
