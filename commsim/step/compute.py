@@ -67,18 +67,19 @@ CROSS_ENTROPY_BACKWARD = 8 + 4 + 2
 # backward, from the kernels' code:
 # - norm (LayerNorm or RMSNorm): forward reads x, writes y; backward, a kernel for dx (reads dy
 #   and x, writes dx) and one for the weight's partial sums that reads dy and x again (Apex
-#   csrc/layer_norm_cuda_kernel.cu cuComputeGradInput + cuComputePartGradGammaBeta, the
-#   Megatron 2021-22 rows; PyTorch's aten/src/ATen/native/cuda/layer_norm_kernel.cu has the
-#   same two passes, torchtitan's and MosaicML's rows). Transformer Engine's one-kernel
-#   backward (common/normalization ln_bwd) reads dy and x once (NORM_ONE_PASS_BACKWARD):
+#   csrc/layer_norm_cuda_kernel.cu at 4b0ee25, cuComputeGradInput + cuComputePartGradGammaBeta:
+#   the Megatron 2021-22 rows; PyTorch 2.x aten/src/ATen/native/cuda/layer_norm_kernel.cu has
+#   the same two passes: torchtitan's and MosaicML's rows). Transformer Engine's
+#   ln_bwd_tuned_kernel (common/normalization/layernorm/ln_bwd_kernels.cuh at 40a3423) loads
+#   dy and x once, stores dx and per-CTA partials (NORM_ONE_PASS_BACKWARD):
 #   Strategy.norm_backward picks which
 # - residual add: forward reads both inputs, writes the sum; backward, autograd sums the two
 #   gradients of the stream where it forks into the branch (read 2, write 1); with dropout
 #   (Megatron's bias_dropout_add) the branch's gradient is dy x mask x scale: read dy and the
 #   mask (MASK bytes), write (DROPOUT_BACKWARD)
-# - GeLU (Megatron's bias_gelu, fused_bias_gelu.py bias_gelu_back): forward reads and writes
-#   f; backward reads dy and the input, writes dx
-# - SwiGLU (megatron/core/fusions/fused_bias_swiglu.py swiglu_back; TE's dswiglu alike):
+# - GeLU (Megatron's bias_gelu, megatron/model/fused_bias_gelu.py at 6fd0b40 bias_gelu_back):
+#   forward reads and writes f; backward reads dy and the input, writes dx
+# - SwiGLU (megatron/core/fusions/fused_bias_swiglu.py at b1030e9 swiglu_back; TE's dswiglu):
 #   forward reads gate and up, writes f; backward reads dy, gate and up, writes dgate and dup
 # - rotary embedding of Q and K (TE / Apex fused RoPE, backward the same rotation of the
 #   gradient): read and write each, both ways
