@@ -11,6 +11,8 @@ What it reads (DeepSpeed's names, defaults from deepspeed/runtime/zero/config.py
                                         step (stage_1_and_2.py): overlap_param_gather false
   communication_data_type, else fp16.enabled / bf16.enabled
                                      -> grad_dtype (fp32 when neither is enabled)
+  bf16.enabled with ZeRO 0, or ZeRO 1 and data_types.grad_accum_dtype fp32
+                                     -> grad_accumulation: fp32 (DeepSpeed's BF16_Optimizer)
   train_micro_batch_size_per_gpu     -> micro_batch
   train_batch_size                   -> global_batch
   gradient_accumulation_steps        -> checked: train_batch_size = micro x steps x dp
@@ -102,6 +104,8 @@ def read_deepspeed(path: str | Path) -> DeepSpeedSettings:
     dtype = _grad_dtype(config, source, notes)
     if dtype is not None:
         strategy["grad_dtype"] = dtype
+    if _bf16_optimizer(config, stage, source):
+        strategy["grad_accumulation"] = "fp32"
     overlap = zero.get("overlap_comm", stage == 3)
     if not isinstance(overlap, bool):
         field = "zero_optimization.overlap_comm"
@@ -187,6 +191,25 @@ def _enabled(config: dict[str, Any], key: str, source: str, notes: list[str]) ->
     if not isinstance(value, bool):
         raise SpecError(source, f"{key}.enabled", f"expected true or false, got {value!r}")
     return value
+
+
+def _bf16_optimizer(config: dict[str, Any], stage: int, source: str) -> bool:
+    """Whether DeepSpeed runs its BF16_Optimizer, which adds each micro-batch's bf16
+    gradients into fp32 ones (runtime/bf16_optimizer.py: hp_grad.add_ of the lp grad): bf16
+    training whose gradients accumulate in fp32, by default without ZeRO (engine.py
+    get_data_types: grad_accum_dtype fp32 for bf16 when ZeRO is off, else the model's dtype),
+    and with ZeRO 1 where data_types.grad_accum_dtype says fp32 (_do_optimizer_sanity_check
+    returns BFLOAT16 for bf16, fp32 accumulation, stage 1, no offload); DeepSpeed 0.9-0.16."""
+    section = config.get("data_types", {})
+    if not isinstance(section, dict):
+        raise SpecError(source, "data_types", "expected an object")
+    value = section.get("grad_accum_dtype")
+    if value is not None and value not in DTYPE_NAMES:
+        raise SpecError(source, "data_types.grad_accum_dtype", f"{value!r}: fp32, fp16 or bf16")
+    if _enabled(config, "bf16", source, []) is not True or stage > 1:
+        return False
+    accumulate = DTYPE_NAMES[value] if value is not None else "fp32" if stage == 0 else "bf16"
+    return accumulate == "fp32"
 
 
 def _grad_dtype(config: dict[str, Any], source: str, notes: list[str]) -> str | None:

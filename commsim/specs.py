@@ -272,6 +272,8 @@ RankOrder = Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"]
 Zero3Issue = Literal["unit", "parameter"]
 # how a step's micro-batches accumulate weight gradients (Strategy.grad_accumulation)
 GradAccumulation = Literal["fused", "autograd", "fp32"]
+# how the norms' backward runs (Strategy.norm_backward, step.compute.ELEMENTWISE)
+NormBackward = Literal["two-pass", "one-pass"]
 
 
 class Strategy(Spec):
@@ -321,6 +323,9 @@ class Strategy(Spec):
     # (Megatron --gradient-accumulation-fusion, 2022-02), autograd's 16-bit .grad += (2021) or
     # an fp32 buffer += (Megatron's fp32 main_grad, DeepSpeed's bf16 optimizer)
     grad_accumulation: GradAccumulation = "fused"
+    # the norms' backward: dx and the weight's gradient each reading dy and x (Apex, PyTorch)
+    # or one kernel reading them once (Transformer Engine: Megatron-core, NeMo)
+    norm_backward: NormBackward = "two-pass"
     tp_overlap: bool = False  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
     # the expert all-to-alls run under another micro-batch's compute (Megatron-core's
     # --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)

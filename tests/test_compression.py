@@ -305,7 +305,7 @@ def test_sparse_all_gather_costs_more_than_fp16_at_scale(nvswitch_node):
 
 
 H100 = gpu("h100")
-BW, TF32 = 3350e9, 989e12 / 2
+BW, TF32 = 2970e9, 989e12 / 2  # BabelStream Triad on H100 (catalog), TF32 = half BF16
 N = 2**20
 
 

@@ -66,6 +66,40 @@ def test_deepspeeds_defaults(tmp_path, config, expected):
     assert {k: strategy[k] for k in expected} == expected
 
 
+@pytest.mark.parametrize(
+    ("config", "fp32"),
+    [
+        ({"bf16": {"enabled": True}}, True),  # no ZeRO: grad_accum_dtype defaults to fp32
+        ({"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}, False),  # bf16 default
+        (
+            {
+                "bf16": {"enabled": True},
+                "zero_optimization": {"stage": 1},
+                "data_types": {"grad_accum_dtype": "fp32"},
+            },
+            True,
+        ),
+        (
+            {
+                "bf16": {"enabled": True},
+                "zero_optimization": {"stage": 2},
+                "data_types": {"grad_accum_dtype": "fp32"},
+            },
+            False,  # ZeRO 2 runs DeepSpeedZeroOptimizer, not the bf16 optimizer
+        ),
+        ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "bf16"}}, False),
+        ({"fp16": {"enabled": True}}, False),
+        ({}, False),
+    ],
+)
+def test_deepspeeds_bf16_optimizer_accumulates_in_fp32(tmp_path, config, fp32):
+    """DeepSpeed's BF16_Optimizer (bf16, fp32 gradient accumulation, ZeRO 0 or 1) adds each
+    micro-batch's gradients into fp32 ones: grad_accumulation fp32; otherwise the field is
+    left to the scenario."""
+    strategy = read_deepspeed(_write(tmp_path, config)).strategy
+    assert strategy.get("grad_accumulation") == ("fp32" if fp32 else None)
+
+
 def test_bucket_elements_follow_the_gradient_dtype(tmp_path):
     config = {"zero_optimization": {"stage": 1, "reduce_bucket_size": 2e8}}
     fp32 = read_deepspeed(_write(tmp_path, config)).strategy["bucket_mb"]
@@ -120,6 +154,8 @@ def test_offload_to_none_is_no_offload(tmp_path):
         ({"communication_data_type": "int8"}, "communication_data_type"),
         ({"train_batch_size": 0}, "train_batch_size"),
         ({"train_batch_size": 2.5}, "train_batch_size"),
+        ({"data_types": {"grad_accum_dtype": "int8"}}, "data_types.grad_accum_dtype"),
+        ({"data_types": []}, "data_types"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path, config, field):

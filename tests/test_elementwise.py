@@ -126,4 +126,64 @@ def test_the_cross_entropy_passes_by_hand():
     head = gemm_seconds(256, 500, 512, Rates.of(A100).gemm, 108)
     norm = 2 * 128 * 512 * ACT / HBM  # on the 128 tokens a rank holds under SP
     assert float(t.post_fwd[0]) == pytest.approx(norm + head + 38 * logits / HBM, rel=1e-9)
-    assert float(t.post_bwd[0]) == pytest.approx(2 * (norm + head) + 14 * logits / HBM, rel=1e-9)
+    norm_b = 5 * 128 * 512 * ACT / HBM
+    assert float(t.post_bwd[0]) == pytest.approx(norm_b + 2 * head + 14 * logits / HBM, rel=1e-9)
+
+
+def test_fp8_cast_writes_the_copy_and_its_transpose():
+    """An FP8 block's forward minus a BF16 one's, on an H100 (toy GPT, tp 2, 256 tokens):
+    its four GEMMs at the FP8 rate instead of BF16's, plus each GEMM input cast by TE's
+    cast_transpose, read 2 bytes, write 1 + 1 (FP8_CAST = 4): inputs of 512 (QKV, up), 256
+    (the output projection's q slice) and 1,024 (down) columns a token; backward, each
+    GEMM's output gradient cast the same way."""
+    h100 = catalog.GPUS["h100"]
+    rates = Rates.of(h100)
+    shapes = [(256, 768, 512), (256, 512, 256), (256, 1024, 512), (256, 512, 1024)]
+
+    def gemms(rate):
+        return sum(float(gemm_seconds(m, n, k, rate, rates.sms)) for m, n, k in shapes)
+
+    cast = (2 + 1 + 1) * 256 * (512 + 256 + 512 + 1024) / h100.stream_bandwidth
+    w = build_workload(GPT)
+    t = {p: stage_times(w, h100, Layouts.build(tp=2, micro_batch=1, fp8=p)) for p in (True, False)}
+    fwd = {p: float(t[p].block_fwd[0]) for p in t}
+    assert fwd[True] - fwd[False] == pytest.approx(gemms(rates.fp8) - gemms(rates.gemm) + cast)
+    # backward: dgrad and wgrad GEMMs (twice the forward's) and each GEMM's output gradient
+    # cast with its transpose: 768, 512, 1,024 and 512 columns a token
+    grad_cast = (2 + 1 + 1) * 256 * (768 + 512 + 1024 + 512) / h100.stream_bandwidth
+    bwd = float(t[True].block_bwd[0] - t[False].block_bwd[0])
+    assert bwd == pytest.approx(2 * (gemms(rates.fp8) - gemms(rates.gemm)) + grad_cast)
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_dropout_backward_reads_the_mask(sp):
+    """Backward, each dropout's gradient is dy x mask x scale (the autograd of Megatron's
+    bias_dropout_add): read dy (2 bytes) and the mask (1), write dx (2), h per held token,
+    twice a block: 2 x 512 x 5 x held bytes more than a block without dropout."""
+    held = 128 if sp else 256
+    L = Layouts.build(tp=2, micro_batch=1, sequence_parallel=sp)
+
+    def bwd(model):
+        return float(stage_times(build_workload(model), A100, L).block_bwd[0])
+
+    extra = 2 * 512 * (2 + 1 + 2) * held / HBM
+    assert bwd(GPT) - bwd(GPT.model_copy(update={"dropout": False})) == pytest.approx(extra)
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_a_one_pass_norm_backward_reads_dy_and_x_once(sp):
+    """Transformer Engine's norm backward (one kernel: read dy and x, write dx: 3 values a
+    row) against Apex's and PyTorch's two passes (5): 2 values of h fewer a held token for
+    each of a block's two norms and for the final norm, nothing else changes."""
+    held = 128 if sp else 256
+    w = build_workload(GPT)
+
+    def times(norm_backward):
+        L = Layouts.build(tp=2, micro_batch=1, sequence_parallel=sp, norm_backward=norm_backward)
+        return stage_times(w, A100, L)
+
+    two, one = times(0), times(1)
+    fewer = held * 2 * 512 * ACT / HBM  # (5 - 3) h values of ACT bytes a norm
+    assert float(two.block_bwd[0] - one.block_bwd[0]) == pytest.approx(2 * fewer)
+    assert float(two.post_bwd[0] - one.post_bwd[0]) == pytest.approx(fewer)
+    assert float(two.block_fwd[0]) == float(one.block_fwd[0])

@@ -53,8 +53,11 @@ def test_one_slow_rank_in_1024_way_data_parallel(dp1024):
     fwd_bwd = p.parts["forward_s"] + p.parts["backward_s"]
     assert step == pytest.approx(p.step_time_s + 0.2 * fwd_bwd, abs=p.parts["exposed_comm_s"])
     rows = {r.name: r for r in slow_rank(setup, p, 1.2, duration_s=3600)}
-    assert 1 - rows["wait"].throughput == pytest.approx(0.16, abs=0.01)  # 1 - 1/1.185
-    assert step / p.step_time_s == pytest.approx(1.185, abs=0.01)  # about 20% slower
+    # about 20% slower: all but the optimizer's share (HBM-bound, ~13% of the step) grows
+    by_hand = 1 + 0.2 * fwd_bwd / p.step_time_s
+    assert 1.15 < by_hand < 1.2
+    assert 1 - rows["wait"].throughput == pytest.approx(1 - 1 / by_hand, abs=0.01)
+    assert step / p.step_time_s == pytest.approx(by_hand, abs=0.01)
     assert rows["drop"].throughput == pytest.approx(1023 / 1024)
     slow = step / p.step_time_s
     assert rows["rebalance"].throughput == pytest.approx((1023 + 1 / slow) / 1024)

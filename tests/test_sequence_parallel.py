@@ -38,15 +38,20 @@ def test_without_sp_each_rank_runs_the_norms_and_residuals_on_the_whole_sequence
     """By hand: b s = 2 x 256 = 512 tokens; a block's norms (read + write h, twice) and
     residual adds (read 2 h + write h, twice) move 10 h bf16 values per token and their
     dropouts 2 h 1-byte masks, so without SP a tp rank moves 512 (1 - 1 / tp) x (10 x 512 x 2
-    + 2 x 512) bytes more forward, twice that backward;
+    + 2 x 512) bytes more forward; backward, each norm 5 h values (dx and the weight's
+    gradient each read dy and x), each residual fork's gradient sum 3 h, each dropout's
+    backward reads dy and the mask and writes dx (2 + 1 + 2 bytes of h);
     the final norm (read + write h) and the embedding's output (write + read h) 4 h values
-    per token more; nothing else changes."""
+    per token more forward; nothing else changes."""
     on, off = _times(tp, True), _times(tp, False)
     extra_tokens = 512 * (1 - 1 / tp)
     block = extra_tokens * (10 * 512 * ACT + 2 * 512 * MASK) / HBM
+    block_b = extra_tokens * (2 * (5 + 3) * 512 * ACT + 2 * 512 * (2 * ACT + MASK)) / HBM
     end = extra_tokens * 2 * 512 * ACT / HBM
     assert float(off.block_fwd[0] - on.block_fwd[0]) == pytest.approx(block, rel=1e-12)
-    assert float(off.block_bwd[0] - on.block_bwd[0]) == pytest.approx(2 * block, rel=1e-12)
+    assert float(off.block_bwd[0] - on.block_bwd[0]) == pytest.approx(block_b, rel=1e-12)
+    norm_b = extra_tokens * 5 * 512 * ACT / HBM
+    assert float(off.post_bwd[0] - on.post_bwd[0]) == pytest.approx(norm_b, rel=1e-12)
     assert float(off.op_replay[0] - on.op_replay[0]) == pytest.approx(block, rel=1e-12)
     assert float(off.pre_fwd[0] - on.pre_fwd[0]) == pytest.approx(end, rel=1e-12)
     assert float(off.post_fwd[0] - on.post_fwd[0]) == pytest.approx(end, rel=1e-12)
@@ -90,11 +95,13 @@ def _setup(model=TOY, gpus=32, **strategy):
 
 
 def test_predict_and_the_search_agree_without_sequence_parallelism():
-    """... and with autograd's gradient accumulation (the other field of a 2021 stack)."""
-    setup = _setup(sequence_parallel=False, grad_accumulation="autograd")
+    """... and with the stack's other fields: autograd's gradient accumulation (a 2021
+    stack's), a one-pass norm backward (Transformer Engine's), each searched as given."""
+    setup = _setup(sequence_parallel=False, grad_accumulation="autograd", norm_backward="one-pass")
     layouts = enumerate_layouts(setup)
     assert not layouts.sequence_parallel.any()
     assert (layouts.grad_accumulation == 1).all()  # autograd
+    assert (layouts.norm_backward == 1).all()  # one-pass
     assert not layouts.tp_overlap.any()  # Megatron overlaps TP comm only under SP
     found = search(step_model(setup), layouts)
     rank = {int(i): k for k, i in enumerate(found.fitting)}
@@ -103,6 +110,7 @@ def test_predict_and_the_search_agree_without_sequence_parallelism():
     for i in picks:
         strategy = layouts.strategy(int(i), setup.scenario.strategy)
         assert (strategy.sequence_parallel, strategy.grad_accumulation) == (False, "autograd")
+        assert strategy.norm_backward == "one-pass"
         sc = setup.scenario.model_copy(update={"micro_batch": int(layouts.micro_batch[i])})
         variant = type(setup)(sc, setup.source, setup.cluster, setup.gpu, setup.workload)
         got = predict(variant, strategy)

@@ -289,8 +289,9 @@ def test_simulate_step_gpt2_xl():
     w, a100 = build_workload("gpt2-xl"), gpu("a100")
     free = simulate_step(w, a100, Strategy(), zero_cost, efficiency=0.5)
     forward, backward = layer_times(w, a100, 0.5, 1)
-    # fp32 grads: 30 bytes per parameter at the A100's BabelStream Triad, 1.70 TB/s
-    optimizer = w.params * 30 / 1.70e12
+    # fp32 grads: 50 bytes per parameter (norm 4, clip 8, Adam 28, copy back 6, zeroing 4)
+    # at the A100's BabelStream Triad, 1.70 TB/s
+    optimizer = w.params * 50 / 1.70e12
     assert free.optimizer_s == pytest.approx(optimizer) == adam_step_time(w.params, a100)
     assert free.step_time_s == pytest.approx(forward.sum() + backward.sum() + optimizer)
     assert free.exposed_comm_s == pytest.approx(0.0, abs=1e-12)
@@ -308,3 +309,23 @@ def test_simulate_step_gpt2_xl():
     assert sum(b.bytes for b in bf16.buckets) == 2 * w.params
     assert bf16.comm_s == pytest.approx(2 * w.params / 1e11)
     assert bf16.exposed_comm_s == pytest.approx(bf16.comm_s)
+
+
+def test_adam_step_bytes_pass_by_pass():
+    """The optimizer step's HBM bytes a parameter, kernel by kernel as Megatron-core runs it
+    (each pass: the tensors it reads and writes, by their bytes an element): 50 with fp32
+    main gradients, 54 with a 16-bit gradient buffer (its cast to fp32 comes first)."""
+    fp32, half = 4, 2
+    passes = {
+        "grad norm": ((fp32,), ()),
+        "clip": ((fp32,), (fp32,)),
+        "adam": ((fp32, fp32, fp32, fp32), (fp32, fp32, fp32)),  # g, p, m, v -> p, m, v
+        "copy to 16-bit params": ((fp32,), (half,)),
+    }
+    body = sum(sum(r) + sum(w) for r, w in passes.values())
+    h100 = gpu("h100")
+    for grad, cast in ((fp32, 0), (half, half + fp32)):
+        want = 1e9 * (body + grad + cast) / h100.stream_bandwidth  # + zeroing the buffer
+        assert adam_step_time(1e9, h100, grad) == pytest.approx(want)
+    assert adam_step_time(1e9, h100, 4) == pytest.approx(1e9 * 50 / 2.97e12)
+    assert adam_step_time(1e9, h100, 2) == pytest.approx(1e9 * 54 / 2.97e12)

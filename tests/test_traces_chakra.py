@@ -514,7 +514,7 @@ def test_compressed_ddp_node_counts_by_hand(tmp_path):
     L = strategy_layouts(setup, [setup.scenario.strategy])
     n = step_model(setup).dp.sync_plan(L, 0).buckets.bytes / 4
     rank0 = graph.ranks[0]
-    hbm = setup.gpu.hbm_bandwidth
+    hbm = setup.gpu.stream_bandwidth
     for kind in ("encode", "decode"):
         codec = [x for x in rank0 if x.name.startswith(kind)]
         assert [x.duration for x in codec] == pytest.approx(list(6.0 * n / hbm), rel=1e-12)

@@ -48,7 +48,7 @@ def _stub_model():
     )
     w = Workload("stub", layers, 8, heads=2, hidden=4)
     return SimpleNamespace(
-        workload=w, shape=Shape.of(w), groups=_Groups(), gpu=SimpleNamespace(hbm_bandwidth=HBM)
+        workload=w, shape=Shape.of(w), groups=_Groups(), gpu=SimpleNamespace(stream_bandwidth=HBM)
     )
 
 
@@ -125,7 +125,7 @@ def test_per_parameter_equals_a_loop_over_every_tensor_on_the_real_pricing():
     L = strategy_layouts(setup, [setup.scenario.strategy])
     got = model.evaluate(L).dp_comm[0]
     group = model.groups.cost(int(L.placement[0]), "dp", 1, int(L.dp[0]), 1)
-    hbm, g, ranks = setup.gpu.hbm_bandwidth, int(L.grad_bytes[0]), int(L.dp[0])
+    hbm, g, ranks = setup.gpu.stream_bandwidth, int(L.grad_bytes[0]), int(L.dp[0])
     e, copy = EAGER_OP_S, MEMCPY_SUBMIT_S
 
     def gather(nbytes):

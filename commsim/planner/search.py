@@ -29,6 +29,7 @@ from commsim.step.layouts import (
     ALGORITHMS,
     GRAD_ACCUMULATIONS,
     GRAD_DTYPES,
+    NORM_BACKWARDS,
     RANK_ORDERS,
     ZERO3_ISSUES,
     Layouts,
@@ -268,6 +269,7 @@ def enumerate_layouts(
         flash=base.flash_attention,
         sequence_parallel=base.sequence_parallel,
         grad_accumulation=GRAD_ACCUMULATIONS.index(base.grad_accumulation),  # the stack's
+        norm_backward=NORM_BACKWARDS.index(base.norm_backward),  # the stack's
         fsdp_states=(base.states == "fsdp") & (cols["zero"] == 3),  # ZeRO-3's shards only
         ep_overlap=base.ep_overlap & (cols["ep"] > 1),  # where there are all-to-alls
         # the stack's, where there are ZeRO 1-2 gathers to place

@@ -12,14 +12,16 @@ HBM bandwidth. Each kernel class has its own rate:
   rest of the tile (tile quantization), and ceil(tiles / SMs) waves run where tiles / SMs
   would do (wave quantization). Small GEMMs (tensor-parallel slices, a MoE expert's ~1,000
   tokens) lose most there. FP8 (Transformer Engine) runs the blocks' linear layers at the
-  FP8 peak and rate, and pays a cast of each GEMM input (read 2 bytes, write 1).
+  FP8 peak and rate, and pays a cast of each GEMM input forward and of each output's
+  gradient backward (FP8_CAST).
 - Attention core: the QK^T and AV FLOPs FlashAttention executes (causal: half of the s x s
   square; the model's FLOP count, Megatron's, keeps the whole square) at the GPU's
   FlashAttention rate; backward 2.5x forward (it recomputes the scores: 5 matmuls to 2,
   Dao 2023). Without FlashAttention: the full square as GEMMs, and the softmax, its mask
   and dropout over b x heads x s^2 elements through HBM.
 - Element-wise: bytes through HBM at what streaming kernels reach of its datasheet
-  bandwidth (catalog: hbm_efficiency); backward twice the forward.
+  bandwidth (catalog: hbm_efficiency), forward and backward counted kernel by kernel
+  (ELEMENTWISE).
 
 A model without blocks (a CNN, custom layers) runs its FLOPs at the GEMM rate.
 """
@@ -48,7 +50,11 @@ FP32_GRAD_ADD = ACT + 2 * 4
 # (aten/src/ATen/native/cuda/Dropout.cu, dropout_cuda: mask of kBool), as Korthikanti et al.
 # 2022 count it (sbh bytes per dropout)
 MASK = 1
-FP8_CAST = 3  # bytes to cast a bf16 element to fp8: read 2, write 1
+# bytes to cast a bf16 GEMM input to fp8 for training: Transformer Engine's cast_transpose
+# reads the bf16 element (2) and writes the fp8 copy and its transpose (1 + 1), the transpose
+# being the wgrad GEMM's operand on Hopper (common/transpose/rtc/cast_transpose.cu at
+# 192ce32: output_c and output_t); Blackwell's MXFP8 writes rowwise and columnwise copies alike
+FP8_CAST = 2 + 1 + 1
 # HBM bytes a logit of Megatron's vocab-parallel cross-entropy (megatron/core/tensor_parallel/
 # cross_entropy.py at d98e8a64d, 2026-08, as megatron/mpu/cross_entropy.py in 2021; the
 # default, cross_entropy_loss_fusion off), each pass over the b s x v / tp logits: forward,
@@ -57,6 +63,35 @@ FP8_CAST = 3  # bytes to cast a bf16 element to fp8: read 2, write 1
 # multiply by the loss gradient in place (4 + 4), the cast's gradient to 16 bits (4 + 2): 14
 CROSS_ENTROPY_FORWARD = 2 + 4 + 4 + 8 + 8 + 4 + 8
 CROSS_ENTROPY_BACKWARD = 8 + 4 + 2
+# Element-wise kernels' HBM traffic in elements of a row they touch (x ACT bytes), forward and
+# backward, from the kernels' code:
+# - norm (LayerNorm or RMSNorm): forward reads x, writes y; backward, a kernel for dx (reads dy
+#   and x, writes dx) and one for the weight's partial sums that reads dy and x again (Apex
+#   csrc/layer_norm_cuda_kernel.cu at 4b0ee25, cuComputeGradInput + cuComputePartGradGammaBeta:
+#   the Megatron 2021-22 rows; PyTorch 2.x aten/src/ATen/native/cuda/layer_norm_kernel.cu has
+#   the same two passes: torchtitan's and MosaicML's rows). Transformer Engine's
+#   ln_bwd_tuned_kernel (common/normalization/layernorm/ln_bwd_kernels.cuh at 40a3423) loads
+#   dy and x once, stores dx and per-CTA partials (NORM_ONE_PASS_BACKWARD):
+#   Strategy.norm_backward picks which
+# - residual add: forward reads both inputs, writes the sum; backward, autograd sums the two
+#   gradients of the stream where it forks into the branch (read 2, write 1); with dropout
+#   (Megatron's bias_dropout_add) the branch's gradient is dy x mask x scale: read dy and the
+#   mask (MASK bytes), write (DROPOUT_BACKWARD)
+# - GeLU (Megatron's bias_gelu, megatron/model/fused_bias_gelu.py at 6fd0b40 bias_gelu_back):
+#   forward reads and writes f; backward reads dy and the input, writes dx
+# - SwiGLU (megatron/core/fusions/fused_bias_swiglu.py at b1030e9 swiglu_back; TE's dswiglu):
+#   forward reads gate and up, writes f; backward reads dy, gate and up, writes dgate and dup
+# - rotary embedding of Q and K (TE / Apex fused RoPE, backward the same rotation of the
+#   gradient): read and write each, both ways
+ELEMENTWISE = {
+    "norm": (2, 5),
+    "residual": (3, 3),
+    "gelu": (2, 3),
+    "swiglu": (3, 5),
+    "rotary": (2, 2),
+}
+NORM_ONE_PASS_BACKWARD = 3
+DROPOUT_BACKWARD = 2 * ACT + MASK  # bytes an element: read dy and the mask, write dx
 ATTENTION_BACKWARD = 2.5  # FlashAttention's backward / forward FLOPs (5 matmuls to 2)
 CAUSAL = 0.5  # the share of the s x s square causal FlashAttention computes
 # MoE (Megatron-core's all-to-all token dispatcher, transformer/moe/token_dispatcher.py): the
@@ -161,9 +196,11 @@ def stage_times(workload: Workload, gpu: GPUSpec, L) -> StageTimes:
     tokens = b * workload.seq_len / cp  # a GEMM's rows: the whole sequence (SP gathers it)
     ep, etp = L.ep.astype(float), L.expert_tp.astype(float)
     split = np.where(L.sequence_parallel, tp, 1.0)  # ranks sharing the element-wise work
-    block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split)
+    # a norm's backward, in values a row: two passes or Transformer Engine's one
+    norm_b = np.where(L.norm_backward == 1, NORM_ONE_PASS_BACKWARD, ELEMENTWISE["norm"][1])
+    block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split, norm_b)
     fwd, bwd, core = block.times(b, cp)
-    pre_fwd, pre_bwd, post_fwd, post_bwd = _ends(arch, rates, tokens, tp, split)
+    pre_fwd, pre_bwd, post_fwd, post_bwd = _ends(arch, rates, tokens, tp, split, norm_b)
     bwd, pre_bwd, post_bwd = bwd + adds.block, pre_bwd + adds.pre, post_bwd + adds.post
     return StageTimes(fwd, bwd, core, block.op_replay(), pre_fwd, pre_bwd, post_fwd, post_bwd)
 
@@ -216,24 +253,28 @@ class _Block:
     flash: np.ndarray
     workload: Workload
     split: np.ndarray  # tp ranks the norms and residual adds split over: tp with SP, else 1
+    # a norm's backward HBM values a row (Strategy.norm_backward; two passes by default)
+    norm_b: np.ndarray | int = ELEMENTWISE["norm"][1]
 
     def times(self, b, cp):
         """(forward, backward, attention core forward) seconds of the mean block."""
         c = self.arch
         moe_share = (c.layers - c.dense_layers) / c.layers if c.experts > 1 else 0.0
-        attn_f, attn_cast = self._gemms(self._attention_gemms())
-        dense_f, dense_cast = self._gemms(self._mlp_gemms(c.ffn_hidden, 1.0, 1.0))
+        attn, dense = self._attention_gemms(), self._mlp_gemms(c.ffn_hidden, 1.0, 1.0)
+        (attn_f, attn_cast), (dense_f, dense_cast) = self._gemms(attn), self._gemms(dense)
         moe_f, moe_cast, moe_bytes, moved = self._moe() if moe_share else (0.0,) * 4
         mlp_f = (1 - moe_share) * dense_f + moe_share * moe_f
         cast = attn_cast + (1 - moe_share) * dense_cast + moe_share * moe_cast
+        grad_cast = self._grad_casts(attn) + (1 - moe_share) * self._grad_casts(dense)
+        grad_cast = grad_cast + moe_share * BACKWARD_FACTOR * moe_cast  # the experts': 2x
         core_f, core_bytes = self._core(b, cp)
-        elementwise = self._elementwise(1 - moe_share) + moe_share * moe_bytes
-        gemm_f = attn_f + mlp_f
+        ew_f, ew_b = self._elementwise(1 - moe_share)
+        gemm_f, mem = attn_f + mlp_f, self.rates.memory
         # a permutation's backward is the inverse gather / scatter: the same bytes once
-        permute = moe_share * moved / self.rates.memory
-        fwd = gemm_f + core_f + (elementwise + core_bytes + cast) / self.rates.memory + permute
-        bwd = BACKWARD_FACTOR * (gemm_f + (elementwise + core_bytes + cast) / self.rates.memory)
-        bwd = bwd + ATTENTION_BACKWARD * core_f + permute
+        permute = moe_share * moved / mem
+        fwd = gemm_f + core_f + (ew_f + moe_share * moe_bytes + core_bytes + cast) / mem + permute
+        bwd = BACKWARD_FACTOR * (gemm_f + (moe_share * moe_bytes + core_bytes) / mem)
+        bwd = bwd + (ew_b + grad_cast) / mem + ATTENTION_BACKWARD * core_f + permute
         return fwd, bwd, core_f
 
     def op_replay(self) -> np.ndarray:
@@ -246,7 +287,7 @@ class _Block:
         k = (t, c.kv_heads * c.head_width / tp, c.hidden, 1.0)
         o = (t, c.hidden, c.heads * c.head_width / tp, 1.0)
         seconds, cast = self._gemms([k, o, mlp])
-        return seconds + (self._elementwise(1.0) + cast) / self.rates.memory
+        return seconds + (self._elementwise(1.0)[0] + cast) / self.rates.memory
 
     def _rate(self) -> np.ndarray:
         return np.where(self.fp8, self.rates.fp8, self.rates.gemm)
@@ -260,6 +301,12 @@ class _Block:
             seconds = seconds + gemm_seconds(m, n, k, rate, sms, count, concurrent)
             cast = cast + np.where(self.fp8, FP8_CAST * m * k * count, 0.0)
         return seconds, cast
+
+    def _grad_casts(self, shapes):
+        """FP8 cast bytes of the backward of (m, n, k, count) GEMMs: each output's gradient
+        (m x n) cast with its transpose (FP8_CAST), the dgrad and wgrad GEMMs' operands; the
+        forward's casts of the inputs are kept for the backward."""
+        return sum(np.where(self.fp8, FP8_CAST * m * n * count, 0.0) for m, n, _, count in shapes)
 
     def _attention_gemms(self):
         """Attention's projections: fused QKV and the output (or MLA's latents)."""
@@ -324,34 +371,41 @@ class _Block:
         score_bytes = np.where(self.flash, 0.0, EAGER_SCORE_BYTES * squares)
         return np.where(self.flash, flash, eager), score_bytes
 
-    def _elementwise(self, dense_share: float) -> np.ndarray:
-        """HBM bytes of a block's element-wise forward: two norms (read and write h each)
-        and two residual adds (read 2 h, write h) on the tokens this GPU holds (sequence
+    def _elementwise(self, dense_share: float):
+        """HBM bytes of a block's element-wise (forward, backward), ELEMENTWISE kernel by
+        kernel: two norms and two residual adds on the tokens this GPU holds (sequence
         parallelism splits them over tp; without it every tp rank runs them on the whole
         sequence, Korthikanti et al. 2022 sec. 4.2.2), with dropout (the model's) the mask
         each residual add's fused bias-dropout writes (Megatron's bias_dropout_add, a mask of
-        h per token, twice), rotary embeddings of Q and K (read and write) and, in a dense
-        block (`dense_share` of them), the MLP's activation (gated: read 2 f, write f; else
-        read and write f, its bias fused) on its slice of the whole sequence."""
+        h per token, twice) and reads back; rotary embeddings of Q and K and, in a dense
+        block (`dense_share` of them), the MLP's activation on its slice of the whole
+        sequence."""
         c, t, tp = self.arch, self.tokens, self.tp
-        masks = 2 * c.hidden * MASK if c.has_dropout else 0
-        held = (2 * 2 + 2 * 3) * c.hidden * ACT + masks
-        activation = dense_share * (3 if c.gated_mlp else 2) * c.ffn_hidden * ACT
-        rotary = 0 if c.style.learned_positions else 2 * (c.heads + c.kv_heads) * c.head_width
-        return t / self.split * held + t * (activation + rotary * ACT) / tp
+        norm, residual = (ELEMENTWISE["norm"][0], self.norm_b), ELEMENTWISE["residual"]
+        act = ELEMENTWISE["swiglu" if c.gated_mlp else "gelu"]
+        rotary = 0 if c.style.learned_positions else (c.heads + c.kv_heads) * c.head_width
+        dropout = 2 * c.hidden if c.has_dropout else 0  # elements a token, both residuals
+        out = []
+        for way in (0, 1):
+            held = 2 * (norm[way] + residual[way]) * c.hidden * ACT
+            held += dropout * (MASK if way == 0 else DROPOUT_BACKWARD)
+            sliced = dense_share * act[way] * c.ffn_hidden + ELEMENTWISE["rotary"][way] * rotary
+            out.append(t / self.split * held + t * sliced * ACT / tp)
+        return out[0], out[1]
 
 
-def _ends(arch, rates: Rates, tokens, tp, split):
+def _ends(arch, rates: Rates, tokens, tp, split, norm_b):
     """Forward and backward seconds of the layers before the blocks (the embedding: gather
-    b s rows of h) and after them (the final norm, the LM head's GEMM in BF16, the fp32
-    cross-entropy over the vocabulary slice, CROSS_ENTROPY_* bytes a logit); the embedding's
-    output and the norm on the tokens a tp rank holds (`split`:
-    tp with sequence parallelism, else 1)."""
+    b s rows of h) and after them (the final norm, ELEMENTWISE, its backward `norm_b`
+    values a row; the LM head's GEMM in BF16; the fp32 cross-entropy over the vocabulary
+    slice, CROSS_ENTROPY_* bytes a logit); the embedding's output and the norm on the
+    tokens a tp rank holds (`split`: tp with sequence parallelism, else 1)."""
     h, v = arch.hidden, arch.vocab
     embed = 2 * tokens / split * h * ACT / rates.memory
     head = gemm_seconds(tokens, v / tp, h, rates.gemm, rates.sms)
     logits = tokens * v / tp / rates.memory
-    norm = 2 * tokens / split * h * ACT / rates.memory
-    post_fwd = norm + head + CROSS_ENTROPY_FORWARD * logits
-    post_bwd = BACKWARD_FACTOR * (norm + head) + CROSS_ENTROPY_BACKWARD * logits
+    norm = (ELEMENTWISE["norm"][0], norm_b)
+    norm_f, norm_b = (n * tokens / split * h * ACT / rates.memory for n in norm)
+    post_fwd = norm_f + head + CROSS_ENTROPY_FORWARD * logits
+    post_bwd = norm_b + BACKWARD_FACTOR * head + CROSS_ENTROPY_BACKWARD * logits
     return embed, embed, post_fwd, post_bwd

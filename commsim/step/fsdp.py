@@ -110,7 +110,8 @@ def _tensor_costs(model, Z, layers, passes) -> tuple[np.ndarray, np.ndarray, np.
     also streams the whole tensor through HBM on the same stream: a gather zero-fills its
     buffer (torch.zeros) and torch.distributed.all_gather copies the result out of its flat
     buffer into the rank list, 3 S; reduce_scatter copies the rank list into one, 2 S
-    (torch 1.8 ProcessGroupNCCL allgather / reduce_scatter, flatten_for_scatter_gather).
+    (torch 1.8 ProcessGroupNCCL allgather / reduce_scatter, flatten_for_scatter_gather),
+    at the HBM bandwidth streaming kernels reach (GPUSpec.stream_bandwidth).
     And each call does CPU work per rank of its group (_gather_issue, _scatter_issue), as
     does the copy-out of each persistent parameter after the step's one gather
     (_allgather_params: for every rank holding part of it, narrow, view, narrow and a
@@ -123,9 +124,9 @@ def _tensor_costs(model, Z, layers, passes) -> tuple[np.ndarray, np.ndarray, np.
         ranks = Z.edp if tag == "ep" else Z.dp
         gather, scatter = _unit(model, Z, local, part)
         gather = gather + _gather_issue(ranks, gather)
-        gather = gather + 3.0 * local * PARAM_WIRE_BYTES / model.gpu.hbm_bandwidth
+        gather = gather + 3.0 * local * PARAM_WIRE_BYTES / model.gpu.stream_bandwidth
         scatter = scatter + _scatter_issue(ranks)
-        scatter = scatter + 2.0 * local * Z.grad_bytes / model.gpu.hbm_bandwidth
+        scatter = scatter + 2.0 * local * Z.grad_bytes / model.gpu.stream_bandwidth
         whole = local < PERSISTENCE_THRESHOLD
         seconds += count * (np.where(whole, 0.0, passes * gather) + scatter)
         persistent += count * np.where(whole, local, 0.0)

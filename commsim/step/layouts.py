@@ -13,7 +13,15 @@ from typing import Any, get_args
 
 import numpy as np
 
-from commsim.specs import Algorithm, GradAccumulation, GradDtype, RankOrder, Strategy, Zero3Issue
+from commsim.specs import (
+    Algorithm,
+    GradAccumulation,
+    GradDtype,
+    NormBackward,
+    RankOrder,
+    Strategy,
+    Zero3Issue,
+)
 from commsim.step.buckets import first_bucket_mb
 from commsim.step.memory import RECOMPUTE
 from commsim.topology.placement import PLACEMENTS
@@ -23,6 +31,7 @@ GRAD_DTYPES: tuple[str, ...] = get_args(GradDtype)
 RANK_ORDERS: tuple[str, ...] = get_args(RankOrder)
 ZERO3_ISSUES: tuple[str, ...] = get_args(Zero3Issue)
 GRAD_ACCUMULATIONS: tuple[str, ...] = get_args(GradAccumulation)
+NORM_BACKWARDS: tuple[str, ...] = get_args(NormBackward)
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 _GRAD_BYTES = np.array([DTYPE_BYTES[d] for d in GRAD_DTYPES])
 _DEFAULTS: dict[str, Any] = {
@@ -53,6 +62,7 @@ _DEFAULTS: dict[str, Any] = {
     "flash": True,
     "sequence_parallel": True,
     "grad_accumulation": 0,
+    "norm_backward": 0,
     "tp_overlap": False,
     "ep_overlap": False,
     "fsdp_shard": 0,
@@ -94,6 +104,7 @@ class Layouts:
     flash: np.ndarray  # FlashAttention (fused attention: no s x s scores kept)
     sequence_parallel: np.ndarray  # element-wise work split over tp (Strategy.sequence_parallel)
     grad_accumulation: np.ndarray  # code into GRAD_ACCUMULATIONS (Strategy.grad_accumulation)
+    norm_backward: np.ndarray  # code into NORM_BACKWARDS (Strategy.norm_backward)
     tp_overlap: np.ndarray  # tensor-parallel collectives overlapped with the GEMMs
     ep_overlap: np.ndarray  # expert all-to-alls under another micro-batch's compute
     fsdp_shard: np.ndarray  # ZeRO-3 shards over groups of this many dp ranks (0: all of dp)
@@ -159,6 +170,7 @@ class Layouts:
             flash=col(lambda s: s.flash_attention),
             sequence_parallel=col(lambda s: s.sequence_parallel),
             grad_accumulation=col(lambda s: GRAD_ACCUMULATIONS.index(s.grad_accumulation)),
+            norm_backward=col(lambda s: NORM_BACKWARDS.index(s.norm_backward)),
             tp_overlap=col(lambda s: s.tp_overlap),
             ep_overlap=col(lambda s: s.ep_overlap),
             fsdp_shard=col(lambda s: s.fsdp_shard or 0),
@@ -182,6 +194,7 @@ class Layouts:
         out["order"] = RANK_ORDERS[out["order"]]
         out["zero3_issue"] = ZERO3_ISSUES[out["zero3_issue"]]
         out["grad_accumulation"] = GRAD_ACCUMULATIONS[out["grad_accumulation"]]
+        out["norm_backward"] = NORM_BACKWARDS[out["norm_backward"]]
         return out
 
     def strategy(self, i: int, base: Strategy) -> Strategy:
@@ -253,6 +266,7 @@ _STRATEGY_FIELDS = (
     "order",
     "sequence_parallel",
     "grad_accumulation",
+    "norm_backward",
 )
 
 

@@ -86,9 +86,9 @@ def compressed_costs(
     tensor_collectives: list[list[tuple[str, int]]] | None = None,
 ) -> BucketCosts:
     """A DDP comm hook's buckets: its collectives on each payload (the strategy's algorithm
-    where the op has it, else the fastest), and its encode / decode on the GPU: HBM bytes at
-    peak bandwidth plus matmul FLOPs at the TF32 peak. tensor_collectives, when the bucket's
-    tensor shapes are known (the harness records them), replaces the flat-vector plan."""
+    where the op has it, else the fastest), and its encode / decode on the GPU
+    (encode_decode_seconds). tensor_collectives, when the bucket's tensor shapes are known
+    (the harness records them), replaces the flat-vector plan."""
     plans = tensor_collectives or [compressor.collectives(int(n), workers) for n in elements]
     network = np.zeros(len(plans))
     for j, (op, _) in enumerate(plans[0] if plans else []):
@@ -109,8 +109,8 @@ def encode_decode_seconds(
     error_feedback: bool = False,
 ) -> tuple[float, float]:
     """GPU seconds to encode one bucket and decode the N workers' result: HBM bytes at the
-    peak bandwidth, plus matmul FLOPs at the fp32 (TF32) tensor peak; error feedback adds its
-    residual's traffic to the encode."""
+    bandwidth streaming kernels reach (GPUSpec.stream_bandwidth), plus matmul FLOPs at the
+    fp32 (TF32) tensor peak; error feedback adds its residual's traffic to the encode."""
     c = parse_compressor(compressor) if isinstance(compressor, str) else compressor
     enc_b, dec_b = c.hbm_bytes(n_elements, n_workers)
     if error_feedback:
@@ -119,7 +119,8 @@ def encode_decode_seconds(
     # TF32 dense is half the BF16 peak: A100 156 vs 312, H100 SXM 495 vs 989 TFLOPS
     # (NVIDIA A100 and H100 datasheets)
     tf32 = gpu.peak_flops / 2
-    return (enc_b / gpu.hbm_bandwidth + enc_f / tf32, dec_b / gpu.hbm_bandwidth + dec_f / tf32)
+    hbm = gpu.stream_bandwidth  # memory-bound kernels: the measured streaming rate
+    return (enc_b / hbm + enc_f / tf32, dec_b / hbm + dec_f / tf32)
 
 
 @dataclass(frozen=True)

@@ -23,14 +23,29 @@ AllReduceTime = Callable[[np.ndarray], np.ndarray]  # bucket bytes -> seconds, e
 CodecTime = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-def adam_step_time(params: float, gpu: GPUSpec, grad_bytes: int = 4) -> float:
-    """Seconds of a memory-bound mixed-precision Adam step over `params` parameters.
+# HBM bytes a parameter of a mixed-precision optimizer step (Megatron-core's
+# MixedPrecisionOptimizer.step and DistributedOptimizer, megatron/core/optimizer/optimizer.py at
+# 0011998, clip_grads.py at 0293807; Apex's FusedAdam, csrc/multi_tensor_adam.cu), with fp32
+# main gradients: the grad norm (multi_tensor_l2norm reads the fp32 gradient: 4); the clip
+# (clip_grad_by_total_norm_fp32 scales them by a clamped tensor coefficient every step, read
+# and write: 8; torch's clip_grad_norm_ does too); Adam (reads gradient, fp32 parameter, m and
+# v, writes parameter, m and v: 28); the copy back to the 16-bit parameters
+# (_copy_main_params_to_model_params: read 4, write 2); the next step's zeroing of the
+# gradient buffer (param_and_grad_buffer's grad_data.zero_(): the gradient's bytes). A 16-bit
+# gradient buffer adds its cast to fp32 main gradients (_copy_model_grads_to_main_grads,
+# main_grad.float(): read 2, write 4); an fp32 one is used as it is (.float() is no copy).
+OPTIMIZER_BYTES = 4 + 8 + 28 + (4 + 2)
+MAIN_GRAD_CAST = 2 + 4
 
-    Bytes per parameter: read fp32 master weight, m and v (12), read the gradient
-    (`grad_bytes`), write master, m and v (12), write the bf16 working copy (2): 30 with
-    fp32 gradients. Divided by the HBM bandwidth streaming kernels reach (GPUSpec).
-    """
-    return params * (26 + grad_bytes) / gpu.stream_bandwidth
+
+def adam_step_time(params, gpu: GPUSpec, grad_bytes=4):
+    """Seconds of a memory-bound mixed-precision Adam step over `params` parameters whose
+    gradients are `grad_bytes` wide: OPTIMIZER_BYTES, the buffer's zeroing, and the cast to
+    fp32 of a 16-bit one, a parameter, at the HBM bandwidth streaming kernels reach."""
+    grad_bytes = np.asarray(grad_bytes, dtype=float)
+    cast = np.where(grad_bytes < 4, MAIN_GRAD_CAST, 0.0)
+    per_param = OPTIMIZER_BYTES + grad_bytes + cast
+    return params * per_param / gpu.stream_bandwidth
 
 
 @dataclass(frozen=True)
