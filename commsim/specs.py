@@ -272,6 +272,8 @@ RankOrder = Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"]
 Zero3Issue = Literal["unit", "parameter"]
 # how a step's micro-batches accumulate weight gradients (Strategy.grad_accumulation)
 GradAccumulation = Literal["fused", "autograd", "fp32"]
+# Megatron-core's output-discarding recompute_modules (step.activations.RECOMPUTE_MODULES)
+RecomputeModule = Literal["layernorm", "mla_up_proj", "moe_act"]
 
 
 class Strategy(Spec):
@@ -321,6 +323,14 @@ class Strategy(Spec):
     # (Megatron --gradient-accumulation-fusion, 2022-02), autograd's 16-bit .grad += (2021) or
     # an fp32 buffer += (Megatron's fp32 main_grad, DeepSpeed's bf16 optimizer)
     grad_accumulation: GradAccumulation = "fused"
+    # outputs discarded in the forward and recomputed in the backward, beside `recompute`
+    # (Megatron-core recompute_modules; DeepSeek-V3 sec. 3.2.3): step.activations
+    recompute_modules: tuple[RecomputeModule, ...] = ()
+    # Adam's moments: fp32, or bf16 beside fp32 master weights (DeepSeek-V3 sec. 3.3.3)
+    optimizer_moments: Literal["fp32", "bf16"] = "fp32"
+    # FP8 primary weights (Megatron-core fp8_param_gather; off by default there, on in
+    # Megatron-Bridge's FP8 recipes): no FP8 weight copy beside 16-bit weights (step.memory)
+    fp8_param: bool = False
     tp_overlap: bool = False  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
     # the expert all-to-alls run under another micro-batch's compute (Megatron-core's
     # --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)
