@@ -331,6 +331,9 @@ class Strategy(Spec):
     # FP8 primary weights (Megatron-core fp8_param_gather; off by default there, on in
     # Megatron-Bridge's FP8 recipes): no FP8 weight copy beside 16-bit weights (step.memory)
     fp8_param: bool = False
+    # DeepSeek-V3's low-precision activations (sec. 3.3.2): MoE activation inputs in FP8, the
+    # attention output once in E5M6 (step.activations); with precision fp8
+    fp8_cache: bool = False
     tp_overlap: bool = False  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
     # the expert all-to-alls run under another micro-batch's compute (Megatron-core's
     # --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)

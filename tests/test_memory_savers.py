@@ -59,6 +59,25 @@ def test_deepseek_block_with_its_three_recomputations_by_inventory():
     assert got == pytest.approx(per_token, rel=1e-12)
 
 
+def test_deepseek_fp8_block_with_its_low_precision_caching_by_inventory():
+    # as above under FP8 (sec. 3.3.2): the routed experts' SwiGLU inputs (gate, up) in FP8,
+    # 1 B; the attention output once in E5M6, 1.5 B; the 7 extra routed copies' input and the
+    # shared expert's and the dense MLP's GEMM inputs in FP8 (Transformer Engine), their gate
+    # and up in BF16
+    c = build_workload("deepseek-v3").arch
+    h = 7168
+    attention = 2 * h + 2 * h + 2 * (1536 + 512 + 64) + 1.5 * 128 * 128
+    moe = 8 * 2 * 2048 + 7 * h + (4 + 1) * 2048
+    dense = (4 + 1) * 18432
+    per_token = attention + (58 * moe + 3 * dense) / 61
+    parts = recompute_code(["layernorm", "mla_up_proj", "moe_act"])
+    widths = ActivationWidths.of(c, fp8=True)
+    got = activation_bytes_per_layer(4096, 1, h, 128, 1, False, 0, True, widths, parts, True)
+    assert got / 4096 == pytest.approx(per_token, rel=1e-12)
+    # BF16 widths have nothing for it to save
+    assert ActivationWidths.of(c).fp8_cached == 0.0
+
+
 def test_recompute_codes_round_trip():
     for n in range(2 ** len(RECOMPUTE_MODULES)):
         assert recompute_code(recompute_names(n)) == n
@@ -116,7 +135,8 @@ def test_batch_equals_scalar_and_layouts_keep_the_fields():
     kw = dict(dp=128, pp=16, ep=64, zero=1, micro_batches=120, seq_len=4096, fp8=True)
     kw |= dict(first_layers=3, last_layers=2, grad_bytes=4)
     one = memory_per_gpu(
-        w, ParallelLayout(**kw, moment_bytes=2, recompute_parts=7, fp8_param=True)
+        w,
+        ParallelLayout(**kw, moment_bytes=2, recompute_parts=7, fp8_param=True, fp8_cache=True),
     ).total
     batch = memory_per_gpu_batch(
         w,
@@ -131,15 +151,19 @@ def test_batch_equals_scalar_and_layouts_keep_the_fields():
         moment_bytes=2,
         recompute_parts=7,
         fp8_param=True,
+        fp8_cache=True,
     )
     assert float(batch[0]) == pytest.approx(one)
     s = Strategy(
-        recompute_modules=("mla_up_proj", "layernorm"), optimizer_moments="bf16", fp8_param=True
+        recompute_modules=("mla_up_proj", "layernorm"),
+        optimizer_moments="bf16",
+        fp8_param=True,
+        fp8_cache=True,
     )
     L = Layouts.of([s], 1, lambda _: 1, lambda _: 1)
     back = L.strategy(0, Strategy())
     assert set(back.recompute_modules) == {"layernorm", "mla_up_proj"}
-    assert (back.optimizer_moments, back.fp8_param) == ("bf16", True)
+    assert (back.optimizer_moments, back.fp8_param, back.fp8_cache) == ("bf16", True, True)
 
 
 def test_bad_moment_bytes_refused():

@@ -279,6 +279,7 @@ def enumerate_layouts(
         moment_bytes=DTYPE_BYTES[base.optimizer_moments],
         recompute_parts=recompute_code(base.recompute_modules),
         fp8_param=base.fp8_param,
+        fp8_cache=base.fp8_cache,
     )
 
 

@@ -55,6 +55,8 @@ class ActivationWidths:
     norm_out: float = 0.0
     up_proj: float = 0.0
     act_out: float = 0.0
+    # of split: what DeepSeek-V3's low-precision caching saves (fp8_cache)
+    fp8_cached: float = 0.0
 
     @classmethod
     def of(cls, c, fp8: bool = False) -> ActivationWidths:
@@ -77,7 +79,11 @@ class ActivationWidths:
         MLP's inputs, in whatever format they are kept: recomputed for their GEMMs' backward
         from the norm inputs, which stay); "mla_up_proj" MLA's Q, K and V (recomputed from the
         latents); "moe_act" the routed experts' activation output (their down-projection's
-        input, recomputed from the kept activation input)."""
+        input, recomputed from the kept activation input). `fp8_cached` (FP8 widths only): what
+        DeepSeek-V3's low-precision caching saves (sec. 3.3.2): the MoE activation's inputs
+        in FP8, 1 byte a value where BF16 keeps 2, and the attention output kept once, in
+        E5M6 (1.5 bytes), for both the attention's backward and the output projection's,
+        where Transformer Engine keeps it in BF16 and in FP8 (2 + 1)."""
         h, d = c.hidden, 1.0 if c.has_dropout else 0.0
         gemm_in = 1.0 if fp8 else 2.0  # bytes a saved GEMM input takes
         hd = c.head_width
@@ -94,7 +100,7 @@ class ActivationWidths:
             return ((4.0 if c.gated_mlp else 2.0) + gemm_in) * width
 
         mlp = inside(c.ffn_hidden)
-        act_out = 0.0
+        act_out = act_in = 0.0
         if c.experts > 1:
             routed = c.top_k * c.capacity_factor
             expert = c.moe_ffn_hidden or c.ffn_hidden
@@ -103,6 +109,7 @@ class ActivationWidths:
             share = (c.layers - c.dense_layers) / c.layers
             mlp = (1.0 - share) * mlp + share * moe
             act_out = share * routed * gemm_in * expert
+            act_in = share * routed * (2.0 if c.gated_mlp else 1.0) * expert
         return cls(
             replicated=4.0 + 2.0 * gemm_in + 2.0 * d + latent / h,
             split=(attention + mlp) / h,
@@ -110,6 +117,7 @@ class ActivationWidths:
             norm_out=2.0 * gemm_in,
             up_proj=2.0 * (q + k + v) / h if c.mla else 0.0,
             act_out=act_out / h,
+            fp8_cached=(act_in + 1.5 * o) / h if fp8 else 0.0,
             **_op_widths(c, q, k, v),
         )
 
@@ -133,7 +141,17 @@ def _op_widths(c, q: float, k: float, v: float) -> dict[str, float]:
 
 
 def activation_bytes_per_layer(
-    s, b, h, a, t, sequence_parallel, recompute, flash=False, widths=ActivationWidths(), parts=0
+    s,
+    b,
+    h,
+    a,
+    t,
+    sequence_parallel,
+    recompute,
+    flash=False,
+    widths=ActivationWidths(),
+    parts=0,
+    fp8_cache=False,
 ):
     """Activation bytes one transformer layer keeps for one micro-batch (Korthikanti Table 2
     with the layer's ActivationWidths); `recompute` is a code of RECOMPUTE, arrays broadcast;
@@ -141,7 +159,8 @@ def activation_bytes_per_layer(
     FlashAttention (Dao et al. 2022) keeps no s x s scores, softmax or dropout of them: the
     scores term goes, as under selective recomputation (its softmax statistics, a s b fp32
     values, are negligible). `parts`: a recompute_code of RECOMPUTE_MODULES, what they drop
-    taken off what the layer keeps without full or op-level recomputation."""
+    taken off what the layer keeps without full or op-level recomputation, as is what
+    `fp8_cache` (DeepSeek-V3's low-precision caching) saves."""
     # tensor parallel: sbh(replicated + split/t + scores as/(ht)); sequence parallelism also
     # splits the replicated part; selective recompute drops the scores; full recompute keeps
     # the 2sbh layer input, /t under sequence parallelism (Megatron stores it sharded)
@@ -154,6 +173,7 @@ def activation_bytes_per_layer(
     has = [(np.asarray(parts) >> i) & 1 for i in range(len(RECOMPUTE_MODULES))]
     replicated = w.replicated - has[0] * w.norm_out
     split = w.split - has[1] * w.up_proj - has[2] * w.act_out
+    split = split - np.asarray(fp8_cache) * w.fp8_cached
     kept = sbh * (replicated / sp + (split + scores) / t)
     op = w.op_whole + (w.op_replicated + np.where(t > 1, w.op_scatters, 0.0)) / sp
     op = sbh * (op + w.op_split / t)

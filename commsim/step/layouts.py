@@ -63,6 +63,7 @@ _DEFAULTS: dict[str, Any] = {
     "moment_bytes": 4,
     "recompute_parts": 0,
     "fp8_param": False,
+    "fp8_cache": False,
 }
 
 
@@ -107,6 +108,7 @@ class Layouts:
     moment_bytes: np.ndarray  # bytes of an Adam moment (Strategy.optimizer_moments)
     recompute_parts: np.ndarray  # recompute_code of Strategy.recompute_modules
     fp8_param: np.ndarray  # FP8 primary weights (Strategy.fp8_param)
+    fp8_cache: np.ndarray  # DeepSeek-V3's low-precision activation caching (Strategy.fp8_cache)
     compressions: tuple[str, ...] = field(default=("none",))
 
     def __len__(self) -> int:
@@ -125,6 +127,7 @@ class Layouts:
         types = {"bucket_mb": float, "first_bucket_mb": float}
         flags = ("overlap", "error_feedback", "fp8", "flash", "tp_overlap", "ep_overlap")
         flags += ("fsdp_states", "gather_overlap", "sequence_parallel", "fp8_param")
+        flags += ("fp8_cache",)
         types |= {k: bool for k in flags}
         cast = {n: a.astype(types.get(n, np.int64)) for n, a in zip(names, arrays, strict=True)}
         return cls(**cast, compressions=tuple(compressions))
@@ -175,6 +178,7 @@ class Layouts:
             moment_bytes=col(lambda s: DTYPE_BYTES[s.optimizer_moments]),
             recompute_parts=col(lambda s: recompute_code(s.recompute_modules)),
             fp8_param=col(lambda s: s.fp8_param),
+            fp8_cache=col(lambda s: s.fp8_cache),
         )
 
     def take(self, index: np.ndarray) -> Layouts:
@@ -210,6 +214,7 @@ class Layouts:
             "optimizer_moments": "bf16" if r["moment_bytes"] == 2 else "fp32",
             "recompute_modules": recompute_names(r["recompute_parts"]),
             "fp8_param": r["fp8_param"],
+            "fp8_cache": r["fp8_cache"],
         }
         return base.model_copy(update=update)
 

@@ -76,6 +76,7 @@ class ParallelLayout:
     moment_bytes: int = 4  # bytes of each Adam moment (4: fp32; 2: bf16, DeepSeek-V3 3.3.3)
     recompute_parts: int = 0  # activations.recompute_code of RECOMPUTE_MODULES
     fp8_param: bool = False  # FP8 primary weights: no FP8 weight copy beside them
+    fp8_cache: bool = False  # DeepSeek-V3's low-precision activation caching (activations)
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -248,6 +249,7 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
                 c["flash"],
                 widths,
                 c["parts"],
+                c["fp8_cache"],
             )
             for widths in (shape.widths_fp8, shape.widths)
         ),
@@ -363,6 +365,7 @@ def memory_per_gpu_batch(
     moment_bytes=4,
     recompute_parts=0,
     fp8_param=False,
+    fp8_cache=False,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -394,6 +397,7 @@ def memory_per_gpu_batch(
         moments=moment_bytes,
         parts=recompute_parts,
         fp8_param=fp8_param,
+        fp8_cache=fp8_cache,
     )
     return sum(_components(workload, c, schedule))
 
@@ -433,5 +437,6 @@ def memory_per_gpu(
         moments=layout.moment_bytes,
         parts=layout.recompute_parts,
         fp8_param=layout.fp8_param,
+        fp8_cache=layout.fp8_cache,
     )
     return MemoryBreakdown(*(float(x) for x in _components(workload, c, schedule)))

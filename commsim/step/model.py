@@ -392,5 +392,6 @@ class StepModel:
             moment_bytes=L.moment_bytes,
             recompute_parts=L.recompute_parts,
             fp8_param=L.fp8_param,
+            fp8_cache=L.fp8_cache,
             residual_bytes=np.where(L.error_feedback & (L.compression != 0), L.grad_bytes, 0),
         )
