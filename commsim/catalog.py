@@ -28,6 +28,11 @@ from commsim.specs import GPUSpec, SpecError
 # HBM3, 2.97 TB/s) and ND H200 v5 (4.15 TB/s) (github.com/Azure/AI-benchmarking-guide,
 # Azure_Results/ND_*_results.md, "HBM Bandwidth"); no measurement of the 40 GB A100's HBM2
 # or of the B200 in our sources: their datasheet figure stands.
+# HBM_NVML: memory capacity as the driver reports it (NVML / nvidia-smi "Total"), not the
+# datasheet's rounded "80 GB" (the stacks are 16 GiB each): H100 SXM 81,559 MiB, A100 80GB
+# 81,920 MiB, A100 40GB 40,960 MiB, H200 143,771 MiB (Modal's measured table,
+# thundergolfer.com/blog/nvidia-gpu-memory-capacity, 2024); what step.memory fills, less its
+# reserve. GPUs not in that table keep their datasheet figure
 _FA2_AMPERE = 0.6
 _FA2_HOPPER = 0.35
 _STREAM_SOURCE = "; HBM: BabelStream Triad {} TB/s of {} (Azure AI-benchmarking-guide, {})"
@@ -48,7 +53,7 @@ GPUS: dict[str, GPUSpec] = {
         GPUSpec(
             name="a100-40gb",
             peak_flops=312e12,
-            hbm_bytes="40GB",
+            hbm_bytes="40960MiB",  # NVML's total: see HBM_NVML
             hbm_bandwidth="1555GB/s",
             nvlink_bandwidth="300GB/s",
             source="NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 1,555 GB/s, "
@@ -64,7 +69,7 @@ GPUS: dict[str, GPUSpec] = {
         GPUSpec(
             name="a100-80gb",
             peak_flops=312e12,
-            hbm_bytes="80GB",
+            hbm_bytes="81920MiB",  # NVML's total: see HBM_NVML
             hbm_bandwidth="2039GB/s",
             nvlink_bandwidth="300GB/s",
             source="NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16 dense, 2,039 GB/s, "
@@ -82,7 +87,7 @@ GPUS: dict[str, GPUSpec] = {
         GPUSpec(
             name="h100",
             peak_flops=989e12,
-            hbm_bytes="80GB",
+            hbm_bytes="81559MiB",  # NVML's total: see HBM_NVML
             hbm_bandwidth="3350GB/s",
             nvlink_bandwidth="450GB/s",
             source="NVIDIA H100 datasheet (SXM5): 989 TFLOPS BF16 dense (1,979 with "
@@ -103,7 +108,7 @@ GPUS: dict[str, GPUSpec] = {
         GPUSpec(
             name="h200",
             peak_flops=989e12,
-            hbm_bytes="141GB",
+            hbm_bytes="143771MiB",  # NVML's total: see HBM_NVML
             hbm_bandwidth="4800GB/s",
             nvlink_bandwidth="450GB/s",
             source="NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 141 GB, 4.8 TB/s, "

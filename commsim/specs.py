@@ -274,6 +274,8 @@ Zero3Issue = Literal["unit", "parameter"]
 GradAccumulation = Literal["fused", "autograd", "fp32"]
 # how the norms' backward runs (Strategy.norm_backward, step.compute.ELEMENTWISE)
 NormBackward = Literal["two-pass", "one-pass"]
+# Megatron-core's output-discarding recompute_modules (step.activations.RECOMPUTE_MODULES)
+RecomputeModule = Literal["layernorm", "mla_up_proj", "moe_act"]
 
 
 class Strategy(Spec):
@@ -326,6 +328,17 @@ class Strategy(Spec):
     # the norms' backward: dx and the weight's gradient each reading dy and x (Apex, PyTorch)
     # or one kernel reading them once (Transformer Engine: Megatron-core, NeMo)
     norm_backward: NormBackward = "two-pass"
+    # outputs discarded in the forward and recomputed in the backward, beside `recompute`
+    # (Megatron-core recompute_modules; DeepSeek-V3 sec. 3.2.3): step.activations
+    recompute_modules: tuple[RecomputeModule, ...] = ()
+    # Adam's moments: fp32, or bf16 beside fp32 master weights (DeepSeek-V3 sec. 3.3.3)
+    optimizer_moments: Literal["fp32", "bf16"] = "fp32"
+    # FP8 primary weights (Megatron-core fp8_param_gather; off by default there, on in
+    # Megatron-Bridge's FP8 recipes): no FP8 weight copy beside 16-bit weights (step.memory)
+    fp8_param: bool = False
+    # DeepSeek-V3's low-precision activations (sec. 3.3.2): MoE activation inputs in FP8, the
+    # attention output once in E5M6 (step.activations); with precision fp8
+    fp8_cache: bool = False
     tp_overlap: bool = False  # tensor-parallel collectives overlapped with GEMMs (TE/Megatron)
     # the expert all-to-alls run under another micro-batch's compute (Megatron-core's
     # --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)

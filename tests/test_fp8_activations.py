@@ -65,8 +65,9 @@ def test_fp8_lowers_only_the_activations():
     w = build_workload("llama3-70b")
     layout = dict(dp=2, tp=4, pp=8, interleave=5, zero=1, micro_batches=64, seq_len=8192)
     bf16 = memory_per_gpu(w, ParallelLayout(**layout, sequence_parallel=True, grad_bytes=4))
+    # with FP8 primary weights (no FP8 weight copy beside them: test_memory_savers)
     fp8 = memory_per_gpu(
-        w, ParallelLayout(**layout, sequence_parallel=True, grad_bytes=4, fp8=True)
+        w, ParallelLayout(**layout, sequence_parallel=True, grad_bytes=4, fp8=True, fp8_param=True)
     )
     assert (fp8.params, fp8.grads, fp8.optimizer) == (bf16.params, bf16.grads, bf16.optimizer)
     # tp 4 with sequence parallelism: (6 + 23) / 4 against (8 + 25.5) / 4 a layer's sbh

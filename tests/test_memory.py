@@ -78,7 +78,7 @@ def test_llama2_7b_ddp_does_not_fit_h100():
     h100 = gpu("h100")
     assert not m.fits(h100)
     assert m.reason(h100).startswith("needs ")
-    assert "of 72.0 GB usable on h100 (80 GB less 10% reserve): optimizer 80.9 GB" in m.reason(h100)
+    assert "of 77.0 GB usable on h100 (86 GB less 10% reserve): optimizer 80.9 GB" in m.reason(h100)
 
 
 def test_gpt3_megatron_layout_fits_80gb():
@@ -249,8 +249,9 @@ def test_batch_equals_scalar(name):
 
 
 def test_usable_bytes():
-    assert usable_bytes(gpu("h100")) == pytest.approx(72e9)
-    assert usable_bytes(gpu("h100"), 0.0) == 80e9
+    # NVML's 81,559 MiB (catalog.HBM_NVML) less the 10% reserve
+    assert usable_bytes(gpu("h100")) == pytest.approx(0.9 * 81_559 * 2**20)
+    assert usable_bytes(gpu("h100"), 0.0) == 81_559 * 2**20
 
 
 def test_expert_parameters_divide_over_ep():
@@ -308,11 +309,11 @@ def test_a_hf_config_with_dropout_keeps_its_masks(tmp_path):
 
 
 def test_a_near_miss_is_told_apart_from_the_room():
-    """A need just over the room gets the decimals that show it is over: never 72.0 of 72.0."""
+    """A need just over the room gets the decimals that show it is over: never 77.0 of 77.0."""
     h100 = gpu("h100")
-    room = 80e9 * 0.9
+    room = h100.hbm_bytes * 0.9
     m = MemoryBreakdown(params=room + 3e6, grads=0.0, optimizer=0.0, activations=0.0, buffers=0.0)
-    assert "needs 72.003 GB of 72.000 GB usable" in m.reason(h100)
+    assert "needs 76.972 GB of 76.969 GB usable" in m.reason(h100)
 
 
 def test_fsdp_keeps_fp32_shards_that_are_the_master():

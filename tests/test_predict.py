@@ -127,7 +127,7 @@ def test_compression_codec_counts_as_communication():
 
 
 def test_plan_drops_what_does_not_fit_and_says_why():
-    setup = _setup(micro_batch=4)  # GPT-2 XL, 4 x 1024 tokens of activations: over 40 GB
+    setup = _setup(micro_batch=8)  # GPT-2 XL, 8 x 1024 tokens of activations: over 40 GB
     result = _plan(setup, bucket_mb=25.0, compression="none")
     assert result.ranked == [] and result.skipped == result.searched == 5 * 2 * 2
     assert any("does not fit in GPU memory" in n and "activations" in n for n in result.notes)

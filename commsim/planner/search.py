@@ -24,9 +24,11 @@ import numpy as np
 from commsim.collectives.algorithms import SEARCHED
 from commsim.scenario import Setup
 from commsim.specs import Strategy
+from commsim.step.activations import recompute_code
 from commsim.step.buckets import first_bucket_mb
 from commsim.step.layouts import (
     ALGORITHMS,
+    DTYPE_BYTES,
     GRAD_ACCUMULATIONS,
     GRAD_DTYPES,
     NORM_BACKWARDS,
@@ -275,6 +277,11 @@ def enumerate_layouts(
         # the stack's, where there are ZeRO 1-2 gathers to place
         gather_overlap=base.overlap_param_gather | ~np.isin(cols["zero"], (1, 2)),
         zero3_issue=ZERO3_ISSUES.index(base.zero3_issue),  # the stack's, as its dtype
+        # the stack's memory savers (Strategy.optimizer_moments, recompute_modules, fp8_param)
+        moment_bytes=DTYPE_BYTES[base.optimizer_moments],
+        recompute_parts=recompute_code(base.recompute_modules),
+        fp8_param=base.fp8_param,
+        fp8_cache=base.fp8_cache,
     )
 
 

@@ -12,6 +12,23 @@ import numpy as np
 # recompute codes 0-3 of the batch variant: Megatron's selective (the attention core) and
 # full, and torchtitan's op-level selective checkpointing ("op", see ActivationWidths.of)
 RECOMPUTE = ("none", "selective", "full", "op")
+# Megatron-core's output-discarding recompute_modules (TransformerConfig.recompute_modules:
+# "layernorm", "mla_up_proj", "moe_act"; CheckpointWithoutOutput), the mechanisms DeepSeek-V3
+# states (arXiv:2412.19437 sec. 3.2.3: "recompute all RMSNorm operations and MLA
+# up-projections during back-propagation"; sec. 3.3.2: the SwiGLU inputs of the MoE cached,
+# its output recomputed): each drops its outputs from what a layer keeps. A bit each in the
+# batch variant's recompute_parts code (bit i: RECOMPUTE_MODULES[i])
+RECOMPUTE_MODULES = ("layernorm", "mla_up_proj", "moe_act")
+
+
+def recompute_code(modules) -> int:
+    """The bit code of a list of RECOMPUTE_MODULES names."""
+    return sum(1 << RECOMPUTE_MODULES.index(m) for m in set(modules))
+
+
+def recompute_names(code: int) -> tuple[str, ...]:
+    """The RECOMPUTE_MODULES names of a recompute_code."""
+    return tuple(m for i, m in enumerate(RECOMPUTE_MODULES) if code >> i & 1)
 
 
 @dataclass(frozen=True)
@@ -33,6 +50,13 @@ class ActivationWidths:
     op_split: float = 0.0
     op_whole: float = 0.0
     op_scatters: float = 4.0
+    # of replicated and split: what each RECOMPUTE_MODULES entry drops (norm_out of
+    # replicated; up_proj and act_out of split)
+    norm_out: float = 0.0
+    up_proj: float = 0.0
+    act_out: float = 0.0
+    # of split: what DeepSeek-V3's low-precision caching saves (fp8_cache)
+    fp8_cached: float = 0.0
 
     @classmethod
     def of(cls, c, fp8: bool = False) -> ActivationWidths:
@@ -50,7 +74,16 @@ class ActivationWidths:
         inputs, the MLP's inner GEMM input (activation output), each routed copy's input and
         an FP8 copy of the attention output for the output projection, beside the BF16 one
         the attention kernel keeps; norm inputs, Q, K, V and the activation's input stay BF16.
-        MLA's latents are counted in BF16 (not checked against a source)."""
+        MLA's latents are counted in BF16 (not checked against a source). What the
+        RECOMPUTE_MODULES drop: "layernorm" the two norm outputs (the attention's and the
+        MLP's inputs, in whatever format they are kept: recomputed for their GEMMs' backward
+        from the norm inputs, which stay); "mla_up_proj" MLA's Q, K and V (recomputed from the
+        latents); "moe_act" the routed experts' activation output (their down-projection's
+        input, recomputed from the kept activation input). `fp8_cached` (FP8 widths only): what
+        DeepSeek-V3's low-precision caching saves (sec. 3.3.2): the MoE activation's inputs
+        in FP8, 1 byte a value where BF16 keeps 2, and the attention output kept once, in
+        E5M6 (1.5 bytes), for both the attention's backward and the output projection's,
+        where Transformer Engine keeps it in BF16 and in FP8 (2 + 1)."""
         h, d = c.hidden, 1.0 if c.has_dropout else 0.0
         gemm_in = 1.0 if fp8 else 2.0  # bytes a saved GEMM input takes
         hd = c.head_width
@@ -67,6 +100,7 @@ class ActivationWidths:
             return ((4.0 if c.gated_mlp else 2.0) + gemm_in) * width
 
         mlp = inside(c.ffn_hidden)
+        act_out = act_in = 0.0
         if c.experts > 1:
             routed = c.top_k * c.capacity_factor
             expert = c.moe_ffn_hidden or c.ffn_hidden
@@ -74,10 +108,16 @@ class ActivationWidths:
             moe += inside(c.shared_experts * expert) if c.shared_experts else 0.0
             share = (c.layers - c.dense_layers) / c.layers
             mlp = (1.0 - share) * mlp + share * moe
+            act_out = share * routed * gemm_in * expert
+            act_in = share * routed * (2.0 if c.gated_mlp else 1.0) * expert
         return cls(
             replicated=4.0 + 2.0 * gemm_in + 2.0 * d + latent / h,
             split=(attention + mlp) / h,
             scores=2.0 + 3.0 * d,
+            norm_out=2.0 * gemm_in,
+            up_proj=2.0 * (q + k + v) / h if c.mla else 0.0,
+            act_out=act_out / h,
+            fp8_cached=(act_in + 1.5 * o) / h if fp8 else 0.0,
             **_op_widths(c, q, k, v),
         )
 
@@ -101,14 +141,26 @@ def _op_widths(c, q: float, k: float, v: float) -> dict[str, float]:
 
 
 def activation_bytes_per_layer(
-    s, b, h, a, t, sequence_parallel, recompute, flash=False, widths=ActivationWidths()
+    s,
+    b,
+    h,
+    a,
+    t,
+    sequence_parallel,
+    recompute,
+    flash=False,
+    widths=ActivationWidths(),
+    parts=0,
+    fp8_cache=False,
 ):
     """Activation bytes one transformer layer keeps for one micro-batch (Korthikanti Table 2
     with the layer's ActivationWidths); `recompute` is a code of RECOMPUTE, arrays broadcast;
     s is the tokens this GPU holds of a sequence (s / cp under context parallelism).
     FlashAttention (Dao et al. 2022) keeps no s x s scores, softmax or dropout of them: the
     scores term goes, as under selective recomputation (its softmax statistics, a s b fp32
-    values, are negligible)."""
+    values, are negligible). `parts`: a recompute_code of RECOMPUTE_MODULES, what they drop
+    taken off what the layer keeps without full or op-level recomputation, as is what
+    `fp8_cache` (DeepSeek-V3's low-precision caching) saves."""
     # tensor parallel: sbh(replicated + split/t + scores as/(ht)); sequence parallelism also
     # splits the replicated part; selective recompute drops the scores; full recompute keeps
     # the 2sbh layer input, /t under sequence parallelism (Megatron stores it sharded)
@@ -117,8 +169,12 @@ def activation_bytes_per_layer(
     no_scores = (recompute != 0) | np.asarray(flash)
     scores = np.where(no_scores, 0.0, widths.scores * a * s / h)
     sp = np.where(sequence_parallel, t, 1)
-    kept = sbh * (widths.replicated / sp + (widths.split + scores) / t)
     w = widths
+    has = [(np.asarray(parts) >> i) & 1 for i in range(len(RECOMPUTE_MODULES))]
+    replicated = w.replicated - has[0] * w.norm_out
+    split = w.split - has[1] * w.up_proj - has[2] * w.act_out
+    split = split - np.asarray(fp8_cache) * w.fp8_cached
+    kept = sbh * (replicated / sp + (split + scores) / t)
     op = w.op_whole + (w.op_replicated + np.where(t > 1, w.op_scatters, 0.0)) / sp
     op = sbh * (op + w.op_split / t)
     return np.select([recompute == 2, recompute == 3], [2.0 * sbh / sp, op], kept)

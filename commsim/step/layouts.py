@@ -22,6 +22,7 @@ from commsim.specs import (
     Strategy,
     Zero3Issue,
 )
+from commsim.step.activations import recompute_code, recompute_names
 from commsim.step.buckets import first_bucket_mb
 from commsim.step.memory import RECOMPUTE
 from commsim.topology.placement import PLACEMENTS
@@ -69,6 +70,10 @@ _DEFAULTS: dict[str, Any] = {
     "zero3_issue": 0,
     "order": 0,
     "fsdp_states": False,
+    "moment_bytes": 4,
+    "recompute_parts": 0,
+    "fp8_param": False,
+    "fp8_cache": False,
 }
 
 
@@ -111,6 +116,10 @@ class Layouts:
     zero3_issue: np.ndarray  # code into ZERO3_ISSUES: how ZeRO-3 issues its collectives
     order: np.ndarray  # code into RANK_ORDERS
     fsdp_states: np.ndarray  # ZeRO-3 shards kept as PyTorch FSDP keeps them (Strategy.states)
+    moment_bytes: np.ndarray  # bytes of an Adam moment (Strategy.optimizer_moments)
+    recompute_parts: np.ndarray  # recompute_code of Strategy.recompute_modules
+    fp8_param: np.ndarray  # FP8 primary weights (Strategy.fp8_param)
+    fp8_cache: np.ndarray  # DeepSeek-V3's low-precision activation caching (Strategy.fp8_cache)
     compressions: tuple[str, ...] = field(default=("none",))
 
     def __len__(self) -> int:
@@ -128,7 +137,8 @@ class Layouts:
         arrays = np.broadcast_arrays(*(np.atleast_1d(v) for v in values))
         types = {"bucket_mb": float, "first_bucket_mb": float}
         flags = ("overlap", "error_feedback", "fp8", "flash", "tp_overlap", "ep_overlap")
-        flags += ("fsdp_states", "gather_overlap", "sequence_parallel")
+        flags += ("fsdp_states", "gather_overlap", "sequence_parallel", "fp8_param")
+        flags += ("fp8_cache",)
         types |= {k: bool for k in flags}
         cast = {n: a.astype(types.get(n, np.int64)) for n, a in zip(names, arrays, strict=True)}
         return cls(**cast, compressions=tuple(compressions))
@@ -177,6 +187,10 @@ class Layouts:
             zero3_issue=col(lambda s: ZERO3_ISSUES.index(s.zero3_issue)),
             order=col(lambda s: RANK_ORDERS.index(s.order)),
             fsdp_states=col(lambda s: s.states == "fsdp"),
+            moment_bytes=col(lambda s: DTYPE_BYTES[s.optimizer_moments]),
+            recompute_parts=col(lambda s: recompute_code(s.recompute_modules)),
+            fp8_param=col(lambda s: s.fp8_param),
+            fp8_cache=col(lambda s: s.fp8_cache),
         )
 
     def take(self, index: np.ndarray) -> Layouts:
@@ -210,6 +224,10 @@ class Layouts:
             "etp": r["etp"] or None,
             "states": "fsdp" if r["fsdp_states"] else "zero",
             "overlap_param_gather": r["gather_overlap"],
+            "optimizer_moments": "bf16" if r["moment_bytes"] == 2 else "fp32",
+            "recompute_modules": recompute_names(r["recompute_parts"]),
+            "fp8_param": r["fp8_param"],
+            "fp8_cache": r["fp8_cache"],
         }
         return base.model_copy(update=update)
 

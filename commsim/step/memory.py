@@ -26,8 +26,14 @@ from commsim.step.shape import expert_shards, stage_layers
 from commsim.workload.model import Workload
 
 PARAM_BYTES = 2  # fp16/bf16 weights (ZeRO Sec. 3.1)
-OPTIMIZER_BYTES = 12  # fp32 master weights, Adam momentum and variance: K = 12 (ZeRO Sec. 3.1)
 FP32_BYTES = 4
+OPTIMIZER_BYTES = 12  # fp32 master weights, Adam momentum and variance: K = 12 (ZeRO Sec. 3.1)
+# Transformer Engine FP8 with 16-bit primary weights keeps, across a step's micro-batches,
+# an FP8 copy of each GEMM weight and, on Hopper, its FP8 transpose for the backward (TE
+# Linear's weight workspace, cached while Megatron passes is_first_microbatch): 2 bytes a
+# GEMM parameter. FP8 primary weights (Megatron-core fp8_param / --fp8-param-gather, default
+# off; Megatron-Bridge's FP8 recipes set it) are that copy: nothing beside PARAM_BYTES
+FP8_WEIGHT_COPY_BYTES = 2
 # CUDA context, cuBLAS workspace and NCCL communicator buffers (NCCL_BUFFSIZE, 4 MiB per channel
 # and peer): an estimate, not a measurement; a few hundred MiB to over 1 GiB in practice.
 WORKSPACE_BYTES = 2**30
@@ -67,6 +73,10 @@ class ParallelLayout:
     fsdp_states: bool = False  # ZeRO-3 shards kept as PyTorch FSDP keeps them (fp32 weights)
     residual_bytes: int = 0  # error feedback: its residual's bytes a parameter (0: none)
     fp8: bool = False  # Transformer Engine FP8 GEMMs: their saved inputs in FP8
+    moment_bytes: int = 4  # bytes of each Adam moment (4: fp32; 2: bf16, DeepSeek-V3 3.3.3)
+    recompute_parts: int = 0  # activations.recompute_code of RECOMPUTE_MODULES
+    fp8_param: bool = False  # FP8 primary weights: no FP8 weight copy beside them
+    fp8_cache: bool = False  # DeepSeek-V3's low-precision activation caching (activations)
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -175,19 +185,22 @@ def _transformer_shape(workload: Workload) -> _Shape | None:
     )
 
 
-def _states(params, dp, zero, grad_bytes, fsdp=False):
+def _states(params, dp, zero, grad_bytes, fsdp=False, moment_bytes=4):
     """Weight, gradient and optimizer bytes of `params` parameters under a ZeRO stage."""
-    # ZeRO Sec. 5.1: P_os 4Ψ + KΨ/Nd, P_os+g 2Ψ + (2 + K)Ψ/Nd, P_os+g+p (2 + 2 + K)Ψ/Nd.
+    # ZeRO Sec. 5.1: P_os 4Ψ + KΨ/Nd, P_os+g 2Ψ + (2 + K)Ψ/Nd, P_os+g+p (2 + 2 + K)Ψ/Nd,
+    # K = 12: fp32 master weights, Adam's momentum and variance (Sec. 3.1); with moments of
+    # `moment_bytes` K = 4 + 2 x moment_bytes (DeepSeek-V3 sec. 3.3.3: BF16 moments, FP32
+    # master weights, K = 8).
     # PyTorch FSDP keeps its shards in the parameters' own dtype, fp32, and casts them to bf16
     # as it gathers them (Zhao et al. 2023, arXiv:2304.11277, Sec. 4.4; FSDP2's
     # MixedPrecisionPolicy): the fp32 shard is the master, so 4 + 8 bytes where ZeRO keeps
     # 2 + 12, and the gradient shard is fp32 (4)
     fsdp = np.asarray(fsdp) & (np.asarray(zero) >= 3)
-    master = OPTIMIZER_BYTES - FP32_BYTES
+    moments = 2 * np.asarray(moment_bytes)
     return (
         np.where(fsdp, FP32_BYTES, PARAM_BYTES) * params / np.where(zero >= 3, dp, 1),
         np.where(fsdp, FP32_BYTES, grad_bytes) * params / np.where(zero >= 2, dp, 1),
-        np.where(fsdp, master, OPTIMIZER_BYTES) * params / np.where(zero >= 1, dp, 1),
+        (np.where(fsdp, 0, FP32_BYTES) + moments) * params / np.where(zero >= 1, dp, 1),
     )
 
 
@@ -235,6 +248,8 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
                 c["recompute"],
                 c["flash"],
                 widths,
+                c["parts"],
+                c["fp8_cache"],
             )
             for widths in (shape.widths_fp8, shape.widths)
         ),
@@ -244,6 +259,8 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     sbh = held_seq * c["micro_batch"] * shape.hidden
     output = 4.0 * sbh / t * (1.0 + shape.vocab / shape.hidden)
     output = output * in_flight(pp - 1, pp, 1, c["micro_batches"], schedule)
+    # FP8 weight copies of 16-bit primary weights; ZeRO-3 casts a unit's as it gathers it
+    copy = np.where(c["fp8"] & ~c["fp8_param"] & (zero < 3), FP8_WEIGHT_COPY_BYTES, 0)
     stages = []
     # the first stage, the second (the most loaded middle one: most in flight), the last
     for rank, layers, extra, on_last, exists in (
@@ -255,14 +272,16 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         ends = np.where(exists, np.where(pp == 1, first + last, extra), 0.0)
         params = held * block + ends
         expert = held * experts  # ZeRO shards these over the expert-data-parallel ranks
-        dense = _states(params - expert, dp, zero, c["grad_bytes"], c["fsdp_states"])
-        shards = expert_shards(dp, t, ep, etp)
-        sparse = _states(expert, shards, zero, c["grad_bytes"], c["fsdp_states"])
+        kinds = (zero, c["grad_bytes"], c["fsdp_states"], c["moments"])
+        dense = _states(params - expert, dp, *kinds)
+        sparse = _states(expert, expert_shards(dp, t, ep, etp), *kinds)
         acts = in_flight(rank, pp, v, c["micro_batches"], schedule) * held * per_layer
         acts = acts + np.where(on_last, output, 0.0)
         largest = np.maximum(block, np.where(pp == 1, np.maximum(first, last), extra))
         buffers = _buffers(zero, c["bucket_mb"], c["grad_bytes"], largest, params, c["residual"])
-        stages.append((*(d + x for d, x in zip(dense, sparse, strict=True)), acts, buffers))
+        weights, *rest = (d + x for d, x in zip(dense, sparse, strict=True))
+        weights = weights + copy * held * (block - shape.block[1])  # the blocks' GEMMs
+        stages.append((weights, *rest, acts, buffers))
     totals = np.stack([sum(stage) for stage in stages])
     worst = np.argmax(totals, axis=0)  # ties go to the first stage, as before
     return tuple(np.choose(worst, parts) for parts in zip(*stages, strict=True))
@@ -283,7 +302,7 @@ def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: st
     acts = in_flight(0, pp, c["interleave"], c["micro_batches"], schedule) * per_pass
     largest = workload.layer_params.max() / t
     return (
-        *_states(params / t, c["dp"], c["zero"], c["grad_bytes"], c["fsdp_states"]),
+        *_states(params / t, c["dp"], c["zero"], c["grad_bytes"], c["fsdp_states"], c["moments"]),
         acts,
         _buffers(c["zero"], c["bucket_mb"], c["grad_bytes"], largest, params / t, c["residual"]),
     )
@@ -297,6 +316,8 @@ def _check(c: dict[str, np.ndarray]) -> None:
     etp = np.where(c["etp"] > 0, c["etp"], c["tp"])
     if np.any((c["tp"] * c["cp"] * c["dp"]) % (c["ep"] * etp)):
         raise ValueError("ep x etp must divide tp x cp x dp")
+    if np.any((c["moments"] != 2) & (c["moments"] != 4)):
+        raise ValueError("moment_bytes must be 2 (bf16) or 4 (fp32)")
     if np.any((c["zero"] < 0) | (c["zero"] > 3)):
         raise ValueError("zero must be 0, 1, 2 or 3")
     if np.any((c["recompute"] < 0) | (c["recompute"] >= len(RECOMPUTE))):
@@ -341,6 +362,10 @@ def memory_per_gpu_batch(
     residual_bytes=0,
     fsdp_states=False,
     fp8=False,
+    moment_bytes=4,
+    recompute_parts=0,
+    fp8_param=False,
+    fp8_cache=False,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -369,6 +394,10 @@ def memory_per_gpu_batch(
         residual=residual_bytes,
         fsdp_states=fsdp_states,
         fp8=fp8,
+        moments=moment_bytes,
+        parts=recompute_parts,
+        fp8_param=fp8_param,
+        fp8_cache=fp8_cache,
     )
     return sum(_components(workload, c, schedule))
 
@@ -405,5 +434,9 @@ def memory_per_gpu(
         residual=layout.residual_bytes,
         fsdp_states=layout.fsdp_states,
         fp8=layout.fp8,
+        moments=layout.moment_bytes,
+        parts=layout.recompute_parts,
+        fp8_param=layout.fp8_param,
+        fp8_cache=layout.fp8_cache,
     )
     return MemoryBreakdown(*(float(x) for x in _components(workload, c, schedule)))

@@ -76,13 +76,15 @@ def send_bytes(L: Layouts, sh: Shape) -> np.ndarray:
     return tp_bytes(L, sh) / L.tp
 
 
-def state_grad_bytes(plain, grad_bytes):
+def state_grad_bytes(plain, grad_bytes, fp32_buffer=False):
     """Gradient bytes a parameter's training state is counted with. Plain DDP under
     torch.amp keeps fp32 weights (4 B), fp32 gradients (4 B) and Adam's m and v (8 B): 16 B
     a parameter, the same total as the memory model's mixed-precision split 2 + 2 + 12, so
     that split is used with 2-byte gradients; Megatron keeps bf16 weights and fp32 main
-    gradients: 2 + 4 + 12."""
-    return np.where(plain, 2, grad_bytes)
+    gradients: 2 + 4 + 12. Gradients accumulated in an fp32 buffer (grad_accumulation
+    "fp32": Megatron's fp32 main_grad, DeepSpeed's BF16_Optimizer fp32 gradients of the
+    whole model, step.compute's FP32_GRAD_ADD) take 4 B whatever dtype goes on the wire."""
+    return np.where(plain, 2, np.where(fp32_buffer, np.maximum(grad_bytes, 4), grad_bytes))
 
 
 def schedule_groups(pp: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -376,7 +378,7 @@ class StepModel:
             L.interleave,
             seq_len=self.shape.seq_len if self.shape.hidden else None,
             micro_batches=L.micro_batches,
-            grad_bytes=state_grad_bytes(L.plain, L.grad_bytes),
+            grad_bytes=state_grad_bytes(L.plain, L.grad_bytes, L.grad_accumulation == 2),
             bucket_mb=L.bucket_mb,
             ep=L.ep,
             etp=L.etp,
@@ -387,5 +389,9 @@ class StepModel:
             shard=L.fsdp_shard,
             fsdp_states=L.fsdp_states,
             fp8=L.fp8,
+            moment_bytes=L.moment_bytes,
+            recompute_parts=L.recompute_parts,
+            fp8_param=L.fp8_param,
+            fp8_cache=L.fp8_cache,
             residual_bytes=np.where(L.error_feedback & (L.compression != 0), L.grad_bytes, 0),
         )

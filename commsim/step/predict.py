@@ -12,6 +12,7 @@ import numpy as np
 
 from commsim.scenario import Setup, check_layout
 from commsim.specs import SpecError, Strategy
+from commsim.step.activations import recompute_code
 from commsim.step.buckets import BucketPlan
 from commsim.step.layouts import DTYPE_BYTES, Layouts
 from commsim.step.memory import MemoryBreakdown, ParallelLayout, memory_per_gpu
@@ -128,6 +129,7 @@ def layout_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
     """Per-GPU memory of a strategy on the fullest pipeline stage, by kind."""
     s, w = setup.scenario, setup.workload
     plain = strategy.data_parallel_only
+    fp32_buffer = strategy.grad_accumulation == "fp32"
     layout = ParallelLayout(
         dp=setup.dp(strategy),
         tp=strategy.tp,
@@ -141,7 +143,7 @@ def layout_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
         sequence_parallel=strategy.sequence_parallel and strategy.tp > 1,
         interleave=strategy.interleave,
         micro_batches=setup.micro_batches(strategy),
-        grad_bytes=int(state_grad_bytes(plain, DTYPE_BYTES[strategy.grad_dtype])),
+        grad_bytes=int(state_grad_bytes(plain, DTYPE_BYTES[strategy.grad_dtype], fp32_buffer)),
         bucket_mb=strategy.bucket_mb,
         first_layers=strategy.split_layers[0],
         last_layers=strategy.split_layers[1],
@@ -150,6 +152,10 @@ def layout_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
         shard=strategy.fsdp_shard or 0,
         fsdp_states=strategy.states == "fsdp",
         fp8=strategy.precision == "fp8",
+        moment_bytes=DTYPE_BYTES[strategy.optimizer_moments],
+        recompute_parts=recompute_code(strategy.recompute_modules),
+        fp8_param=strategy.fp8_param,
+        fp8_cache=strategy.fp8_cache,
         residual_bytes=DTYPE_BYTES[strategy.grad_dtype] if _residual(strategy) else 0,
     )
     return memory_per_gpu(w, layout)
