@@ -152,6 +152,7 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
             f"divide the {setup.n_gpus} GPUs into data-parallel replicas",
         )
     _check_kernels(setup, strategy)
+    _check_recompute_modules(w, strategy, src)
     per_step = setup.dp(strategy) * s.micro_batch
     if s.global_batch % per_step:
         raise SpecError(
@@ -261,6 +262,16 @@ def check_pins(w: Workload, strategy: Strategy, pins: set[str], src: str) -> Non
     stack = {"sequence_parallel": strategy.sequence_parallel}  # never searched: as given
     check_model_axes(w, Strategy(**(stack | pinned)), src)
     _check_param_gather(strategy, pinned.get("zero", 1), pinned.get("overlap", True), src)
+    _check_recompute_modules(w, strategy, src)
+
+
+def _check_recompute_modules(w: Workload, strategy: Strategy, src: str) -> None:
+    """A module recomputed must be one the model has (SpecError): else it saves nothing."""
+    mla = w.arch is not None and w.arch.mla
+    for module, has in (("mla_up_proj", mla), ("moe_act", w.moe)):
+        if module in strategy.recompute_modules and not has:
+            what = "MLA's up-projections" if module == "mla_up_proj" else "routed experts"
+            raise SpecError(src, "strategy.recompute_modules", f"{module}: {w.name} has no {what}")
 
 
 def _check_param_gather(strategy: Strategy, zero: int, overlap: bool, src: str) -> None:
@@ -309,6 +320,9 @@ def _check_kernels(setup: Setup, strategy: Strategy) -> None:
     src = setup.source
     if strategy.precision == "fp8" and not setup.gpu.fp8_flops:
         raise SpecError(src, "strategy.precision", f"{setup.gpu.name} has no FP8 tensor cores")
+    for field in ("fp8_param", "fp8_cache"):
+        if getattr(strategy, field) and strategy.precision != "fp8":
+            raise SpecError(src, f"strategy.{field}", "applies to FP8 training (precision fp8)")
     if strategy.tp_overlap and strategy.tp == 1:
         raise SpecError(src, "strategy.tp_overlap", "needs tensor parallelism (tp > 1)")
     if strategy.tp_overlap and not strategy.sequence_parallel:  # Megatron-LM arguments.py

@@ -299,3 +299,26 @@ def test_a_gpu_file_beside_the_cluster_file_is_found_from_anywhere(tmp_path, mon
     assert Path(spec.node.gpu) == home / "mygpu.yaml"
     (home / "d.yaml").write_text(re.sub(r"gpu: \S+", "gpu: elsewhere.yaml", text, count=1))
     assert load_spec(ClusterSpec, "clusters/d.yaml").node.gpu == "elsewhere.yaml"
+
+
+_FP8_ONLY = "applies to FP8 training (precision fp8)"
+
+
+@pytest.mark.parametrize(
+    "command,strategy,says",
+    [  # plan searches FP8 and gives its FP8 layouts the FP8 savers: predict only
+        ("predict", {"fp8_param": True}, f"strategy.fp8_param: {_FP8_ONLY}"),
+        ("predict", {"fp8_cache": True}, f"strategy.fp8_cache: {_FP8_ONLY}"),
+        *(
+            (command, {"recompute_modules": [module]}, f"{module}: llama2-7b has no {what}")
+            for command in ("predict", "plan")
+            for module, what in (("mla_up_proj", "MLA's"), ("moe_act", "routed experts"))
+        ),
+    ],
+)
+def test_a_memory_saver_the_layout_cannot_use_is_refused(tmp_path, command, strategy, says):
+    """Memory savers that would save nothing for this model or precision: one line, exit 2."""
+    path = tmp_path / "s.yaml"
+    doc = dict(model="llama2-7b", cluster="dgx-h100-ib", gpus=8, global_batch=64)
+    path.write_text(json.dumps(doc | {"strategy": strategy}))
+    refused(command, str(path), says=says)

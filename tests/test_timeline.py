@@ -329,3 +329,8 @@ def test_adam_step_bytes_pass_by_pass():
         assert adam_step_time(1e9, h100, grad) == pytest.approx(want)
     assert adam_step_time(1e9, h100, 4) == pytest.approx(1e9 * 50 / 2.97e12)
     assert adam_step_time(1e9, h100, 2) == pytest.approx(1e9 * 54 / 2.97e12)
+    # bf16 moments (DeepSeek-V3): Adam reads and writes m and v at 2 bytes: 42 a parameter
+    adam = ((fp32, fp32, half, half), (fp32, half, half))  # g, p, m, v -> p, m, v
+    bf16 = body - sum(map(sum, passes["adam"])) + sum(map(sum, adam)) + fp32
+    assert adam_step_time(1e9, h100, 4, moment_bytes=2) == pytest.approx(1e9 * bf16 / 2.97e12)
+    assert bf16 == 42

@@ -277,11 +277,12 @@ def enumerate_layouts(
         # the stack's, where there are ZeRO 1-2 gathers to place
         gather_overlap=base.overlap_param_gather | ~np.isin(cols["zero"], (1, 2)),
         zero3_issue=ZERO3_ISSUES.index(base.zero3_issue),  # the stack's, as its dtype
-        # the stack's memory savers (Strategy.optimizer_moments, recompute_modules, fp8_param)
+        # the stack's memory savers (Strategy.optimizer_moments, recompute_modules), the FP8
+        # ones (fp8_param, fp8_cache) where the layout trains in FP8
         moment_bytes=DTYPE_BYTES[base.optimizer_moments],
         recompute_parts=recompute_code(base.recompute_modules),
-        fp8_param=base.fp8_param,
-        fp8_cache=base.fp8_cache,
+        fp8_param=base.fp8_param & cols["fp8"],
+        fp8_cache=base.fp8_cache & cols["fp8"],
     )
 
 

@@ -207,7 +207,7 @@ class StepModel:
         x_f = np.where(v > 1, first * (span_f / v + send), span_f)
         dp_comm, tail, codec, local_params = self.dp.sync(L, x_b, x_f)
         zero3 = L.zero == 3
-        optimizer = adam_step_time(local_params, self.gpu, L.grad_bytes)
+        optimizer = adam_step_time(local_params, self.gpu, L.grad_bytes, L.moment_bytes)
         step = pipeline + tail + optimizer
         memory = self.memory(L)
         peak = self.n * self.gpu.peak_flops
@@ -269,7 +269,7 @@ class StepModel:
         c = self.compute(one)
         steps = self.global_batch / L.micro_batch
         return steps * (c.forward + c.backward) + adam_step_time(
-            self.shape.total_params, self.gpu, L.grad_bytes
+            self.shape.total_params, self.gpu, L.grad_bytes, L.moment_bytes
         )
 
     def _stage_times(self, L: Layouts) -> StageTimes:

@@ -34,17 +34,22 @@ CodecTime = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 # gradient buffer (param_and_grad_buffer's grad_data.zero_(): the gradient's bytes). A 16-bit
 # gradient buffer adds its cast to fp32 main gradients (_copy_model_grads_to_main_grads,
 # main_grad.float(): read 2, write 4); an fp32 one is used as it is (.float() is no copy).
-OPTIMIZER_BYTES = 4 + 8 + 28 + (4 + 2)
+# Adam's 28 are 12 (gradient and parameter read, parameter written) and its moments m and v
+# read and written, 4 moment-widths: 16 in fp32, 8 in bf16 (DeepSeek-V3, sec. 3.3.3).
+OPTIMIZER_HBM_BYTES = 4 + 8 + 12 + (4 + 2)
 MAIN_GRAD_CAST = 2 + 4
+MOMENT_PASSES = 4
 
 
-def adam_step_time(params, gpu: GPUSpec, grad_bytes=4):
+def adam_step_time(params, gpu: GPUSpec, grad_bytes=4, moment_bytes=4):
     """Seconds of a memory-bound mixed-precision Adam step over `params` parameters whose
-    gradients are `grad_bytes` wide: OPTIMIZER_BYTES, the buffer's zeroing, and the cast to
-    fp32 of a 16-bit one, a parameter, at the HBM bandwidth streaming kernels reach."""
+    gradients are `grad_bytes` wide and moments `moment_bytes`: OPTIMIZER_HBM_BYTES, the moments'
+    passes, the buffer's zeroing, and the cast to fp32 of a 16-bit one, a parameter, at the
+    HBM bandwidth streaming kernels reach."""
     grad_bytes = np.asarray(grad_bytes, dtype=float)
     cast = np.where(grad_bytes < 4, MAIN_GRAD_CAST, 0.0)
-    per_param = OPTIMIZER_BYTES + grad_bytes + cast
+    moments = MOMENT_PASSES * np.asarray(moment_bytes, dtype=float)
+    per_param = OPTIMIZER_HBM_BYTES + moments + grad_bytes + cast
     return params * per_param / gpu.stream_bandwidth
 
 
