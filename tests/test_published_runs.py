@@ -167,7 +167,10 @@ def test_flop_ratios_show_which_sources_count_commsims_flops():
 def test_the_script_runs_every_row_or_says_why_not(capsys):
     assert pr.main([]) == 0
     out = capsys.readouterr().out
-    rows, skipped = pr.compare_all(DATA)
-    assert len(rows) + len(skipped) == len(RUNS)
-    assert "not priced by the installed commsim" in out or not skipped
-    assert len(rows) >= 24
+    lines = out.splitlines()
+    priced = {run["id"] for run in RUNS if any(ln.split()[:1] == [run["id"]] for ln in lines)}
+    for run in RUNS:  # a row not in the table is named with the reason it is not priced
+        assert run["id"] in priced or (
+            "not priced by the installed commsim" in out and run["id"] in out
+        )
+    assert len(priced) >= 24
