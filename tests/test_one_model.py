@@ -176,7 +176,7 @@ def test_deepspeeds_gathers_after_the_optimizer_add_their_whole_time():
 def test_the_search_prices_the_memory_savers_as_predict_does():
     """The stack's memory savers (recompute_modules, bf16 moments, FP8 primary weights and
     activation caching) reach every searched layout as they reach predict's."""
-    setup = _setup(TOY_MOE, "dgx-h100-ib", 32, 64)
+    setup = _setup(TOY_MOE, "dgx-h100-ib", 8, 16)
     savers = dict(recompute_modules=("layernorm", "moe_act"), optimizer_moments="bf16")
     base = setup.scenario.strategy.model_copy(update=savers | dict(fp8_param=True, fp8_cache=True))
     sc = setup.scenario.model_copy(update={"strategy": base})
@@ -184,7 +184,7 @@ def test_the_search_prices_the_memory_savers_as_predict_does():
     layouts = enumerate_layouts(setup)
     found = search(step_model(setup), layouts)
     assert (layouts.moment_bytes == 2).all() and layouts.fp8[found.fitting].any()
-    plain_setup = _setup(TOY_MOE, "dgx-h100-ib", 32, 64)
+    plain_setup = _setup(TOY_MOE, "dgx-h100-ib", 8, 16)
     plain = search(step_model(plain_setup), enumerate_layouts(plain_setup))
     assert len(plain.layouts) == len(layouts)  # the same layouts, in the same order
     assert (found.breakdown.memory < plain.breakdown.memory).all()  # bf16 moments: every one
