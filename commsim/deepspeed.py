@@ -34,9 +34,9 @@ from typing import Any
 
 from commsim.files import read_json_object
 from commsim.specs import SpecError
+from commsim.step.layouts import DTYPE_BYTES
 
 MIB = 2**20
-GRAD_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16",
                "bf16": "bf16", "bfloat16": "bf16"}  # fmt: skip
 DEFAULT_BUCKET = 5e8  # elements: DeepSpeedZeroConfig.reduce_bucket_size / allgather_bucket_size
@@ -115,7 +115,7 @@ def read_deepspeed(path: str | Path) -> DeepSpeedSettings:
         strategy["overlap_param_gather"] = False
     reduce = _elements(zero, "reduce_bucket_size", source, notes)
     if reduce is not None:
-        strategy["bucket_mb"] = reduce * GRAD_BYTES[dtype or "fp32"] / MIB
+        strategy["bucket_mb"] = reduce * DTYPE_BYTES[dtype or "fp32"] / MIB
     gather = _elements(zero, "allgather_bucket_size", source, notes)
     if gather is not None and reduce is not None and gather != reduce and 0 < stage < 3:
         notes.append(
