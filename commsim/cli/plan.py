@@ -161,57 +161,62 @@ def plan_cmd(
     """Search strategies, ranked by step time: plain DDP in full detail (algorithm x bucket
     x overlap x placement x compression) and, for transformers, data x tensor x pipeline
     layouts (micro-batch, ZeRO, recomputation, interleaving, bucket, algorithm, overlap)."""
+    _plan(locals())
+
+
+def _plan(args: dict[str, Any]) -> None:
+    """Check the flags against the mode they select, then size clusters or plan one."""
     from commsim.files import check_output
+
+    failures = pick(args, FAILURE_FLAGS)
+    one_cluster = pick(args, ("profile", *NCCL_FLAGS, "deepspeed", *TRACE_FLAGS))
+    one_cluster["num_layers_per_virtual_pipeline_stage"] = args["layers_per_virtual_stage"]
+    sizing = args["fabric"] is not None or ":" in (args["gpus"] or "")
+    sizing |= args["deadline"] is not None or args["budget"] is not None
+    with terminal.user_errors():
+        sizing_only = pick(args, ("gpu", "objective"))
+        _check_mode(sizing, args["top"], sizing_only, failures, one_cluster)
+        for path, name, image in ((args["plot"], "--plot", True), (args["html"], "--html", False)):
+            check_output(path, name, image)
+        check_output(args["csv"], "--csv")
+    flags = pick(args, LAYOUT_FLAGS)  # the search dimensions a flag pins
+    pins = {k for k, v in (flags | pick(args, ("micro_batch",))).items() if v is not None}
+    pins |= {"zero"} if args["fsdp"] else set()  # flags validated as scenario fields: pin them
+    if not sizing:
+        return _plan_one_cluster(args, flags, pins)
+    training = pick(args, TRAINING_FLAGS)
+    overrides = training | flags | pick(args, STACK_FLAGS) | (FSDP if args["fsdp"] else {})
+    size_clusters_cmd(
+        *(args[k] for k in ("scenario", "model", "cluster", "gpus")),
+        overrides,
+        pins,
+        failures,
+        args["json_out"],
+        **pick(args, ("fabric", "gpu", "deadline", "budget", "plot", "html", "csv")),
+        objective=args["objective"] or "time-to-train",
+    )
+
+
+def _plan_one_cluster(args: dict[str, Any], flags: dict[str, Any], pins: set[str]) -> None:
+    """Rank one cluster's layouts, the flags' values pinned; print, or write the files."""
     from commsim.scenario import check_pins
 
-    args = locals()  # the flags as given
-    training = pick(args, TRAINING_FLAGS)  # the same in both modes
-    failures = pick(args, FAILURE_FLAGS)
-    flags = pick(args, LAYOUT_FLAGS)  # the search dimensions a flag pins
-    stack = pick(args, STACK_FLAGS)  # every searched layout runs them, none searched
+    scenario, top, plot, html, csv = (args[k] for k in ("scenario", "top", "plot", "html", "csv"))
     nccl = pick(args, NCCL_FLAGS)
-    one_cluster = pick(args, ("profile", *NCCL_FLAGS, "deepspeed"))
-    one_cluster["num_layers_per_virtual_pipeline_stage"] = layers_per_virtual_stage
-    one_cluster |= pick(args, TRACE_FLAGS)
-    sizing = fabric is not None or ":" in (gpus or "") or deadline is not None or budget is not None
-    with terminal.user_errors():
-        _check_mode(sizing, top, dict(gpu=gpu, objective=objective), failures, one_cluster)
-        for path, flag, image in ((plot, "--plot", True), (html, "--html", False)):
-            check_output(path, flag, image)
-        check_output(csv, "--csv")
-    pins = {k for k, v in (flags | {"micro_batch": micro_batch}).items() if v is not None}
-    pins |= {"zero"} if fsdp else set()  # flags validated as scenario fields: pin them
-    if sizing:
-        overrides = training | flags | stack | (FSDP if fsdp else {})
-        options = dict(fabric=fabric, gpu=gpu, deadline=deadline, budget=budget)
-        files = dict(plot=plot, html=html, csv=csv)
-        return size_clusters_cmd(
-            scenario,
-            model,
-            cluster,
-            gpus,
-            overrides,
-            pins,
-            failures,
-            json_out,
-            **options,
-            **files,
-            objective=objective or "time-to-train",
-        )
-    given = pick(args, ("model", "cluster", "gpus")) | training
-    given |= pick(args, ("profile", "deepspeed")) | flags | stack
+    given = pick(args, ("model", "cluster", "gpus", "profile", "deepspeed"))
+    given |= pick(args, TRAINING_FLAGS) | flags | pick(args, STACK_FLAGS)
     with terminal.user_errors(), blame_flags(scenario, given):
         setup = setup_from_flags(
             scenario,
-            fsdp=fsdp,
+            fsdp=args["fsdp"],
             check=False,
-            layers_per_virtual_stage=layers_per_virtual_stage,
-            backend=backend,
+            layers_per_virtual_stage=args["layers_per_virtual_stage"],
+            backend=args["backend"],
             **nccl,
-            **given | {"gpus": gpu_count(gpus)},
+            **given | {"gpus": gpu_count(args["gpus"])},
         )
-        setup, traced = with_trace(setup, trace, trace_tp, trace_pp, trace_micro_batch)
-        pinned = pins | ({"interleave"} if layers_per_virtual_stage else set())
+        setup, traced = with_trace(setup, *(args[k] for k in TRACE_FLAGS))
+        pinned = pins | ({"interleave"} if args["layers_per_virtual_stage"] else set())
         check_pins(setup.workload, setup.scenario.strategy, pinned, setup.source)
         result, sweep = _search(setup, pinned, plot)
         doc = plan_show.plan_doc(setup, result, sweep) | ({"trace": traced} if traced else {})
@@ -220,7 +225,7 @@ def plan_cmd(
         terminal.require_finite(doc, "--tokens and --price-per-gpu-hour")
         inputs = given | nccl | {"scenario": scenario}
         plan_show.write_files(setup, result, doc, top, inputs, (csv, html), sweep)
-    if json_out:
+    if args["json_out"]:
         terminal.print_json(doc)
         return
     plan_show.show(setup, doc, top, sweep, plot)
