@@ -127,6 +127,20 @@ def test_checkpoint_size_and_times_by_hand(jobs):
     assert zero1.held_bytes < job.held_bytes / 5
 
 
+def test_checkpoint_size_follows_the_states_kept(jobs):
+    """bf16 Adam moments save 2 x 2 bytes a parameter (2 + 4 + 4 = 10 B); FSDP's fp32 shards
+    are the master weights (4 + 8 = 12 B); the held share follows the memory model."""
+    prediction, setup = jobs[16384]
+    strategy = prediction.strategy
+    for changes, per_param in (
+        ({"optimizer_moments": "bf16"}, 10),
+        ({"states": "fsdp", "zero": 3}, 12),
+    ):
+        other = strategy.model_copy(update=changes)
+        job = job_state(predict(setup, other), setup)
+        assert job.unique_bytes == pytest.approx(setup.workload.params * per_param)
+
+
 def test_checkpoint_interval_search(jobs):
     prediction, setup = jobs[16384]
     best = best_checkpoint_interval(prediction, setup, Policy("cold"))

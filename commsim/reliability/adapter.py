@@ -15,7 +15,8 @@ from commsim.collectives.algorithms import build_schedule
 from commsim.collectives.group import GroupCost
 from commsim.scenario import Setup
 from commsim.specs import Strategy
-from commsim.step.memory import OPTIMIZER_BYTES, PARAM_BYTES
+from commsim.step.layouts import DTYPE_BYTES
+from commsim.step.memory import model_state_bytes
 from commsim.step.predict import predict
 from commsim.step.prediction import Prediction
 from commsim.topology.build import Cluster
@@ -29,8 +30,9 @@ class JobState:
     held_bytes: the state one GPU must save and load (fp16/bf16 weights + fp32 master
     weights and Adam moments: commsim.step.memory's params + optimizer, on the fullest
     pipeline stage, after ZeRO's sharding). unique_bytes: the job's checkpoint written once,
-    every parameter's 2 + 12 bytes (data-parallel replicas of a shard are written once, as
-    Megatron-core's distributed checkpoint does)."""
+    every parameter's weights and optimizer state (2 + 12 bytes; 2 + 8 with bf16 moments;
+    FSDP's fp32 shards 4 + 8), data-parallel replicas of a shard written once, as
+    Megatron-core's distributed checkpoint does."""
 
     gpus: int
     gpus_per_node: int
@@ -72,7 +74,11 @@ def job_state(prediction: Prediction, setup: Setup) -> JobState:
         zero=strategy.zero,
         step_s=prediction.step_time_s,
         held_bytes=mem.params + mem.optimizer,
-        unique_bytes=setup.workload.params * (PARAM_BYTES + OPTIMIZER_BYTES),
+        unique_bytes=model_state_bytes(
+            setup.workload.params,
+            strategy.states == "fsdp",
+            DTYPE_BYTES[strategy.optimizer_moments],
+        ),
         pcie_Bps=node.pcie_bandwidth,
         nic_per_gpu_Bps=per_node / node.gpus_per_node,
         node_nic_Bps=per_node,

@@ -185,6 +185,14 @@ def _transformer_shape(workload: Workload) -> _Shape | None:
     )
 
 
+def model_state_bytes(params: float, fsdp_states: bool, moment_bytes: int) -> float:
+    """Weights and optimizer state of `params` parameters held once, as a checkpoint saves
+    them: the states of one unsharded rank (ZeRO 2 + 4 + 2 x moments, FSDP 4 + 2 x moments)."""
+    one_rank = dict(dp=1, zero=np.asarray(3), grad_bytes=PARAM_BYTES)
+    weights, _, optimizer = _states(params, **one_rank, fsdp=fsdp_states, moment_bytes=moment_bytes)
+    return float(weights + optimizer)
+
+
 def _states(params, dp, zero, grad_bytes, fsdp=False, moment_bytes=4):
     """Weight, gradient and optimizer bytes of `params` parameters under a ZeRO stage."""
     # ZeRO Sec. 5.1: P_os 4Ψ + KΨ/Nd, P_os+g 2Ψ + (2 + K)Ψ/Nd, P_os+g+p (2 + 2 + K)Ψ/Nd,
