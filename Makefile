@@ -15,8 +15,11 @@ install: $(BIN)/commsim
 demo: install
 	$(BIN)/commsim plan
 
+# Two phases: the pure-CPU tests on every core (pytest-xdist), then the tests that time real
+# processes and shaped links (root, torch) alone, so that nothing else shares the cores.
 test: install
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto -m "not root and not torch"
+	$(BIN)/pytest -q -m "root or torch"
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

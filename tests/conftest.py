@@ -4,13 +4,20 @@ benchmarks/ scripts loaded as modules."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from commsim.specs import ClusterSpec
-from commsim.topology.build import build_cluster
+# pytest-xdist's workers load GNU readline, which exports COLUMNS=80 and LINES=24 off a tty;
+# the tests check the page laid out for piped output (120 columns unless COLUMNS is set), so
+# they start without them, before commsim's console reads them, and so do their subprocesses.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
+from commsim.specs import ClusterSpec  # noqa: E402
+from commsim.topology.build import build_cluster  # noqa: E402
 
 
 def make_spec(
