@@ -449,4 +449,7 @@ class Scenario(Spec):
     tokens: float | None = Field(default=None, gt=0)  # training tokens, for time-to-train
     price_per_gpu_hour: float | None = Field(default=None, gt=0)  # for cost
     strategy: Strategy = Strategy()
+    # HBM kept free for the caching allocator's fragmentation, a fraction (user-set: no measured
+    # figure for these runs in our sources; step.memory.MEMORY_RESERVE cites what exists)
+    memory_reserve: float = Field(default=0.0, ge=0, lt=1)
     claim: Claim | None = None  # a seed document's claim this scenario encodes (commsim claims)

@@ -1,0 +1,97 @@
+"""The bytes outside the tensors (step.workspace) against hand counts of each library's
+sizes, NCCL's channel counts from published logs and from the priced groups' own NCCL
+model, and the user-set fragmentation reserve through predict and its JSON."""
+
+import numpy as np
+import pytest
+
+from commsim.catalog import gpu
+from commsim.scenario import resolve
+from commsim.specs import Scenario, Strategy
+from commsim.step import workspace as ws
+from commsim.step.predict import predict, step_model, strategy_layouts
+
+MIB = 2**20
+# NCCL's three protocol buffers of one connection: 512 KiB + 4,915,200 B + 4 MiB
+CONNECTION = 524_288 + 4_915_200 + 4_194_304
+
+
+def _setup(gpus=16, **strategy):
+    s = Scenario(
+        model="llama3-8b",
+        cluster="dgx-h100-ib",
+        gpus=gpus,
+        global_batch=64,
+        strategy=Strategy(**strategy),
+    )
+    return resolve(s)
+
+
+def test_library_sizes_by_hand():
+    assert ws.NCCL_LL == 8 * 512 * 8 * 16 == 524_288
+    assert ws.NCCL_LL128 == 4_915_200
+    assert ws.NCCL_SIMPLE == 4_194_304
+    assert ws.ring_bytes(24, True) == 24 * CONNECTION
+    assert ws.ring_bytes(24, False) == 24 * (524_288 + 4_194_304)
+    assert ws.TORCH_BLAS_BYTES == 8_519_680  # :4096:2:16:8
+
+
+@pytest.mark.parametrize(
+    ("name", "fp8", "overlap", "expected"),
+    [
+        ("h100", False, False, 2 * 32 * MIB),  # two handles' 32 MiB on sm 9.0
+        ("h100", True, False, 2 * 32 * MIB + 32 * MIB),  # and TE's one
+        ("h100", True, True, 2 * 32 * MIB + 3 * 32 * MIB),  # TE's three UB streams
+        ("a100", False, False, 2 * 8_519_680),
+        ("a100", True, False, 2 * 8_519_680 + 4 * MIB),
+    ],
+)
+def test_blas_bytes(name, fp8, overlap, expected):
+    assert ws.blas_bytes(gpu(name), np.array([fp8]), np.array([overlap]))[0] == expected
+
+
+def test_one_node_tensor_parallel_ring_matches_the_published_channels():
+    # 8 H100 on one node: the communicator runs 24 channels (NVIDIA/TensorRT-LLM#953's log)
+    setup = _setup(gpus=8, tp=8)
+    model = step_model(setup)
+    L = strategy_layouts(setup, [setup.scenario.strategy])
+    assert ws.nccl_bytes(model.groups, L)[0] == 24 * CONNECTION
+
+
+def test_nccl_bytes_against_the_priced_groups():
+    # independently: each kind's GroupCost (the one collectives are priced on) and its NCCL
+    # communicator, summed with the pipeline's two point-to-point buffers
+    setup = _setup(gpus=64, tp=4, pp=2, cp=2)
+    model = step_model(setup)
+    L = strategy_layouts(setup, [setup.scenario.strategy])
+    placement, tp, dp, pp, cp = (int(c[0]) for c in (L.placement, L.tp, L.dp, L.pp, L.cp))
+    want = 2 * 4 * MIB
+    for kind in ("tp", "cp", "dp", "ep"):
+        cost = model.groups.cost(placement, kind, tp, dp, pp, 1, 1, cp)
+        if cost is not None:
+            g = cost.comm().graphs
+            want += g.comm_channels * (ws.NCCL_LL + ws.NCCL_LL128 * g.ll128 + ws.NCCL_SIMPLE)
+    assert ws.nccl_bytes(model.groups, L)[0] == want
+
+
+def test_predict_adds_the_workspace_and_search_agrees():
+    setup = _setup(gpus=16, tp=8, precision="fp8", tp_overlap=True)
+    p = predict(setup)
+    model = step_model(setup)
+    L = strategy_layouts(setup, [setup.scenario.strategy])
+    tp_ring, dp_ring = 24 * CONNECTION, ws.nccl_bytes(model.groups, L)[0] - 24 * CONNECTION
+    assert dp_ring > 0  # the two nodes' data-parallel pairs
+    blas = 2 * 32 * MIB + 3 * 32 * MIB
+    assert p.memory.workspace == pytest.approx(400 * MIB + blas + tp_ring + dp_ring)
+    assert model.memory(L)[0] == pytest.approx(p.memory.total, rel=1e-12)
+
+
+def test_memory_reserve_is_the_users():
+    setup = _setup(gpus=8, tp=8)
+    hbm = setup.gpu.hbm_bytes
+    assert predict(setup).memory_usable == hbm
+    reserved = resolve(setup.scenario.model_copy(update={"memory_reserve": 0.1}))
+    p = predict(reserved)
+    assert p.memory_usable == pytest.approx(0.9 * hbm)
+    assert p.to_dict()["memory"]["reserve_fraction"] == 0.1
+    assert step_model(reserved).usable == pytest.approx(0.9 * hbm)
