@@ -171,6 +171,7 @@ class StepModel:
         self.efficiency = efficiency
         self.usable = usable_bytes(gpu, reserve)  # bytes of HBM a training process may fill
         self.groups = Groups(cluster, n_gpus)
+        self._nccl: dict[tuple, float] = {}  # NCCL buffer bytes of each set of groups
         self.dp = DataParallel(workload, self.shape, gpu, self.groups)
 
     @staticmethod
@@ -367,7 +368,7 @@ class StepModel:
 
     def workspace(self, L: Layouts) -> np.ndarray:
         """Bytes each layout holds outside its tensors (step.workspace)."""
-        return workspace_bytes(self.gpu, self.groups, L)
+        return workspace_bytes(self.gpu, self.groups, L, self._nccl)
 
     def memory(self, L: Layouts) -> np.ndarray:
         """Bytes per GPU on the fullest stage (step.memory) with the workspace; error feedback

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from commsim.collectives import nccl
+from commsim.step.groups import Groups, _group_rows
 
 if TYPE_CHECKING:
     from commsim.specs import GPUSpec
-    from commsim.step.groups import Groups
     from commsim.step.layouts import Layouts
 
 MIB = 2**20
@@ -79,23 +79,32 @@ def _communicator(groups: Groups, key: tuple) -> int:
     return ring_bytes(comm.graphs.comm_channels, comm.graphs.ll128)
 
 
-def nccl_bytes(groups: Groups, L: Layouts) -> np.ndarray:
+def nccl_bytes(groups: Groups, L: Layouts, cache: dict | None = None) -> np.ndarray:
     """NCCL buffers of each layout's communicators: tp, cp, dp (with cp), ep rings, and the
-    pipeline's point-to-point connections; 0 under gloo."""
+    pipeline's point-to-point connections; 0 under gloo. `cache` keeps each distinct set of
+    groups' bytes between calls."""
     if groups.cluster.spec.comm_backend != "nccl":
         return np.zeros(len(L))
-    cols = (L.placement, L.tp, L.dp, L.pp, L.ep, L.cp, L.order, L.expert_tp)
-    rows = np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
-    keys, inverse = np.unique(rows, axis=0, return_inverse=True)
-    total = np.zeros(len(keys))
-    for i, (placement, tp, dp, pp, ep, cp, order, etp) in enumerate(keys.tolist()):
-        for kind in ("tp", "cp", "dp", "ep"):  # Groups.members' arguments
-            total[i] += _communicator(groups, (placement, kind, tp, dp, pp, ep, cp, 1, order, etp))
-        total[i] += P2P_PEERS * NCCL_SIMPLE if pp > 1 else 0
-    return total[inverse.ravel()]
+    cache = {} if cache is None else cache
+    cols = [L.placement, L.tp, L.dp, L.pp, L.ep, L.cp, L.order, L.expert_tp]
+    inverse, firsts = _group_rows(cols)
+    total = np.zeros(len(firsts))
+    for i, row in enumerate(firsts.tolist()):
+        placement, tp, dp, pp, ep, cp, order, etp = (int(c[row]) for c in cols)
+        key = (placement, tp, dp, pp, ep, cp, order, etp)
+        if key not in cache:
+            rings = sum(  # Groups.members' arguments
+                _communicator(groups, (placement, kind, tp, dp, pp, ep, cp, 1, order, etp))
+                for kind in ("tp", "cp", "dp", "ep")
+            )
+            cache[key] = rings + (P2P_PEERS * NCCL_SIMPLE if pp > 1 else 0)
+        total[i] = cache[key]
+    return total[inverse]
 
 
-def workspace_bytes(gpu: GPUSpec, groups: Groups, L: Layouts) -> np.ndarray:
+def workspace_bytes(
+    gpu: GPUSpec, groups: Groups, L: Layouts, cache: dict | None = None
+) -> np.ndarray:
     """Bytes each layout holds outside the caching allocator's tensors: the CUDA context,
-    the cuBLAS workspaces and NCCL's buffers."""
-    return CONTEXT_BYTES + blas_bytes(gpu, L.fp8, L.tp_overlap) + nccl_bytes(groups, L)
+    the cuBLAS workspaces and NCCL's buffers (`cache`: nccl_bytes')."""
+    return CONTEXT_BYTES + blas_bytes(gpu, L.fp8, L.tp_overlap) + nccl_bytes(groups, L, cache)
