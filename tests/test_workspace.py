@@ -2,6 +2,8 @@
 sizes, NCCL's channel counts from published logs and from the priced groups' own NCCL
 model, and the user-set fragmentation reserve through predict and its JSON."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -95,3 +97,37 @@ def test_memory_reserve_is_the_users():
     assert p.memory_usable == pytest.approx(0.9 * hbm)
     assert p.to_dict()["memory"]["reserve_fraction"] == 0.1
     assert step_model(reserved).usable == pytest.approx(0.9 * hbm)
+
+
+def test_memory_reserve_flag():
+    from typer.testing import CliRunner
+
+    from commsim.cli.app import app
+
+    base = ["predict", "--model", "llama3-8b", "--cluster", "dgx-h100-ib", "--gpus", "8"]
+    base += ["--global-batch", "64", "--tp", "8", "--json"]
+    result = CliRunner().invoke(app, [*base, "--memory-reserve", "0.25"])
+    assert result.exit_code == 0, result.output
+    memory = json.loads(result.stdout)["memory"]
+    assert memory["reserve_fraction"] == 0.25
+    assert memory["usable_bytes"] == pytest.approx(0.75 * gpu("h100").hbm_bytes)
+    assert memory["workspace_bytes"] == 400 * MIB + 2 * 32 * MIB + 24 * CONNECTION
+    bad = CliRunner().invoke(app, [*base, "--memory-reserve", "1.5"])
+    assert bad.exit_code == 2
+    lines = bad.output.strip().splitlines()
+    assert len(lines) == 1 and "--memory-reserve 1.5" in lines[0], bad.output
+
+
+def test_plan_keeps_the_reserve_free():
+    from typer.testing import CliRunner
+
+    from commsim.cli.app import app
+
+    args = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-ib", "--gpus", "8"]
+    args += ["--global-batch", "16", "--tp", "8", "--json"]
+    fitting = []
+    for reserve in ("0", "0.8"):  # every layout needs more than the 17.1 GB 0.8 leaves
+        result = CliRunner().invoke(app, [*args, "--memory-reserve", reserve])
+        assert result.exit_code == 0, result.output
+        fitting.append(json.loads(result.stdout)["fitting"])
+    assert fitting[0] > 0 and fitting[1] == 0
