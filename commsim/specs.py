@@ -205,9 +205,14 @@ class ClusterSpec(Spec):
         return self.nodes * self.node.gpus_per_node
 
     @property
+    def on_cpu(self) -> bool:
+        """The emulated testbed's CPU processes stand in for GPUs (gpu: cpu-host): no CUDA."""
+        return self.node.gpu == "cpu-host"
+
+    @property
     def comm_backend(self) -> str:
         """The backend that runs the collectives (see `backend`)."""
-        return self.backend or ("gloo" if self.node.gpu == "cpu-host" else "nccl")
+        return self.backend or ("gloo" if self.on_cpu else "nccl")
 
 
 class LayerSpec(Spec):

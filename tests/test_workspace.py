@@ -131,3 +131,13 @@ def test_plan_keeps_the_reserve_free():
         assert result.exit_code == 0, result.output
         fitting.append(json.loads(result.stdout)["fitting"])
     assert fitting[0] > 0 and fitting[1] == 0
+
+
+def test_cpu_hosts_hold_no_cuda_workspace():
+    spec = _setup(gpus=8, tp=8).cluster.spec
+    cpu = spec.model_copy(update={"node": spec.node.model_copy(update={"gpu": "cpu-host"})})
+    s = Scenario(model="gpt2-xl", cluster=cpu, gpus=8, global_batch=8, compute_efficiency=0.5)
+    setup = resolve(s)
+    model = step_model(setup)
+    L = strategy_layouts(setup, [setup.scenario.strategy])
+    assert model.workspace(L)[0] == 0.0 and predict(setup).memory.workspace == 0.0

@@ -106,5 +106,7 @@ def workspace_bytes(
     gpu: GPUSpec, groups: Groups, L: Layouts, cache: dict | None = None
 ) -> np.ndarray:
     """Bytes each layout holds outside the caching allocator's tensors: the CUDA context,
-    the cuBLAS workspaces and NCCL's buffers (`cache`: nccl_bytes')."""
+    the cuBLAS workspaces and NCCL's buffers (`cache`: nccl_bytes'); none on CPU hosts."""
+    if groups.cluster.spec.on_cpu:
+        return np.zeros(len(L))
     return CONTEXT_BYTES + blas_bytes(gpu, L.fp8, L.tp_overlap) + nccl_bytes(groups, L, cache)
