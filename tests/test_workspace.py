@@ -33,8 +33,7 @@ def test_library_sizes_by_hand():
     assert ws.NCCL_LL == 8 * 512 * 8 * 16 == 524_288
     assert ws.NCCL_LL128 == 4_915_200
     assert ws.NCCL_SIMPLE == 4_194_304
-    assert ws.ring_bytes(24, True) == 24 * CONNECTION
-    assert ws.ring_bytes(24, False) == 24 * (524_288 + 4_194_304)
+    assert ws.ring_bytes(24) == 24 * CONNECTION == 231_211_008
     assert ws.TORCH_BLAS_BYTES == 8_519_680  # :4096:2:16:8
 
 
@@ -71,8 +70,7 @@ def test_nccl_bytes_against_the_priced_groups():
     for kind in ("tp", "cp", "dp", "ep"):
         cost = model.groups.cost(placement, kind, tp, dp, pp, 1, 1, cp)
         if cost is not None:
-            g = cost.comm().graphs
-            want += g.comm_channels * (ws.NCCL_LL + ws.NCCL_LL128 * g.ll128 + ws.NCCL_SIMPLE)
+            want += cost.comm().graphs.comm_channels * CONNECTION
     assert ws.nccl_bytes(model.groups, L)[0] == want
 
 

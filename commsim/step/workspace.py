@@ -43,8 +43,10 @@ TORCH_BLAS_HANDLES = 2
 # (_NUM_MAX_UB_STREAMS = 3, initialize_ub) when tensor-parallel communication overlaps GEMMs
 TE_BYTES, TE_BYTES_SM90, TE_UB_STREAMS = 4 * MIB, 32 * MIB, 3
 # NCCL's buffers per connection and protocol (src/init.cc, DEFAULT_*_BUFFSIZE): LL 8 lines x
-# 512 threads x 8 steps x 16 B; LL128 120 elements x 640 threads x 8 steps x 8 B (allocated
-# where LL128 is enabled); Simple NCCL_BUFFSIZE, 4 MiB
+# 512 threads x 8 steps x 16 B; LL128 120 elements x 640 threads x 8 steps x 8 B; Simple
+# NCCL_BUFFSIZE, 4 MiB. computeBuffSizes sets all three whatever the tuner enables and the P2P
+# transport's receive setup allocates their sum (transport/p2p.cc, p2pRecvSetup); across the
+# network the LL buffer sits in host memory (net.cc), not told apart here (0.5 of 9.2 MiB)
 NCCL_LL = 8 * 512 * 8 * 16
 NCCL_LL128 = 120 * 640 * 8 * 8
 NCCL_SIMPLE = 4 * MIB
@@ -63,20 +65,20 @@ def blas_bytes(gpu: GPUSpec, te: np.ndarray, tp_overlap: np.ndarray) -> np.ndarr
     return torch + np.where(te | tp_overlap, te_one * te_streams, 0)
 
 
-def ring_bytes(channels: int, ll128: bool) -> int:
+def ring_bytes(channels: int) -> int:
     """One communicator's ring buffers: a receive connection per channel, every protocol."""
-    return channels * (NCCL_LL + (NCCL_LL128 if ll128 else 0) + NCCL_SIMPLE)
+    return channels * (NCCL_LL + NCCL_LL128 + NCCL_SIMPLE)
 
 
 def _communicator(groups: Groups, key: tuple) -> int:
     """Ring buffer bytes of one communicator (Groups.members' `key`; 0 for groups of one
-    rank): its channels and LL128 from NCCL's model of the group (ranks, nodes, GPUs a node)."""
+    rank): its channels from NCCL's model of the group (ranks, nodes, GPUs a node)."""
     gpus = groups.members(*key)[0]
     if gpus.size < 2:
         return 0
     _, per_node = np.unique(groups.cluster.node_of(gpus), return_counts=True)
     comm = nccl.comm_model(groups.cluster.spec, gpus.size, per_node.size, int(per_node.max()))
-    return ring_bytes(comm.graphs.comm_channels, comm.graphs.ll128)
+    return ring_bytes(comm.graphs.comm_channels)
 
 
 def nccl_bytes(groups: Groups, L: Layouts, cache: dict | None = None) -> np.ndarray:
