@@ -60,14 +60,14 @@ def test_one_node_tensor_parallel_ring_matches_the_published_channels():
 
 
 def test_nccl_bytes_against_the_priced_groups():
-    # independently: each kind's GroupCost (the one collectives are priced on) and its NCCL
-    # communicator, summed with the pipeline's two point-to-point buffers
+    # independently: each ring kind's GroupCost (the one collectives are priced on) and its
+    # NCCL communicator, summed with the pipeline's two point-to-point buffers
     setup = _setup(gpus=64, tp=4, pp=2, cp=2)
     model = step_model(setup)
     L = strategy_layouts(setup, [setup.scenario.strategy])
     placement, tp, dp, pp, cp = (int(c[0]) for c in (L.placement, L.tp, L.dp, L.pp, L.cp))
-    want = 2 * 4 * MIB
-    for kind in ("tp", "cp", "dp", "ep"):
+    want = 2 * 4 * MIB  # the previous and the next stage
+    for kind in ("tp", "cp", "dp"):
         cost = model.groups.cost(placement, kind, tp, dp, pp, 1, 1, cp)
         if cost is not None:
             want += cost.comm().graphs.comm_channels * CONNECTION
@@ -139,3 +139,19 @@ def test_cpu_hosts_hold_no_cuda_workspace():
     model = step_model(setup)
     L = strategy_layouts(setup, [setup.scenario.strategy])
     assert model.workspace(L)[0] == 0.0 and predict(setup).memory.workspace == 0.0
+
+
+def test_expert_all_to_all_connects_every_peer():
+    # Mixtral over ep 8 inside one node: the all-to-all's 7 peers, a Simple buffer each,
+    # beside the data-parallel ring (dp 8 on one node: the published 24 channels)
+    s = Scenario(
+        model="mixtral-8x7b",
+        cluster="dgx-h100-ib",
+        gpus=8,
+        global_batch=64,
+        strategy=Strategy(ep=8),
+    )
+    setup = resolve(s)
+    model = step_model(setup)
+    L = strategy_layouts(setup, [setup.scenario.strategy])
+    assert ws.nccl_bytes(model.groups, L)[0] == 24 * CONNECTION + 7 * 4 * MIB

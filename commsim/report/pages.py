@@ -42,7 +42,7 @@ def assumptions(setup: Setup) -> list[str]:
         f"context ({CONTEXT_BYTES / 2**20:.0f} MiB, lazy loading), cuBLAS workspaces (PyTorch's "
         f"per handle, Transformer Engine's {TE_BYTES_SM90 / 2**20:.0f} MiB on Hopper) and NCCL "
         f"ring buffers per communicator and channel ({NCCL_SIMPLE / 2**20:.0f} MiB Simple, "
-        "LL, LL128)",
+        "LL, LL128) and a Simple buffer per point-to-point peer (pipeline, expert all-to-all)",
         "an error-feedback residual is one gradient-sized buffer per GPU",
     ]
 

@@ -50,9 +50,9 @@ TE_BYTES, TE_BYTES_SM90, TE_UB_STREAMS = 4 * MIB, 32 * MIB, 3
 NCCL_LL = 8 * 512 * 8 * 16
 NCCL_LL128 = 120 * 640 * 8 * 8
 NCCL_SIMPLE = 4 * MIB
-# point-to-point (the pipeline's sends): Simple only, one channel to each of the previous and
-# next stage (NCCL_MIN_P2P_NCHANNELS = 1; more channels are a tuning choice)
-P2P_PEERS = 2
+# point-to-point connections (the pipeline's sends; all-to-all, which NCCL runs as sends
+# and receives to every peer): a Simple buffer per peer and channel, one channel a peer
+# (NCCL_MIN_P2P_NCHANNELS = 1; NCCL may run more, so a lower bound)
 
 
 def blas_bytes(gpu: GPUSpec, te: np.ndarray, tp_overlap: np.ndarray) -> np.ndarray:
@@ -82,9 +82,10 @@ def _communicator(groups: Groups, key: tuple) -> int:
 
 
 def nccl_bytes(groups: Groups, L: Layouts, cache: dict | None = None) -> np.ndarray:
-    """NCCL buffers of each layout's communicators: tp, cp, dp (with cp), ep rings, and the
-    pipeline's point-to-point connections; 0 under gloo. `cache` keeps each distinct set of
-    groups' bytes between calls."""
+    """NCCL buffers of each layout's communicators: tp, cp and dp (with cp) rings, and the
+    point-to-point connections of the pipeline (previous and next stage) and of the expert
+    all-to-all (ep - 1 peers); 0 under gloo. `cache` keeps each distinct set of groups'
+    bytes between calls."""
     if groups.cluster.spec.comm_backend != "nccl":
         return np.zeros(len(L))
     cache = {} if cache is None else cache
@@ -97,9 +98,10 @@ def nccl_bytes(groups: Groups, L: Layouts, cache: dict | None = None) -> np.ndar
         if key not in cache:
             rings = sum(  # Groups.members' arguments
                 _communicator(groups, (placement, kind, tp, dp, pp, ep, cp, 1, order, etp))
-                for kind in ("tp", "cp", "dp", "ep")
+                for kind in ("tp", "cp", "dp")
             )
-            cache[key] = rings + (P2P_PEERS * NCCL_SIMPLE if pp > 1 else 0)
+            peers = (2 if pp > 1 else 0) + (ep - 1)
+            cache[key] = rings + peers * NCCL_SIMPLE
         total[i] = cache[key]
     return total[inverse]
 
