@@ -2,11 +2,12 @@
 workspaces and NCCL's communication buffers, per layout; counted from the code of each
 library, one term each (step.memory adds their sum to the buffers).
 
-Each communicator is a group kind the layout runs collectives on (tensor, context, data with
-context, expert parallel) or the pipeline's point-to-point sends. NCCL connects a ring's
-channels at first use, one receive connection per channel (from the previous rank); its
-trees, NVLS (NVLink SHARP) and CollNet buffers are not counted (Megatron-Bridge's performance
-launcher sets NCCL_NVLS_ENABLE=0 "to save memory", scripts/performance/utils/executors.py).
+Each communicator is a group kind the layout runs ring collectives on (tensor, context, data
+with context), or point-to-point connections (the pipeline's sends, the expert all-to-all).
+NCCL connects a ring's channels at first use, one receive connection per channel (from the
+previous rank); its trees, NVLS (NVLink SHARP) and CollNet buffers are not counted
+(Megatron-Bridge's performance launcher sets NCCL_NVLS_ENABLE=0 "to save memory",
+scripts/performance/utils/executors.py), nor the world group's.
 """
 
 from __future__ import annotations
