@@ -205,9 +205,14 @@ class ClusterSpec(Spec):
         return self.nodes * self.node.gpus_per_node
 
     @property
+    def on_cpu(self) -> bool:
+        """The emulated testbed's CPU processes stand in for GPUs (gpu: cpu-host): no CUDA."""
+        return self.node.gpu == "cpu-host"
+
+    @property
     def comm_backend(self) -> str:
         """The backend that runs the collectives (see `backend`)."""
-        return self.backend or ("gloo" if self.node.gpu == "cpu-host" else "nccl")
+        return self.backend or ("gloo" if self.on_cpu else "nccl")
 
 
 class LayerSpec(Spec):
@@ -449,4 +454,7 @@ class Scenario(Spec):
     tokens: float | None = Field(default=None, gt=0)  # training tokens, for time-to-train
     price_per_gpu_hour: float | None = Field(default=None, gt=0)  # for cost
     strategy: Strategy = Strategy()
+    # HBM kept free for the caching allocator's fragmentation, a fraction (user-set: no measured
+    # figure for these runs in our sources; step.memory.MEMORY_RESERVE cites what exists)
+    memory_reserve: float = Field(default=0.0, ge=0, lt=1)
     claim: Claim | None = None  # a seed document's claim this scenario encodes (commsim claims)

@@ -217,7 +217,7 @@ def test_a_gpu_the_catalog_lacks_comes_from_yaml(tmp_path):
     result = run("predict", "--cluster", path, "--gpus", "32", "--global-batch", "512", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["memory"]["usable_bytes"] == pytest.approx(0.9 * 186e9)
+    assert doc["memory"]["usable_bytes"] == pytest.approx(186e9)  # no reserve by default
     refused(
         "predict",
         "--cluster",

@@ -9,6 +9,7 @@ from typing import Any
 
 # flags that set scenario fields, by how `plan` treats them (`predict` takes them all)
 TRAINING_FLAGS = ("global_batch", "micro_batch", "seq_len", "tokens", "price_per_gpu_hour")
+TRAINING_FLAGS += ("memory_reserve",)
 LAYOUT_FLAGS = (  # the search's dimensions: a flag pins one
     *("bucket_mb", "algorithm", "placement", "overlap", "compression", "error_feedback"),
     *("tp", "pp", "ep", "etp", "zero", "recompute", "interleave", "first_stage_layers"),

@@ -191,6 +191,13 @@ ProfileOpt = Annotated[
     str | None, typer.Option(help="Calibration profile (commsim calibrate fit) for the cluster.")
 ]
 PriceOpt = Annotated[float | None, typer.Option(help="Price of one GPU-hour, for cost.")]
+ReserveOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="Fraction of HBM kept free for the caching allocator's fragmentation (user-set; "
+        "default 0: no measured figure).",
+    ),
+]
 HtmlOpt = Annotated[
     str | None,
     typer.Option(

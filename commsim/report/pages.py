@@ -19,7 +19,8 @@ def _yaml(data: object) -> str:
 
 def assumptions(setup: Setup) -> list[str]:
     """The modelling choices a prediction rests on, with the constants the model uses."""
-    from commsim.step.memory import OPTIMIZER_BYTES, PARAM_BYTES, RESERVE_FRACTION, WORKSPACE_BYTES
+    from commsim.step.memory import OPTIMIZER_BYTES, PARAM_BYTES
+    from commsim.step.workspace import CONTEXT_BYTES, NCCL_SIMPLE, TE_BYTES_SM90
 
     s, gpu = setup.scenario, setup.gpu
     compute = (
@@ -35,9 +36,13 @@ def assumptions(setup: Setup) -> list[str]:
         f"memory: {PARAM_BYTES} B weights, the gradients, {OPTIMIZER_BYTES} B of fp32 master "
         "weights and Adam moments per parameter (ZeRO, Rajbhandari et al. 2020), "
         "activations per Korthikanti et al. 2022",
-        f"usable HBM: {1 - RESERVE_FRACTION:.0%} of {gpu.hbm_bytes / 1e9:.0f} GB "
-        f"(a {RESERVE_FRACTION:.0%} reserve for fragmentation, an estimate); "
-        f"{WORKSPACE_BYTES / 2**30:g} GiB of CUDA/NCCL workspace (an estimate)",
+        f"usable HBM: {1 - s.memory_reserve:.0%} of {gpu.hbm_bytes / 1e9:.0f} GB "
+        f"(a {s.memory_reserve:.0%} reserve for the allocator's fragmentation, user-set: "
+        "memory_reserve); outside the tensors, counted from each library's code: the CUDA "
+        f"context ({CONTEXT_BYTES / 2**20:.0f} MiB, lazy loading), cuBLAS workspaces (PyTorch's "
+        f"per handle, Transformer Engine's {TE_BYTES_SM90 / 2**20:.0f} MiB on Hopper) and NCCL "
+        f"ring buffers per communicator and channel ({NCCL_SIMPLE / 2**20:.0f} MiB Simple, "
+        "LL, LL128) and a Simple buffer per point-to-point peer (pipeline, expert all-to-all)",
         "an error-feedback residual is one gradient-sized buffer per GPU",
     ]
 

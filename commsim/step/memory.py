@@ -34,10 +34,11 @@ OPTIMIZER_BYTES = 12  # fp32 master weights, Adam momentum and variance: K = 12 
 # GEMM parameter. FP8 primary weights (Megatron-core fp8_param / --fp8-param-gather, default
 # off; Megatron-Bridge's FP8 recipes set it) are that copy: nothing beside PARAM_BYTES
 FP8_WEIGHT_COPY_BYTES = 2
-# CUDA context, cuBLAS workspace and NCCL communicator buffers (NCCL_BUFFSIZE, 4 MiB per channel
-# and peer): an estimate, not a measurement; a few hundred MiB to over 1 GiB in practice.
-WORKSPACE_BYTES = 2**30
-RESERVE_FRACTION = 0.10  # HBM kept free for the caching allocator's fragmentation (estimate)
+# HBM left free for the caching allocator's fragmentation: a user-set fraction
+# (Scenario.memory_reserve), 0 by default; no measured figure for Megatron-style runs exists in
+# our sources (GMLake, ASPLOS'24: the default allocator wastes 15% more than GMLake on average,
+# up to 33%, over eight fine-tuning setups on A100-80GB; STWeaver, arXiv:2507.16274: up to 43%)
+MEMORY_RESERVE = 0.0
 # Non-transformers: stored activation bytes per forward FLOP. From torchvision ResNet-50 at
 # 224x224: its convolutions output 11,113,984 values per image; batch norm keeps each conv
 # output and the next layer the ReLU output, 2 bytes each, so 4 bytes per conv output value =
@@ -77,6 +78,7 @@ class ParallelLayout:
     recompute_parts: int = 0  # activations.recompute_code of RECOMPUTE_MODULES
     fp8_param: bool = False  # FP8 primary weights: no FP8 weight copy beside them
     fp8_cache: bool = False  # DeepSeek-V3's low-precision activation caching (activations)
+    workspace: float = 0.0  # bytes outside the tensors: context, cuBLAS, NCCL (step.workspace)
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -91,16 +93,17 @@ class MemoryBreakdown:
     grads: float
     optimizer: float
     activations: float
-    buffers: float  # gradient buckets, ZeRO-3 gathered layers, CUDA/NCCL workspace
+    buffers: float  # gradient buckets, ZeRO-3 gathered layers, CUDA/cuBLAS/NCCL workspace
+    workspace: float = 0.0  # of buffers: the bytes outside the tensors (step.workspace)
 
     @property
     def total(self) -> float:
         return self.params + self.grads + self.optimizer + self.activations + self.buffers
 
-    def fits(self, gpu: GPUSpec, reserve_fraction: float = RESERVE_FRACTION) -> bool:
+    def fits(self, gpu: GPUSpec, reserve_fraction: float = MEMORY_RESERVE) -> bool:
         return self.total <= usable_bytes(gpu, reserve_fraction)
 
-    def reason(self, gpu: GPUSpec, reserve_fraction: float = RESERVE_FRACTION) -> str:
+    def reason(self, gpu: GPUSpec, reserve_fraction: float = MEMORY_RESERVE) -> str:
         """Why it does not fit ("" when it does): the need, the room, the parts largest first."""
         if self.fits(gpu, reserve_fraction):
             return ""
@@ -118,14 +121,15 @@ class MemoryBreakdown:
         need, room = self.total / 1e9, usable / 1e9
         # as many decimals as tell the need from the room: never "needs 72.0 GB of 72.0 GB"
         d = next((d for d in (1, 2, 3) if f"{need:.{d}f}" != f"{room:.{d}f}"), 6)
+        less = f"less {reserve_fraction:.0%} reserve" if reserve_fraction else "no reserve"
         return (
             f"needs {need:.{d}f} GB of {room:.{d}f} GB usable on {gpu.name} "
-            f"({gpu.hbm_bytes / 1e9:.0f} GB less {reserve_fraction:.0%} reserve): {listed}"
+            f"({gpu.hbm_bytes / 1e9:.0f} GB, {less}): {listed}"
         )
 
 
-def usable_bytes(gpu: GPUSpec, reserve_fraction: float = RESERVE_FRACTION) -> float:
-    """HBM a training process may fill: capacity less the fragmentation reserve."""
+def usable_bytes(gpu: GPUSpec, reserve_fraction: float = MEMORY_RESERVE) -> float:
+    """HBM a training process may fill: capacity less the user-set fragmentation reserve."""
     return gpu.hbm_bytes * (1.0 - reserve_fraction)
 
 
@@ -212,8 +216,9 @@ def _states(params, dp, zero, grad_bytes, fsdp=False, moment_bytes=4):
     )
 
 
-def _buffers(zero, bucket_mb, grad_bytes, largest_layer, params, residual):
-    """Communication buffers, an error-feedback residual and the CUDA/NCCL workspace."""
+def _buffers(zero, bucket_mb, grad_bytes, largest_layer, params, residual, workspace):
+    """Communication buffers, an error-feedback residual and the `workspace` bytes outside the
+    tensors (step.workspace: CUDA context, cuBLAS workspaces, NCCL buffers)."""
     # ZeRO 0-2: two buckets, one filling while one is reduced, together never more than the
     # gradient of the `params` held; the gradients themselves live in the buckets (DDP
     # gradient_as_bucket_view, Megatron's contiguous buffer). ZeRO-3/FSDP: the largest layer
@@ -222,7 +227,7 @@ def _buffers(zero, bucket_mb, grad_bytes, largest_layer, params, residual):
     # (torch's PowerSGD hook: error_dict, one tensor per bucket of its length and dtype).
     gathered = (2 * PARAM_BYTES + grad_bytes) * largest_layer
     buckets = np.minimum(2.0 * bucket_mb * MIB, grad_bytes * params)
-    return WORKSPACE_BYTES + np.where(zero >= 3, gathered, buckets) + residual * params
+    return workspace + np.where(zero >= 3, gathered, buckets) + residual * params
 
 
 def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
@@ -286,7 +291,9 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         acts = in_flight(rank, pp, v, c["micro_batches"], schedule) * held * per_layer
         acts = acts + np.where(on_last, output, 0.0)
         largest = np.maximum(block, np.where(pp == 1, np.maximum(first, last), extra))
-        buffers = _buffers(zero, c["bucket_mb"], c["grad_bytes"], largest, params, c["residual"])
+        buffers = _buffers(
+            zero, c["bucket_mb"], c["grad_bytes"], largest, params, c["residual"], c["workspace"]
+        )
         weights, *rest = (d + x for d, x in zip(dense, sparse, strict=True))
         weights = weights + copy * held * (block - shape.block[1])  # the blocks' GEMMs
         stages.append((weights, *rest, acts, buffers))
@@ -312,7 +319,10 @@ def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: st
     return (
         *_states(params / t, c["dp"], c["zero"], c["grad_bytes"], c["fsdp_states"], c["moments"]),
         acts,
-        _buffers(c["zero"], c["bucket_mb"], c["grad_bytes"], largest, params / t, c["residual"]),
+        _buffers(
+            *(c["zero"], c["bucket_mb"], c["grad_bytes"], largest, params / t, c["residual"]),
+            c["workspace"],
+        ),
     )
 
 
@@ -374,6 +384,7 @@ def memory_per_gpu_batch(
     recompute_parts=0,
     fp8_param=False,
     fp8_cache=False,
+    workspace=0.0,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -406,6 +417,7 @@ def memory_per_gpu_batch(
         parts=recompute_parts,
         fp8_param=fp8_param,
         fp8_cache=fp8_cache,
+        workspace=workspace,
     )
     return sum(_components(workload, c, schedule))
 
@@ -446,5 +458,7 @@ def memory_per_gpu(
         parts=layout.recompute_parts,
         fp8_param=layout.fp8_param,
         fp8_cache=layout.fp8_cache,
+        workspace=layout.workspace,
     )
-    return MemoryBreakdown(*(float(x) for x in _components(workload, c, schedule)))
+    parts = (float(x) for x in _components(workload, c, schedule))
+    return MemoryBreakdown(*parts, workspace=layout.workspace)

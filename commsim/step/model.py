@@ -28,10 +28,11 @@ from commsim.step.dpsync import DataParallel
 from commsim.step.fsdp import fsdp_per_micro_batch
 from commsim.step.groups import Groups, _group_rows
 from commsim.step.layouts import Layouts
-from commsim.step.memory import memory_per_gpu_batch, usable_bytes
+from commsim.step.memory import MEMORY_RESERVE, memory_per_gpu_batch, usable_bytes
 from commsim.step.pipeline import schedule_group
 from commsim.step.shape import Shape, slowest, stage_layers
 from commsim.step.timeline import adam_step_time
+from commsim.step.workspace import workspace_bytes
 from commsim.topology.build import Cluster
 from commsim.workload.model import BACKWARD_FACTOR, Workload
 
@@ -162,13 +163,15 @@ class StepModel:
         n_gpus: int,
         global_batch: int,
         efficiency: float | None,
+        reserve: float = MEMORY_RESERVE,
     ):
         self.workload, self.cluster, self.gpu = workload, cluster, gpu
         self.shape = Shape.of(workload)
         self.n, self.global_batch = n_gpus, global_batch
         self.efficiency = efficiency
-        self.usable = usable_bytes(gpu)  # bytes of HBM a training process may fill
+        self.usable = usable_bytes(gpu, reserve)  # bytes of HBM a training process may fill
         self.groups = Groups(cluster, n_gpus)
+        self._nccl: dict[tuple, float] = {}  # NCCL buffer bytes of each set of groups
         self.dp = DataParallel(workload, self.shape, gpu, self.groups)
 
     @staticmethod
@@ -363,9 +366,13 @@ class StepModel:
         ).reshape(-1, 2)
         return line[inverse, 0] + line[inverse, 1] * act
 
+    def workspace(self, L: Layouts) -> np.ndarray:
+        """Bytes each layout holds outside its tensors (step.workspace)."""
+        return workspace_bytes(self.gpu, self.groups, L, self._nccl)
+
     def memory(self, L: Layouts) -> np.ndarray:
-        """Bytes per GPU on the fullest stage (step.memory); error feedback with a lossy
-        compressor (code 0 is "none") keeps a residual in the gradients' dtype."""
+        """Bytes per GPU on the fullest stage (step.memory) with the workspace; error feedback
+        with a lossy compressor (code 0 is "none") keeps a residual in the gradients' dtype."""
         return memory_per_gpu_batch(
             self.workload,
             L.dp,
@@ -394,4 +401,5 @@ class StepModel:
             fp8_param=L.fp8_param,
             fp8_cache=L.fp8_cache,
             residual_bytes=np.where(L.error_feedback & (L.compression != 0), L.grad_bytes, 0),
+            workspace=self.workspace(L),
         )

@@ -34,6 +34,7 @@ def step_model(setup: Setup) -> StepModel:
         setup.n_gpus,
         s.global_batch,
         s.compute_efficiency,
+        s.memory_reserve,
     )
 
 
@@ -61,7 +62,7 @@ def predict(
             "NCCL_PROTO may leave NCCL none of it)",
         )
     single = float(model.single_gpu_step(layouts)[0])
-    memory = layout_memory(setup, strategy)
+    memory = layout_memory(setup, strategy, model)
     if layouts.plain[0]:
         report = layouts_timeline(setup, model, layouts, b["optimizer"])
         buckets, events = tuple(report.buckets), tuple(report.events)
@@ -125,9 +126,13 @@ def layouts_timeline(
     )
 
 
-def layout_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
-    """Per-GPU memory of a strategy on the fullest pipeline stage, by kind."""
+def layout_memory(
+    setup: Setup, strategy: Strategy, model: StepModel | None = None
+) -> MemoryBreakdown:
+    """Per-GPU memory of a strategy on the fullest pipeline stage, by kind; the workspace
+    outside the tensors from the step model's groups (`model`, or the setup's)."""
     s, w = setup.scenario, setup.workload
+    workspace = (model or step_model(setup)).workspace(strategy_layouts(setup, [strategy]))
     plain = strategy.data_parallel_only
     fp32_buffer = strategy.grad_accumulation == "fp32"
     layout = ParallelLayout(
@@ -157,6 +162,7 @@ def layout_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
         fp8_param=strategy.fp8_param,
         fp8_cache=strategy.fp8_cache,
         residual_bytes=DTYPE_BYTES[strategy.grad_dtype] if _residual(strategy) else 0,
+        workspace=float(workspace[0]),
     )
     return memory_per_gpu(w, layout)
 

@@ -38,6 +38,7 @@ class Prediction:
     tokens_per_s: float | None
     memory: MemoryBreakdown
     memory_usable: float  # bytes of HBM a training process may fill
+    memory_reserve: float = 0.0  # of HBM, kept free for fragmentation (Scenario.memory_reserve)
     layout: dict[str, int] | None = None  # dp, micro_batch, micro_batches
     training: dict[str, float] | None = None  # time_to_train_s, gpu_hours, cost (given tokens)
     buckets: tuple[Bucket, ...] = ()
@@ -75,8 +76,10 @@ class Prediction:
                     "optimizer_bytes": m.optimizer,
                     "activations_bytes": m.activations,
                     "buffers_bytes": m.buffers,
+                    "workspace_bytes": m.workspace,
                     "total_bytes": m.total,
                     "usable_bytes": self.memory_usable,
+                    "reserve_fraction": self.memory_reserve,
                     "fits": self.fits,
                 },
                 "training": self.training,
@@ -164,7 +167,8 @@ def prediction(
         samples_per_s=throughput,
         tokens_per_s=throughput * seq if seq else None,
         memory=memory,
-        memory_usable=usable_bytes(setup.gpu),
+        memory_usable=usable_bytes(setup.gpu, s.memory_reserve),
+        memory_reserve=s.memory_reserve,
         layout={
             "dp": setup.dp(strategy),
             "micro_batch": s.micro_batch,
