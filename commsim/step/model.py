@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from commsim.specs import GPUSpec
+from commsim.step.activations import RECOMPUTE_MODULES
 from commsim.step.compute import StageTimes, stage_times
 from commsim.step.context import merge_bytes, replays_attention, ring_attention
 from commsim.step.dpsync import DataParallel
@@ -37,6 +38,7 @@ from commsim.workload.model import BACKWARD_FACTOR, Workload
 
 ACT_BYTES = 2  # bf16 activations on the wire (tensor-parallel collectives, pipeline sends)
 ALL_TO_ALLS_FORWARD = 2  # per MoE layer: dispatch tokens to experts, combine them back (GShard)
+MLA_UP = RECOMPUTE_MODULES.index("mla_up_proj")  # the recompute module with FLOPs of its own
 
 
 def tp_bytes(L: Layouts, sh: Shape) -> np.ndarray:
@@ -124,6 +126,7 @@ class StepBreakdown:
     fits: np.ndarray
     mfu: np.ndarray  # model FLOP/s / peak (no recomputation counted)
     hfu: np.ndarray  # hardware FLOP/s / peak, recomputation included
+    wgrad: np.ndarray  # of backward: the weight-gradient part (compute.weight_gradient)
 
     def row(self, i: int) -> dict[str, float]:
         return {f.name: getattr(self, f.name)[i].item() for f in fields(self)}
@@ -139,7 +142,8 @@ class StepBreakdown:
 class Compute:
     """Per micro-batch compute of each layout's slowest stage: its blocks, forward and
     backward seconds (recomputation included), and one block's forward, backward and
-    linear-layer GEMM seconds (what collectives overlap with)."""
+    linear-layer GEMM seconds (what collectives overlap with), and of the backward the
+    weight-gradient part."""
 
     blocks: np.ndarray
     forward: np.ndarray
@@ -147,6 +151,7 @@ class Compute:
     block_fwd: np.ndarray
     block_bwd: np.ndarray
     core_fwd: np.ndarray
+    wgrad: np.ndarray
 
 
 class StepModel:
@@ -217,6 +222,7 @@ class StepModel:
             [sh.model_flops, sh.blocks * sh.attention_core_flops, sh.blocks * sh.op_replay_flops],
             0.0,
         )
+        recomputed = recomputed + sh.blocks * self._module_replay(L) * sh.mla_up_flops
         return StepBreakdown(
             step=step,
             compute=m * (c.forward + c.backward),
@@ -236,7 +242,17 @@ class StepModel:
             fits=memory <= self.usable,
             mfu=model / step / peak,
             hfu=(model + recomputed * self.global_batch) / step / peak,
+            wgrad=m * c.wgrad,
         )
+
+    @staticmethod
+    def _module_replay(L: Layouts, bit: int | None = MLA_UP) -> np.ndarray:
+        """1 where a layout recomputes RECOMPUTE_MODULES[bit] (mla_up_proj by default) and
+        no full or op-level recomputation replays the forward anyway (the modules free
+        nothing there: step.activations), else 0; `bit` None: any module."""
+        free = np.isin(L.recompute, (0, 1))
+        parts = L.recompute_parts if bit is None else (L.recompute_parts >> bit) & 1
+        return np.where(free & (parts > 0), 1.0, 0.0)
 
     def compute(self, L: Layouts) -> Compute:
         """Each layout's slowest stage (the first, with the embedding; a middle one; the
@@ -251,13 +267,17 @@ class StepModel:
         post_on = (which == 2) | (L.pp == 1)
         forward = blocks * t.block_fwd + pre_on * t.pre_fwd + post_on * t.post_fwd
         backward = blocks * t.block_bwd + pre_on * t.pre_bwd + post_on * t.post_bwd
+        wgrad = blocks * t.block_wgrad + pre_on * t.pre_wgrad + post_on * t.post_wgrad
         # full: the forward again; selective: the attention core again (Korthikanti 2022);
-        # op: the matmuls and element-wise work op-level checkpointing did not keep
+        # op: the matmuls and element-wise work op-level checkpointing did not keep; the
+        # recompute_modules' forward beside none or selective
         extra = np.select(
             [L.recompute == 2, L.recompute == 1, L.recompute == 3],
             [forward, blocks * t.core_fwd, blocks * t.op_replay],
         )
-        return Compute(blocks, forward, backward + extra, t.block_fwd, t.block_bwd, t.core_fwd)
+        extra = extra + self._module_replay(L, None) * blocks * t.module_replay
+        backward = backward + extra
+        return Compute(blocks, forward, backward, t.block_fwd, t.block_bwd, t.core_fwd, wgrad)
 
     def single_gpu_step(self, L: Layouts) -> np.ndarray:
         """Seconds one GPU takes for the global batch, by accumulation at each layout's
@@ -283,13 +303,17 @@ class StepModel:
         fp8_speedup = (self.gpu.fp8_flops or self.gpu.peak_flops) / self.gpu.peak_flops
         linear_rate = rate * np.where(L.fp8, fp8_speedup, 1.0)
         core = sh.attention_core_flops / rate
-        block = (sh.block_flops - sh.attention_core_flops) / linear_rate + core
+        linear = (sh.block_flops - sh.attention_core_flops) / linear_rate
+        block = linear + core
         replay = sh.op_replay_flops / linear_rate
+        modules = ((L.recompute_parts >> MLA_UP) & 1) * sh.mla_up_flops / linear_rate
         pre, post = sh.pre_flops / rate, sh.post_flops / rate
         b = BACKWARD_FACTOR
         if not sh.blocks:  # no blocks: the whole model as the layers before them
             pre = sh.model_flops / rate
-        return StageTimes(block, b * block, core, replay, pre, b * pre, post, b * post)
+        times = (block, b * block, core, replay, pre, b * pre, post, b * post, modules)
+        # W: the linear layers' weight-gradient GEMMs, a forward's FLOPs (weight_gradient)
+        return StageTimes(*times, block_wgrad=linear, pre_wgrad=pre, post_wgrad=post)
 
     def _tensor_parallel(self, L: Layouts, c: Compute):
         """Seconds of tensor-parallel collectives on the critical path per micro-batch,
