@@ -156,6 +156,7 @@ def layout_memory(setup: Setup, strategy: Strategy) -> MemoryBreakdown:
         recompute_parts=recompute_code(strategy.recompute_modules),
         fp8_param=strategy.fp8_param,
         fp8_cache=strategy.fp8_cache,
+        dualpipe=strategy.pipeline_schedule == "dualpipe",
         residual_bytes=DTYPE_BYTES[strategy.grad_dtype] if _residual(strategy) else 0,
     )
     return memory_per_gpu(w, layout)
