@@ -11,6 +11,7 @@ from commsim.deepspeed import DeepSpeedSettings, read_deepspeed
 from commsim.profile import apply_profile, compute_efficiency, load_profile
 from commsim.spec_io import load_spec, parse_spec, read_yaml
 from commsim.specs import ClusterSpec, GPUSpec, Scenario, SpecError, Strategy
+from commsim.step.dualpipe import problem as dualpipe_problem
 from commsim.step.shape import split_problem
 from commsim.topology.build import Cluster, build_cluster
 from commsim.topology.placement import PLACEMENT_KINDS
@@ -165,6 +166,7 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
         raise SpecError(
             src, "strategy.states", f"fsdp describes ZeRO-3's shards; zero is {strategy.zero}"
         )
+    _check_schedule(setup, strategy)  # before the plain-DDP shortcut: pp 1 is plain
     if strategy.etp is not None and not w.moe:  # before the plain-DDP shortcut: etp 1 is plain
         raise SpecError(
             src, "strategy.etp", f"expert tensor parallelism needs experts; {w.name} has none"
@@ -222,6 +224,15 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
         raise SpecError(
             src, "strategy.placement", f"hybrid layouts take {' or '.join(PLACEMENT_KINDS)}"
         )
+
+
+def _check_schedule(setup: Setup, strategy: Strategy) -> None:
+    """DualPipe where it can run (step.dualpipe.problem), else a SpecError."""
+    if strategy.pipeline_schedule == "dualpipe":
+        m = setup.micro_batches(strategy)
+        bad = dualpipe_problem(strategy.pp, strategy.interleave, m)
+        if bad:
+            raise SpecError(setup.source, "strategy.pipeline_schedule", bad)
 
 
 def _check_experts(setup: Setup, strategy: Strategy) -> None:

@@ -281,6 +281,9 @@ GradAccumulation = Literal["fused", "autograd", "fp32"]
 NormBackward = Literal["two-pass", "one-pass"]
 # Megatron-core's output-discarding recompute_modules (step.activations.RECOMPUTE_MODULES)
 RecomputeModule = Literal["layernorm", "mla_up_proj", "moe_act"]
+# the pipeline's schedule: 1F1B (interleaved with interleave > 1) or DeepSeek-V3's DualPipe
+# (arXiv:2412.19437 sec. 3.2.1; step.dualpipe)
+PipelineSchedule = Literal["1f1b", "dualpipe"]
 
 
 class Strategy(Spec):
@@ -295,6 +298,7 @@ class Strategy(Spec):
     # none; Megatron's selective (the attention core) or full; torchtitan's op-level ("op")
     recompute: Literal["none", "selective", "full", "op"] = "none"
     interleave: int = Field(default=1, ge=1)  # virtual pipeline stages per rank
+    pipeline_schedule: PipelineSchedule = "1f1b"  # DualPipe: two stages a rank, both ways
     # an uneven pipeline split, as Megatron-core's --decoder-first-pipeline-num-layers and
     # --decoder-last-pipeline-num-layers: the first / last stage's transformer layers, the
     # other stages splitting the rest evenly (None: an even split)

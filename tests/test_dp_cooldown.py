@@ -52,6 +52,7 @@ def _parts(m, v, forward=1.0, backward=2.0, optimizer=0.5):
         dp_comm=0.0,
         dp_exposed=0.0,
         optimizer=optimizer,
+        wgrad=ops * backward / 2,
     )
 
 

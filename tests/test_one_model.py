@@ -191,3 +191,25 @@ def test_the_search_prices_the_memory_savers_as_predict_does():
     for i in np.random.default_rng(5).choice(found.fitting, 12, replace=False):
         strategy = _agree(setup, layouts, found, int(i))
         assert strategy.recompute_modules == ("layernorm", "moe_act")
+
+
+def test_the_search_prices_dualpipe_as_predict_does():
+    """A stack that runs DualPipe (the base strategy's pipeline_schedule): the search tries it
+    beside 1F1B where it applies (even pp, no interleaving, an even count of micro-batches of
+    at least 2 pp) and prices it, memory included, as predict does."""
+    setup = _setup(TOY, "dgx-a100-ib", 32, 64)
+    base = setup.scenario.strategy.model_copy(update={"pipeline_schedule": "dualpipe"})
+    sc = setup.scenario.model_copy(update={"strategy": base})
+    setup = type(setup)(sc, setup.source, setup.cluster, setup.gpu, setup.workload)
+    layouts = enumerate_layouts(setup)
+    found = search(step_model(setup), layouts)
+    dual = layouts.schedule == 1
+    assert (
+        dual.any() and (layouts.pp[dual] % 2 == 0).all() and (layouts.interleave[dual] == 1).all()
+    )
+    assert (layouts.micro_batches[dual] >= 2 * layouts.pp[dual]).all()
+    one_f_one_b = len(enumerate_layouts(_setup(TOY, "dgx-a100-ib", 32, 64)))
+    assert len(layouts) == one_f_one_b + dual.sum()  # a DualPipe copy of each such layout
+    pool = [int(i) for i in found.fitting if dual[i]]
+    for i in np.random.default_rng(7).choice(pool, 8, replace=False):
+        assert _agree(setup, layouts, found, int(i)).pipeline_schedule == "dualpipe"

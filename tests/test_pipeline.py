@@ -47,6 +47,7 @@ def _parts(m, v=1, send=0.0, dp_comm=0.6, dp_exposed=0.2, optimizer=0.5):
         dp_comm=dp_comm,
         dp_exposed=dp_exposed,
         optimizer=optimizer,
+        wgrad=m * B / 2,
     )
 
 

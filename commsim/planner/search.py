@@ -26,12 +26,14 @@ from commsim.scenario import Setup
 from commsim.specs import Strategy
 from commsim.step.activations import recompute_code
 from commsim.step.buckets import first_bucket_mb
+from commsim.step.dualpipe import applies as dualpipe_applies
 from commsim.step.layouts import (
     ALGORITHMS,
     DTYPE_BYTES,
     GRAD_ACCUMULATIONS,
     GRAD_DTYPES,
     NORM_BACKWARDS,
+    PIPELINE_SCHEDULES,
     RANK_ORDERS,
     ZERO3_ISSUES,
     Layouts,
@@ -260,6 +262,7 @@ def enumerate_layouts(
         raise ValueError("fsdp_shard: zero3_issue 'parameter' (DeepSpeed's 2021 ZeRO-3) has none")
     fp8 = bool(setup.gpu.fp8_flops) and bool(Shape.of(setup.workload).blocks)
     cols = _with_kernels(cols, pins, fp8, base.sequence_parallel)
+    cols = _with_schedules(cols, pins.get("pipeline_schedule"), base.pipeline_schedule)
     if not base.sequence_parallel and setup.workload.moe:  # MoE with tp > 1 needs SP
         cols = {k: v[cols["tp"] == 1] for k, v in cols.items()}
     return Layouts.build(
@@ -298,6 +301,19 @@ def _with_kernels(cols: dict[str, np.ndarray], pins: dict[str, Any], fp8: bool, 
     if "tp_overlap" in pins:
         return cols | {"tp_overlap": np.full(n, bool(pins["tp_overlap"])) & (cols["tp"] > 1)}
     return _branch(cols, "tp_overlap", (cols["tp"] > 1) & sp, True, False)
+
+
+def _with_schedules(cols: dict[str, np.ndarray], pinned: str | None, stack: str) -> dict:
+    """1F1B, and DualPipe beside it where it applies (step.dualpipe) when the stack runs it
+    (the base strategy's pipeline_schedule: Megatron-core has none); pinned, the one
+    schedule, DualPipe on the layouts it applies to."""
+    n = len(cols["dp"])
+    where = dualpipe_applies(cols["pp"], cols["interleave"], cols["micro_batches"])
+    if pinned == "dualpipe":
+        return {k: v[where] for k, v in cols.items()} | {"schedule": np.ones(where.sum(), int)}
+    if pinned or stack == "1f1b":
+        return cols | {"schedule": np.zeros(n, dtype=int)}
+    return _branch(cols, "schedule", where, PIPELINE_SCHEDULES.index("dualpipe"), 0)
 
 
 def _branch(cols: dict[str, np.ndarray], name: str, where: np.ndarray, value, default):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from commsim.specs import GPUSpec
+from commsim.step.activations import RECOMPUTE_MODULES
 from commsim.step.shape import Shape
 from commsim.workload.model import BACKWARD_FACTOR, Workload
 
@@ -169,7 +170,9 @@ class StageTimes:
     """Per micro-batch seconds on one GPU: a block's forward and backward, the attention
     core's forward (what selective recomputation replays), what op-level checkpointing
     replays (the unsaved matmuls and the element-wise work), the layers before the blocks
-    (embedding) and after them (final norm, head, loss), forward and backward."""
+    (embedding) and after them (final norm, head, loss), forward and backward; what the
+    recompute_modules replay of a block's forward (module_replay) and, of each backward, the
+    weight-gradient part (*_wgrad: DualPipe's W, step.model)."""
 
     block_fwd: np.ndarray
     block_bwd: np.ndarray
@@ -179,6 +182,10 @@ class StageTimes:
     pre_bwd: np.ndarray
     post_fwd: np.ndarray
     post_bwd: np.ndarray
+    module_replay: np.ndarray
+    block_wgrad: np.ndarray
+    pre_wgrad: np.ndarray
+    post_wgrad: np.ndarray
 
 
 def stage_times(workload: Workload, gpu: GPUSpec, L) -> StageTimes:
@@ -192,17 +199,34 @@ def stage_times(workload: Workload, gpu: GPUSpec, L) -> StageTimes:
         fwd = workload.forward_flops * b / (tp * rates.gemm)
         zero = np.zeros(len(L))
         pre_bwd = BACKWARD_FACTOR * fwd + adds.model
-        return StageTimes(zero, zero, zero, zero, fwd, pre_bwd, zero, zero)
+        wgrad = weight_gradient(fwd, adds.model)
+        return StageTimes(zero, zero, zero, zero, fwd, pre_bwd, zero, zero, zero, zero, wgrad, zero)
     tokens = b * workload.seq_len / cp  # a GEMM's rows: the whole sequence (SP gathers it)
     ep, etp = L.ep.astype(float), L.expert_tp.astype(float)
     split = np.where(L.sequence_parallel, tp, 1.0)  # ranks sharing the element-wise work
     # a norm's backward, in values a row: two passes or Transformer Engine's one
     norm_b = np.where(L.norm_backward == 1, NORM_ONE_PASS_BACKWARD, ELEMENTWISE["norm"][1])
     block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split, norm_b)
-    fwd, bwd, core = block.times(b, cp)
-    pre_fwd, pre_bwd, post_fwd, post_bwd = _ends(arch, rates, tokens, tp, split, norm_b)
+    fwd, bwd, core, gemm = block.times(b, cp)
+    pre_fwd, pre_bwd, post_fwd, post_bwd, head = _ends(arch, rates, tokens, tp, split, norm_b)
     bwd, pre_bwd, post_bwd = bwd + adds.block, pre_bwd + adds.pre, post_bwd + adds.post
-    return StageTimes(fwd, bwd, core, block.op_replay(), pre_fwd, pre_bwd, post_fwd, post_bwd)
+    replay = block.module_replay(L.recompute_parts)
+    return StageTimes(
+        *(fwd, bwd, core, block.op_replay(), pre_fwd, pre_bwd, post_fwd, post_bwd, replay),
+        block_wgrad=weight_gradient(gemm, adds.block),
+        pre_wgrad=pre_bwd,  # the embedding's backward is its weight gradient alone
+        post_wgrad=weight_gradient(head, adds.post),
+    )
+
+
+def weight_gradient(gemm_fwd, adds):
+    """Seconds of a backward's weight-gradient part (zero-bubble's W, DualPipe's W): a
+    linear layer's backward is two GEMMs of its forward's FLOPs (BACKWARD_FACTOR = 2), the
+    data gradient dY W^T and the weight gradient X^T dY, priced here at the forward's rate,
+    so W is the forward's GEMM seconds, with the adds of the gradient into the accumulated
+    one (_grad_adds); the attention core's, the element-wise and the casts' backward are
+    data gradients."""
+    return gemm_fwd + adds
 
 
 @dataclass(frozen=True)
@@ -256,10 +280,16 @@ class _Block:
     # a norm's backward HBM values a row (Strategy.norm_backward; two passes by default)
     norm_b: np.ndarray | int = ELEMENTWISE["norm"][1]
 
-    def times(self, b, cp):
-        """(forward, backward, attention core forward) seconds of the mean block."""
+    @property
+    def moe_share(self) -> float:
+        """The share of blocks that are MoE (all but the dense first ones)."""
         c = self.arch
-        moe_share = (c.layers - c.dense_layers) / c.layers if c.experts > 1 else 0.0
+        return (c.layers - c.dense_layers) / c.layers if c.experts > 1 else 0.0
+
+    def times(self, b, cp):
+        """(forward, backward, attention core forward, linear layers' GEMM forward) seconds
+        of the mean block."""
+        c, moe_share = self.arch, self.moe_share
         attn, dense = self._attention_gemms(), self._mlp_gemms(c.ffn_hidden, 1.0, 1.0)
         (attn_f, attn_cast), (dense_f, dense_cast) = self._gemms(attn), self._gemms(dense)
         moe_f, moe_cast, moe_bytes, moved = self._moe() if moe_share else (0.0,) * 4
@@ -275,7 +305,35 @@ class _Block:
         fwd = gemm_f + core_f + (ew_f + moe_share * moe_bytes + core_bytes + cast) / mem + permute
         bwd = BACKWARD_FACTOR * (gemm_f + (moe_share * moe_bytes + core_bytes) / mem)
         bwd = bwd + (ew_b + grad_cast) / mem + ATTENTION_BACKWARD * core_f + permute
-        return fwd, bwd, core_f
+        return fwd, bwd, core_f, gemm_f
+
+    def module_replay(self, parts) -> np.ndarray:
+        """Seconds a mean block's backward re-runs of the forward of the recompute_modules in
+        `parts` (activations.recompute_code; Megatron-core's CheckpointWithoutOutput re-runs
+        the module's forward function), kernel by kernel as `times` prices that forward:
+        "layernorm" the two norms on the tokens this GPU holds (transformer_layer.py: input_
+        and pre_mlp_layernorm) and, under FP8, each output's cast again (the activations
+        model keeps both in the GEMM's format; Transformer Engine re-quantises the saved
+        original input); "mla_up_proj" MLA's Q and KV up-projection GEMMs and the rotary
+        embedding (multi_latent_attention.py, qkv_up_proj_and_rope_apply); "moe_act" the
+        routed experts' activation on each routed copy (moe/experts.py) and, under FP8, the
+        cast of its output, the down projection's input."""
+        c, t, mem = self.arch, self.tokens, self.rates.memory
+        bit = [(np.asarray(parts) >> i) & 1 for i in range(len(RECOMPUTE_MODULES))]
+        cast = np.where(self.fp8, FP8_CAST, 0.0)  # bytes an element of a re-cast GEMM input
+        norm = 2 * t / self.split * c.hidden * (ELEMENTWISE["norm"][0] * ACT + cast)
+        up = 0.0
+        if c.mla:
+            gemm, gemm_cast = self._gemms(self._mla_up_gemms())
+            rotary = ELEMENTWISE["rotary"][0] * self._rotary_width() * t * ACT / self.tp
+            up = gemm + (gemm_cast + rotary) / mem
+        act = 0.0
+        if self.moe_share:
+            width = c.moe_ffn_hidden or c.ffn_hidden
+            kind = ELEMENTWISE["swiglu" if c.gated_mlp else "gelu"][0]
+            copies = t / self.tp * c.top_k * c.capacity_factor  # as _moe counts them
+            act = self.moe_share * copies * width * (kind * ACT + cast)
+        return bit[0] * norm / mem + bit[1] * up + bit[2] * act / mem
 
     def op_replay(self) -> np.ndarray:
         """Seconds op-level checkpointing (memory._op_widths) recomputes of a dense block's
@@ -313,17 +371,27 @@ class _Block:
         c, t, tp = self.arch, self.tokens, self.tp
         h, hd = c.hidden, c.head_width
         if c.mla:
-            qk, vd = hd + c.rope_head_dim, c.v_head_dim or hd
-            q = (
-                [(t, c.q_lora_rank, h, 1.0), (t, c.heads * qk / tp, c.q_lora_rank, 1.0)]
-                if c.q_lora_rank
-                else [(t, c.heads * qk / tp, h, 1.0)]
-            )
-            kv = [(t, c.kv_lora_rank + c.rope_head_dim, h, 1.0)]
-            kv += [(t, c.heads * (hd + vd) / tp, c.kv_lora_rank, 1.0)]
-            return q + kv + [(t, h, c.heads * vd / tp, 1.0)]
+            q_up, kv_up = self._mla_up_gemms()
+            q = [(t, c.q_lora_rank, h, 1.0), q_up] if c.q_lora_rank else [q_up]
+            kv = [(t, c.kv_lora_rank + c.rope_head_dim, h, 1.0), kv_up]
+            return q + kv + [(t, h, c.heads * (c.v_head_dim or hd) / tp, 1.0)]
         qw, kvw = c.heads * hd, c.kv_heads * hd
         return [(t, (qw + 2 * kvw) / tp, h, 1.0), (t, h, qw / tp, 1.0)]
+
+    def _mla_up_gemms(self):
+        """MLA's up-projections: Q's from its latent (from h without q_lora_rank) and the
+        keys' and values' from theirs, split over tp."""
+        c, t, tp, hd = self.arch, self.tokens, self.tp, self.arch.head_width
+        qk, vd = hd + c.rope_head_dim, c.v_head_dim or hd
+        q_in = c.q_lora_rank or c.hidden
+        kv = (t, c.heads * (hd + vd) / tp, c.kv_lora_rank, 1.0)
+        return [(t, c.heads * qk / tp, q_in, 1.0), kv]
+
+    def _rotary_width(self) -> int:
+        """Values a token's rotary embedding rotates: Q's and K's heads (0: learned
+        positions)."""
+        c = self.arch
+        return 0 if c.style.learned_positions else (c.heads + c.kv_heads) * c.head_width
 
     def _mlp_gemms(self, width, rows_scale, count, split=None):
         """An MLP of `width` split over tp (or `split` ranks): up (and gate, fused), down."""
@@ -383,7 +451,7 @@ class _Block:
         c, t, tp = self.arch, self.tokens, self.tp
         norm, residual = (ELEMENTWISE["norm"][0], self.norm_b), ELEMENTWISE["residual"]
         act = ELEMENTWISE["swiglu" if c.gated_mlp else "gelu"]
-        rotary = 0 if c.style.learned_positions else (c.heads + c.kv_heads) * c.head_width
+        rotary = self._rotary_width()
         dropout = 2 * c.hidden if c.has_dropout else 0  # elements a token, both residuals
         out = []
         for way in (0, 1):
@@ -398,8 +466,9 @@ def _ends(arch, rates: Rates, tokens, tp, split, norm_b):
     """Forward and backward seconds of the layers before the blocks (the embedding: gather
     b s rows of h) and after them (the final norm, ELEMENTWISE, its backward `norm_b`
     values a row; the LM head's GEMM in BF16; the fp32 cross-entropy over the vocabulary
-    slice, CROSS_ENTROPY_* bytes a logit); the embedding's output and the norm on the
-    tokens a tp rank holds (`split`: tp with sequence parallelism, else 1)."""
+    slice, CROSS_ENTROPY_* bytes a logit), and the head GEMM's forward seconds; the
+    embedding's output and the norm on the tokens a tp rank holds (`split`: tp with
+    sequence parallelism, else 1)."""
     h, v = arch.hidden, arch.vocab
     embed = 2 * tokens / split * h * ACT / rates.memory
     head = gemm_seconds(tokens, v / tp, h, rates.gemm, rates.sms)
@@ -408,4 +477,4 @@ def _ends(arch, rates: Rates, tokens, tp, split, norm_b):
     norm_f, norm_b = (n * tokens / split * h * ACT / rates.memory for n in norm)
     post_fwd = norm_f + head + CROSS_ENTROPY_FORWARD * logits
     post_bwd = norm_b + BACKWARD_FACTOR * head + CROSS_ENTROPY_BACKWARD * logits
-    return embed, embed, post_fwd, post_bwd
+    return embed, embed, post_fwd, post_bwd, head

@@ -18,6 +18,7 @@ from commsim.specs import (
     GradAccumulation,
     GradDtype,
     NormBackward,
+    PipelineSchedule,
     RankOrder,
     Strategy,
     Zero3Issue,
@@ -33,6 +34,7 @@ RANK_ORDERS: tuple[str, ...] = get_args(RankOrder)
 ZERO3_ISSUES: tuple[str, ...] = get_args(Zero3Issue)
 GRAD_ACCUMULATIONS: tuple[str, ...] = get_args(GradAccumulation)
 NORM_BACKWARDS: tuple[str, ...] = get_args(NormBackward)
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 _GRAD_BYTES = np.array([DTYPE_BYTES[d] for d in GRAD_DTYPES])
 _DEFAULTS: dict[str, Any] = {
@@ -74,6 +76,7 @@ _DEFAULTS: dict[str, Any] = {
     "recompute_parts": 0,
     "fp8_param": False,
     "fp8_cache": False,
+    "schedule": 0,
 }
 
 
@@ -120,6 +123,7 @@ class Layouts:
     recompute_parts: np.ndarray  # recompute_code of Strategy.recompute_modules
     fp8_param: np.ndarray  # FP8 primary weights (Strategy.fp8_param)
     fp8_cache: np.ndarray  # DeepSeek-V3's low-precision activation caching (Strategy.fp8_cache)
+    schedule: np.ndarray  # code into PIPELINE_SCHEDULES (Strategy.pipeline_schedule)
     compressions: tuple[str, ...] = field(default=("none",))
 
     def __len__(self) -> int:
@@ -191,6 +195,7 @@ class Layouts:
             recompute_parts=col(lambda s: recompute_code(s.recompute_modules)),
             fp8_param=col(lambda s: s.fp8_param),
             fp8_cache=col(lambda s: s.fp8_cache),
+            schedule=col(lambda s: PIPELINE_SCHEDULES.index(s.pipeline_schedule)),
         )
 
     def take(self, index: np.ndarray) -> Layouts:
@@ -209,6 +214,7 @@ class Layouts:
         out["zero3_issue"] = ZERO3_ISSUES[out["zero3_issue"]]
         out["grad_accumulation"] = GRAD_ACCUMULATIONS[out["grad_accumulation"]]
         out["norm_backward"] = NORM_BACKWARDS[out["norm_backward"]]
+        out["schedule"] = PIPELINE_SCHEDULES[out["schedule"]]
         return out
 
     def strategy(self, i: int, base: Strategy) -> Strategy:
@@ -228,6 +234,7 @@ class Layouts:
             "recompute_modules": recompute_names(r["recompute_parts"]),
             "fp8_param": r["fp8_param"],
             "fp8_cache": r["fp8_cache"],
+            "pipeline_schedule": r["schedule"],
         }
         return base.model_copy(update=update)
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from commsim.specs import GPUSpec
 from commsim.step.activations import RECOMPUTE, ActivationWidths, activation_bytes_per_layer
+from commsim.step.dualpipe import in_flight as dualpipe_in_flight
 from commsim.step.inflight import in_flight
 from commsim.step.shape import expert_shards, stage_layers
 from commsim.workload.model import Workload
@@ -79,6 +80,7 @@ class ParallelLayout:
     fp8_param: bool = False  # FP8 primary weights: no FP8 weight copy beside them
     fp8_cache: bool = False  # DeepSeek-V3's low-precision activation caching (activations)
     workspace: float = 0.0  # bytes outside the tensors: context, cuBLAS, NCCL (step.workspace)
+    dualpipe: bool = False  # DeepSeek-V3's DualPipe: two stages a rank (_dualpipe_ranks)
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -275,20 +277,24 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     # FP8 weight copies of 16-bit primary weights; ZeRO-3 casts a unit's as it gathers it
     copy = np.where(c["fp8"] & ~c["fp8_param"] & (zero < 3), FP8_WEIGHT_COPY_BYTES, 0)
     stages = []
+    dual = c["dualpipe"]
+    dp = np.where(dual, 2, 1) * dp  # DualPipe: both copies' holders share a ZeRO shard
     # the first stage, the second (the most loaded middle one: most in flight), the last
-    for rank, layers, extra, on_last, exists in (
+    for rank, layers, extra, on_last, exists in _dualpipe_ranks(
+        dual,
         (0, k_first, first, pp == 1, True),
         (np.minimum(1, pp - 1), k_mid, 0.0, False, pp > 2),
         (pp - 1, k_last, last, True, True),
     ):
-        held = np.where(exists, np.where(uneven, layers, per_chunk * v), 0.0)
+        held = np.where(exists, np.where(uneven | dual, layers, per_chunk * v), 0.0)
         ends = np.where(exists, np.where(pp == 1, first + last, extra), 0.0)
         params = held * block + ends
         expert = held * experts  # ZeRO shards these over the expert-data-parallel ranks
         kinds = (zero, c["grad_bytes"], c["fsdp_states"], c["moments"])
         dense = _states(params - expert, dp, *kinds)
         sparse = _states(expert, expert_shards(dp, t, ep, etp), *kinds)
-        acts = in_flight(rank, pp, v, c["micro_batches"], schedule) * held * per_layer
+        flight = in_flight(rank, pp, v, c["micro_batches"], schedule)
+        acts = np.where(dual, dualpipe_in_flight(pp), flight) * held * per_layer
         acts = acts + np.where(on_last, output, 0.0)
         largest = np.maximum(block, np.where(pp == 1, np.maximum(first, last), extra))
         buffers = _buffers(
@@ -300,6 +306,21 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     totals = np.stack([sum(stage) for stage in stages])
     worst = np.argmax(totals, axis=0)  # ties go to the first stage, as before
     return tuple(np.choose(worst, parts) for parts in zip(*stages, strict=True))
+
+
+def _dualpipe_ranks(dual, first, middle, last) -> list[tuple]:
+    """The (rank, layers, end-layer parameters, holds the loss, exists) of the first, a middle
+    and the last rank. DualPipe (step.dualpipe) puts stage i and stage pp - 1 - i on rank i:
+    an end rank holds the first and the last stage (the embedding, the head and the loss),
+    a middle one two middle stages; every parameter is held twice over the pipeline (Table
+    2: "Parameter 2x"), its ZeRO shards spread over both copies' data-parallel ranks."""
+    layers, params = first[1] + last[1], first[2] + last[2]
+    pair = (np.where(dual, layers, first[1]), np.where(dual, params, first[2]))
+    return [
+        (first[0], *pair, first[3] | dual, first[4]),
+        (middle[0], np.where(dual, 2 * middle[1], middle[1]), *middle[2:]),
+        (last[0], np.where(dual, layers, last[1]), np.where(dual, params, last[2]), *last[3:]),
+    ]
 
 
 def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
@@ -385,6 +406,7 @@ def memory_per_gpu_batch(
     fp8_param=False,
     fp8_cache=False,
     workspace=0.0,
+    dualpipe=False,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -418,6 +440,7 @@ def memory_per_gpu_batch(
         fp8_param=fp8_param,
         fp8_cache=fp8_cache,
         workspace=workspace,
+        dualpipe=dualpipe,
     )
     return sum(_components(workload, c, schedule))
 
@@ -459,6 +482,7 @@ def memory_per_gpu(
         fp8_param=layout.fp8_param,
         fp8_cache=layout.fp8_cache,
         workspace=layout.workspace,
+        dualpipe=layout.dualpipe,
     )
     parts = (float(x) for x in _components(workload, c, schedule))
     return MemoryBreakdown(*parts, workspace=layout.workspace)

@@ -10,8 +10,9 @@ layouts in one pass, and `predict` prices one the same way.
 Per micro-batch on the slowest pipeline stage: its compute (step.compute's roofline, or
 FLOPs at one efficiency), the collectives on its critical path (tensor-parallel, context-
 parallel ring attention, expert all-to-alls, ZeRO-3/FSDP gathers not hidden by prefetch,
-pipeline sends) make a tick; the pipeline takes (m + (p - 1) / v) ticks. Then the ZeRO 0-2
-data-parallel sync not hidden under the last backward (step.dpsync) and the optimizer.
+pipeline sends) make a tick; the pipeline takes (m + (p - 1) / v) ticks (DualPipe: m ticks
+and its own bubble, step.dualpipe). Then the ZeRO 0-2 data-parallel sync not hidden under
+the last backward (step.dpsync) and the optimizer.
 Collectives are priced on the cluster graph, every concurrent group at once (step.groups).
 """
 
@@ -22,9 +23,11 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from commsim.specs import GPUSpec
+from commsim.step.activations import RECOMPUTE_MODULES
 from commsim.step.compute import StageTimes, stage_times
 from commsim.step.context import merge_bytes, replays_attention, ring_attention
 from commsim.step.dpsync import DataParallel
+from commsim.step.dualpipe import bubble as dualpipe_bubble
 from commsim.step.fsdp import fsdp_per_micro_batch
 from commsim.step.groups import Groups, _group_rows
 from commsim.step.layouts import Layouts
@@ -38,6 +41,7 @@ from commsim.workload.model import BACKWARD_FACTOR, Workload
 
 ACT_BYTES = 2  # bf16 activations on the wire (tensor-parallel collectives, pipeline sends)
 ALL_TO_ALLS_FORWARD = 2  # per MoE layer: dispatch tokens to experts, combine them back (GShard)
+MLA_UP = RECOMPUTE_MODULES.index("mla_up_proj")  # the recompute module with FLOPs of its own
 
 
 def tp_bytes(L: Layouts, sh: Shape) -> np.ndarray:
@@ -111,7 +115,7 @@ class StepBreakdown:
     compute: np.ndarray  # forward + backward (+ recomputation) on the slowest stage, all mb
     forward: np.ndarray  # of compute: the forwards
     backward: np.ndarray  # of compute: the backwards (recomputation included)
-    bubble: np.ndarray  # pipeline fill and drain: (p - 1) / v ticks, comm included
+    bubble: np.ndarray  # pipeline fill and drain: (p - 1) / v ticks (DualPipe's), comm included
     tp_comm: np.ndarray  # tensor-parallel collectives on the critical path (after overlap)
     cp_comm: np.ndarray  # context-parallel K/V exchange not hidden under attention
     ep_comm: np.ndarray  # expert all-to-alls and etp gathers (MoE), on the critical path
@@ -125,6 +129,7 @@ class StepBreakdown:
     fits: np.ndarray
     mfu: np.ndarray  # model FLOP/s / peak (no recomputation counted)
     hfu: np.ndarray  # hardware FLOP/s / peak, recomputation included
+    wgrad: np.ndarray  # of backward: the weight-gradient part (compute.weight_gradient)
 
     def row(self, i: int) -> dict[str, float]:
         return {f.name: getattr(self, f.name)[i].item() for f in fields(self)}
@@ -140,7 +145,8 @@ class StepBreakdown:
 class Compute:
     """Per micro-batch compute of each layout's slowest stage: its blocks, forward and
     backward seconds (recomputation included), and one block's forward, backward and
-    linear-layer GEMM seconds (what collectives overlap with)."""
+    linear-layer GEMM seconds (what collectives overlap with), and of the backward the
+    weight-gradient part (DualPipe's W)."""
 
     blocks: np.ndarray
     forward: np.ndarray
@@ -148,6 +154,7 @@ class Compute:
     block_fwd: np.ndarray
     block_bwd: np.ndarray
     core_fwd: np.ndarray
+    wgrad: np.ndarray
 
 
 class StepModel:
@@ -175,17 +182,21 @@ class StepModel:
         self.dp = DataParallel(workload, self.shape, gpu, self.groups)
 
     @staticmethod
-    def _pipeline(L: Layouts, tick: np.ndarray) -> np.ndarray:
-        """1F1B: (m + p - 1) ticks; interleaved with v chunks: (m + (p - 1) / v) ticks
-        (Narayanan et al. 2021, Sec. 2.2); the bubble is the (p - 1) / v extra ticks."""
-        return (L.micro_batches + (L.pp - 1) / L.interleave) * tick
+    def _pipeline(L: Layouts, tick, back, wgrad) -> tuple[np.ndarray, np.ndarray]:
+        """(pipeline seconds, bubble seconds): m ticks and the bubble. 1F1B's is p - 1
+        ticks; interleaved with v chunks (p - 1) / v (Narayanan et al. 2021, Sec. 2.2);
+        DualPipe's (p / 2 - 1)(F&B + B - 3W) (step.dualpipe), F&B a tick, B a backward
+        `back`, W its weight-gradient part `wgrad`."""
+        dual = dualpipe_bubble(L.pp, tick, back, wgrad)
+        bubble = np.where(L.schedule == 1, dual, (L.pp - 1) / L.interleave * tick)
+        return L.micro_batches * tick + bubble, bubble
 
     def step_bound(self, L: Layouts) -> np.ndarray:
         """A lower bound on each layout's step (evaluate's), priced with no network: its
         pipeline of compute-only ticks; communication, the sync's tail and the optimizer
         only add to it. A planner after the best layout skips those whose bound passes it."""
         c = self.compute(L)
-        return self._pipeline(L, c.forward + c.backward)
+        return self._pipeline(L, c.forward + c.backward, c.backward, c.wgrad)[0]
 
     def evaluate(self, L: Layouts) -> StepBreakdown:
         """Step time, its parts, memory and utilisation of every layout."""
@@ -200,7 +211,8 @@ class StepModel:
         p2p = send * v
         comm = tp_f + tp_b + cp_f + cp_b + ep_f + ep_b + z3_exposed
         tick = c.forward + c.backward + comm + 2.0 * p2p
-        pipeline = self._pipeline(L, tick)
+        back = c.backward + tp_b + cp_b + ep_b + p2p  # DualPipe's B: a backward, its sends
+        pipeline, bubble = self._pipeline(L, tick, back, c.wgrad)
         # the ZeRO 0-2 sync (step.dpsync): under the last backward of the stage, or with v
         # chunks under the cool-down's g chunk backwards a chunk (each with its send); the
         # parameter gathers under the first forward, or the first group's chunk forwards
@@ -220,12 +232,13 @@ class StepModel:
             [sh.model_flops, sh.blocks * sh.attention_core_flops, sh.blocks * sh.op_replay_flops],
             0.0,
         )
+        recomputed = recomputed + sh.blocks * self._module_replay(L) * sh.mla_up_flops
         return StepBreakdown(
             step=step,
             compute=m * (c.forward + c.backward),
             forward=m * c.forward,
             backward=m * c.backward,
-            bubble=(pp - 1) / v * tick,
+            bubble=bubble,
             tp_comm=m * (tp_f + tp_b),
             cp_comm=m * (cp_f + cp_b),
             ep_comm=m * (ep_f + ep_b),
@@ -239,28 +252,48 @@ class StepModel:
             fits=memory <= self.usable,
             mfu=model / step / peak,
             hfu=(model + recomputed * self.global_batch) / step / peak,
+            wgrad=m * c.wgrad,
         )
+
+    @staticmethod
+    def _module_replay(L: Layouts, bit: int | None = MLA_UP) -> np.ndarray:
+        """1 where a layout recomputes RECOMPUTE_MODULES[bit] (mla_up_proj by default) and
+        no full or op-level recomputation replays the forward anyway (the modules free
+        nothing there: step.activations), else 0; `bit` None: any module."""
+        free = np.isin(L.recompute, (0, 1))
+        parts = L.recompute_parts if bit is None else (L.recompute_parts >> bit) & 1
+        return np.where(free & (parts > 0), 1.0, 0.0)
 
     def compute(self, L: Layouts) -> Compute:
         """Each layout's slowest stage (the first, with the embedding; a middle one; the
         last, with the head and loss: by compute time) and its compute per micro-batch."""
         sh = self.shape
         t = self._stage_times(L)
-        k = stage_layers(sh.blocks, L.pp, L.first_layers, L.last_layers)
+        first, mid, last = stage_layers(sh.blocks, L.pp, L.first_layers, L.last_layers)
         per_block = t.block_fwd + t.block_bwd
         pre, post = t.pre_fwd + t.pre_bwd, t.post_fwd + t.post_bwd
-        which, blocks, _ = slowest(*k, per_block, L.pp == 1, pre + post, pre, post)
-        pre_on = (which == 0) | (L.pp == 1)
-        post_on = (which == 2) | (L.pp == 1)
+        # DualPipe: the end ranks run the first and the last stage by turns, a middle rank
+        # two middle stages: per micro-batch, the mean of the first's and the last's
+        dual = L.schedule == 1
+        ends, pair = (first + last) / 2, (pre + post) / 2
+        first, last = np.where(dual, ends, first), np.where(dual, ends, last)
+        pre, post = np.where(dual, pair, pre), np.where(dual, pair, post)
+        which, blocks, _ = slowest(first, mid, last, per_block, L.pp == 1, pre + post, pre, post)
+        pre_on = np.where(dual, 0.5 * (which != 1), (which == 0) | (L.pp == 1))
+        post_on = np.where(dual, 0.5 * (which != 1), (which == 2) | (L.pp == 1))
         forward = blocks * t.block_fwd + pre_on * t.pre_fwd + post_on * t.post_fwd
         backward = blocks * t.block_bwd + pre_on * t.pre_bwd + post_on * t.post_bwd
+        wgrad = blocks * t.block_wgrad + pre_on * t.pre_wgrad + post_on * t.post_wgrad
         # full: the forward again; selective: the attention core again (Korthikanti 2022);
-        # op: the matmuls and element-wise work op-level checkpointing did not keep
+        # op: the matmuls and element-wise work op-level checkpointing did not keep; the
+        # recompute_modules' forward beside none or selective
         extra = np.select(
             [L.recompute == 2, L.recompute == 1, L.recompute == 3],
             [forward, blocks * t.core_fwd, blocks * t.op_replay],
         )
-        return Compute(blocks, forward, backward + extra, t.block_fwd, t.block_bwd, t.core_fwd)
+        extra = extra + self._module_replay(L, None) * blocks * t.module_replay
+        backward = backward + extra
+        return Compute(blocks, forward, backward, t.block_fwd, t.block_bwd, t.core_fwd, wgrad)
 
     def single_gpu_step(self, L: Layouts) -> np.ndarray:
         """Seconds one GPU takes for the global batch, by accumulation at each layout's
@@ -286,13 +319,17 @@ class StepModel:
         fp8_speedup = (self.gpu.fp8_flops or self.gpu.peak_flops) / self.gpu.peak_flops
         linear_rate = rate * np.where(L.fp8, fp8_speedup, 1.0)
         core = sh.attention_core_flops / rate
-        block = (sh.block_flops - sh.attention_core_flops) / linear_rate + core
+        linear = (sh.block_flops - sh.attention_core_flops) / linear_rate
+        block = linear + core
         replay = sh.op_replay_flops / linear_rate
+        modules = ((L.recompute_parts >> MLA_UP) & 1) * sh.mla_up_flops / linear_rate
         pre, post = sh.pre_flops / rate, sh.post_flops / rate
         b = BACKWARD_FACTOR
         if not sh.blocks:  # no blocks: the whole model as the layers before them
             pre = sh.model_flops / rate
-        return StageTimes(block, b * block, core, replay, pre, b * pre, post, b * post)
+        times = (block, b * block, core, replay, pre, b * pre, post, b * post, modules)
+        # W: the linear layers' weight-gradient GEMMs, a forward's FLOPs (weight_gradient)
+        return StageTimes(*times, block_wgrad=linear, pre_wgrad=pre, post_wgrad=post)
 
     def _tensor_parallel(self, L: Layouts, c: Compute):
         """Seconds of tensor-parallel collectives on the critical path per micro-batch,
@@ -400,6 +437,7 @@ class StepModel:
             recompute_parts=L.recompute_parts,
             fp8_param=L.fp8_param,
             fp8_cache=L.fp8_cache,
+            dualpipe=L.schedule == 1,
             residual_bytes=np.where(L.error_feedback & (L.compression != 0), L.grad_bytes, 0),
             workspace=self.workspace(L),
         )

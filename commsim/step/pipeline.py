@@ -5,7 +5,8 @@ Model Training on GPU Clusters Using Megatron-LM", Sec. 2.2.1): p - 1 - k warm-u
 stage k, then one forward one backward, then the cool-down backwards. With v > 1 model chunks
 per device it runs the interleaved 1F1B of Sec. 2.2.2 in Megatron-core's order (schedules.py:
 get_schedule_table, get_pp_rank_microbatches): micro-batches in groups of p, depth-first over
-the chunks, 2 (p - 1 - k) + (v - 1) p warm-up forwards.
+the chunks, 2 (p - 1 - k) + (v - 1) p warm-up forwards. DualPipe (pipeline_schedule) runs
+step.dualpipe's order instead (simulate_dualpipe).
 
 Every op waits for its input (the previous stage's forward, the next stage's backward) and
 runs one at a time on its stage, so the bubble comes out of the schedule. A forward or
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from commsim.step import dualpipe
 from commsim.step.timeline import Event, serial_ends
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ class ChunkTimes:
     dp_hidden: float  # data-parallel sync under the last backward (ZeRO 0-2 with overlap)
     dp_exposed: float
     optimizer: float
+    wgrad: float = 0.0  # of backward, the weight-gradient part (DualPipe's W)
 
 
 def chunk_times(layout: dict, parts: dict) -> ChunkTimes:
@@ -74,6 +77,7 @@ def chunk_times(layout: dict, parts: dict) -> ChunkTimes:
         dp_hidden=0.0 if zero == 3 else parts["dp_comm"] - parts["dp_exposed"],
         dp_exposed=parts["dp_exposed"],
         optimizer=parts["optimizer"],
+        wgrad=parts["wgrad"] / ops,
     )
 
 
@@ -148,6 +152,20 @@ def simulate(p: int, m: int, v: int, t: ChunkTimes) -> list[Op]:
     return sorted(done.values(), key=lambda op: (op.stage, op.start))
 
 
+def simulate_dualpipe(p: int, m: int, t: ChunkTimes) -> list[Op]:
+    """DualPipe's schedule (step.dualpipe.simulate) as ops on their ranks: a forward, its
+    collectives and its send; a backward (D: its weight gradient deferred) the same; a
+    deferred weight gradient (W) compute alone. The chunk is the rank's stage (phase)."""
+    d = dualpipe.Durations(t.forward + t.tp_forward, t.backward + t.tp_backward, t.wgrad, t.send)
+    ops = []
+    for rank, kind, phase, mb, start, end, to in dualpipe.simulate(p, m, d):
+        compute = {"F": t.forward, "B": t.backward, "D": t.backward - t.wgrad, "W": t.wgrad}
+        tp = {"F": t.tp_forward, "W": 0.0}.get(kind, t.tp_backward)
+        c_end = start + compute[kind]
+        ops.append(Op(rank, kind, phase, mb, start, c_end, c_end + tp, end, to))
+    return ops
+
+
 def pipeline_events(layout: dict, parts: dict, sync: SyncPlan | None = None) -> list[Event]:
     """The step of one layout (a Layouts.row) priced by one StepBreakdown.row, as events on
     streams "stage k" (compute, dp sync, optimizer), "stage k tp", "stage k send",
@@ -156,7 +174,9 @@ def pipeline_events(layout: dict, parts: dict, sync: SyncPlan | None = None) -> 
     the simulated schedule (lay_out_sync); without, the breakdown's sync is drawn whole."""
     p, m, v = layout["pp"], layout["micro_batches"], layout["interleave"]
     t = chunk_times(layout, parts)
-    ops = simulate(p, m, v, t)  # sorted by stage, then start
+    dual = layout.get("schedule") == "dualpipe"
+    ops = simulate_dualpipe(p, m, t) if dual else simulate(p, m, v, t)  # by stage, then start
+    v = 2 if dual else v  # DualPipe's two stages a rank named as chunks
     by_stage: list[list[Op]] = [[] for _ in range(p)]
     for op in ops:
         by_stage[op.stage].append(op)
@@ -289,6 +309,7 @@ def _chunk_bars(k: int, what: str, chunk, starts, ends) -> list[Event]:
 
 def _name(op: Op, v: int) -> str:
     what = f"{'forward' if op.kind == 'F' else 'backward'} {op.mb}"
+    what += {"D": " inputs", "W": " weights"}.get(op.kind, "")
     return what + (f" chunk {op.chunk}" if v > 1 else "")
 
 

@@ -161,6 +161,7 @@ def layout_memory(
         recompute_parts=recompute_code(strategy.recompute_modules),
         fp8_param=strategy.fp8_param,
         fp8_cache=strategy.fp8_cache,
+        dualpipe=strategy.pipeline_schedule == "dualpipe",
         residual_bytes=DTYPE_BYTES[strategy.grad_dtype] if _residual(strategy) else 0,
         workspace=float(workspace[0]),
     )

@@ -27,6 +27,7 @@ class Shape:
     block_flops: float  # forward FLOPs per sample of a block (the mean)
     attention_core_flops: float  # the s^2 part of block_flops (recomputed by "selective")
     op_replay_flops: float  # of block_flops, the matmuls op-level checkpointing recomputes
+    mla_up_flops: float  # of block_flops, MLA's up-projections (recompute_modules mla_up_proj)
     pre_params: float  # embedding
     pre_flops: float
     post_params: float  # final norm, LM head
@@ -60,6 +61,7 @@ class Shape:
             block_flops=sum(b.forward_flops for b in blocks) / n,  # dense first blocks
             attention_core_flops=w.attention_flops if transformer else 0.0,
             op_replay_flops=_op_replay_flops(w) if transformer else 0.0,
+            mla_up_flops=_mla_up_flops(w) if transformer else 0.0,
             pre_params=float(sum(x.params for x in pre)),
             pre_flops=sum(x.forward_flops for x in pre),
             post_params=float(sum(x.params for x in post)),
@@ -98,6 +100,18 @@ def _op_replay_flops(w: Workload) -> float:
         return 0.0
     width = c.kv_heads * c.head_width + c.heads * c.head_width + c.ffn_hidden
     return 2.0 * w.seq_len * c.hidden * width
+
+
+def _mla_up_flops(w: Workload) -> float:
+    """Forward FLOPs per sample of MLA's up-projections (compute._Block._mla_up_gemms): Q's
+    from its latent (from h without q_lora_rank), the keys' and values' from theirs."""
+    c = w.arch
+    if c is None or not c.mla:
+        return 0.0
+    hd = c.head_width
+    q = (c.q_lora_rank or c.hidden) * c.heads * (hd + c.rope_head_dim)
+    kv = c.kv_lora_rank * c.heads * (hd + (c.v_head_dim or hd))
+    return 2.0 * w.seq_len * (q + kv)
 
 
 def expert_shards(dense_shards, tp, ep, etp):

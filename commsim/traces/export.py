@@ -68,10 +68,11 @@ from commsim.traces.writer import Coll, Ring, Writer, Zero3, sync_start
 def _refuse(strategy: Strategy, source: str) -> None:
     """What the export does not write, one line each naming the scenario field (see README,
     Limits): expert all-to-alls hidden under another micro-batch's compute, DeepSpeed's
-    2021 per-tensor ZeRO-3."""
+    2021 per-tensor ZeRO-3, DualPipe's bidirectional schedule."""
     for field, bad in (
         ("strategy.ep_overlap", strategy.ep_overlap),
         ("strategy.zero3_issue", strategy.zero3_issue != "unit"),
+        ("strategy.pipeline_schedule", strategy.pipeline_schedule != "1f1b"),
     ):
         if bad:
             raise SpecError(source, field, "not exported to Chakra (see README, Limits)")
