@@ -159,6 +159,37 @@ def _bucket_costs(
     return times, np.zeros(len(sizes)), np.zeros(len(sizes))
 
 
+def _contended_backward(bwd_end, start, ready, times, rate):
+    """(layer backward ends, backward end, launches, all-reduce ends) when the last backward (from
+    `start`) runs at `rate` of its speed while an all-reduce runs: layer by layer in
+    backward order, each bucket launched once its last layer's (uncontended) `ready` work is
+    done and the bucket before it has ended. The stream's busy time is one run from the
+    latest launch to `free`, so reaching the next layer's work is a two-piece line."""
+    order = np.arange(len(bwd_end))[::-1]  # backward order: last layer first
+    work = bwd_end - start  # each layer's work done at its end, in uncontended seconds
+    ready_work = ready - start
+    t, done, free, k = start, 0.0, start, 0
+    launch, ends, new_end = np.empty(len(times)), np.empty(len(times)), np.empty(len(bwd_end))
+    for i in order.tolist():
+        t, done = _reach(t, done, free, float(work[i]), rate), float(work[i])
+        new_end[i] = t
+        while k < len(times) and ready_work[k] <= done:
+            free = max(t, free) + float(times[k])
+            launch[k], ends[k], k = t, free, k + 1
+    return new_end, float(new_end.max(initial=start)), launch, ends
+
+
+def _reach(t, done, free, target, rate):
+    """When compute that has done `done` work at time t reaches `target`: at `rate` while
+    the stream is busy (until `free`), at full speed after."""
+    if t < free:
+        at_free = done + (free - t) * rate
+        if target <= at_free:
+            return t + (target - done) / rate
+        return free + (target - at_free)
+    return t + (target - done)
+
+
 def _encode_delays(bwd_end, backward_s, backward_done, ready, enc):
     """(layer backward ends, backward end, bucket ready times) once the encodes run on the
     compute stream: bucket order is ready order, so a layer whose backward starts at t is
@@ -232,6 +263,7 @@ def schedule_streams(
     optimizer_s: float = 0.0,
     names: Sequence[str] | None = None,
     codec_time: CodecTime | None = None,
+    contention: float = 1.0,
 ) -> StepReport:
     """Lay one step out on the compute and communication streams; per-layer arrays in forward order.
 
@@ -244,9 +276,13 @@ def schedule_streams(
     A compressing comm hook (`codec_time`) runs on the compute stream, as DDP hooks do:
     bucket b's encode runs when it is ready, delaying the rest of the backward and its own
     all-reduce; decodes run after the backward, each once its all-reduce has ended.
+    `contention`: the rate (0 to 1] the backward runs at while an all-reduce runs beside it
+    (step.contention), event by event; not with a comm hook, whose codec shares the stream.
     """
     if accum_steps < 1:
         raise ValueError(f"accum_steps must be at least 1, got {accum_steps}")
+    if not 0.0 < contention <= 1.0 or (contention < 1.0 and codec_time):
+        raise ValueError(f"contention must be in (0, 1], and 1 with a comm hook: {contention}")
     backward_s = np.asarray(backward_s, dtype=float)
     n = len(backward_s)
     tensor_layer = np.arange(n) if tensor_layer is None else np.asarray(tensor_layer)
@@ -259,8 +295,15 @@ def schedule_streams(
     bwd_end, backward_done, ready = _encode_delays(
         bwd_end, backward_s, backward_done, seg.ready, enc
     )
-    launch = ready + enc if overlap else np.full(len(buckets), backward_done)
-    ends = serial_ends(launch, times)
+    if contention < 1.0 and overlap:
+        start = backward_done - bwd
+        bwd_end, backward_done, ready, ends = _contended_backward(
+            bwd_end, start, seg.ready, times, contention
+        )
+        backward_s = bwd_end - np.concatenate([bwd_end[1:], [start]])  # stretched layers
+    else:
+        launch = ready + enc if overlap else np.full(len(buckets), backward_done)
+        ends = serial_ends(launch, times)
     starts = ends - times
     # decode b starts at max(end of decode b-1, all-reduce b's end), after the backward
     dec_ends = serial_ends(np.maximum(ends, backward_done), dec)
