@@ -67,6 +67,23 @@ def test_predict_and_the_search_agree_on_random_strategies(model, cluster, gpus,
     assert {c for plain, c, _ in kinds if plain} == set(COMPRESSIONS)
 
 
+def test_predict_and_the_search_agree_where_compute_is_slowed_beside_collectives():
+    # the roofline (no single efficiency) on NCCL: ZeRO 0-2 syncs, FSDP units and ep_overlap
+    # priced beside their collectives (step.contention), on subsets of the layouts
+    setup = _setup(TOY_MOE, "dgx-h100-ib", 32, 64)
+    sc = setup.scenario.model_copy(update={"compute_efficiency": None})
+    setup = type(setup)(sc, setup.source, setup.cluster, setup.gpu, setup.workload)
+    layouts = enumerate_layouts(setup)
+    found = search(step_model(setup), layouts)
+    slowed = found.fitting[found.breakdown.sync_rate < 1.0]
+    fsdp = found.fitting[layouts.zero[found.fitting] == 3]
+    rng = np.random.default_rng(11)
+    picks = [*rng.choice(slowed, 10, replace=False), *rng.choice(fsdp, 5, replace=False)]
+    picks += rng.choice(found.fitting, 5, replace=False).tolist()
+    for i in picks:
+        _agree(setup, layouts, found, int(i))
+
+
 def _agree(setup, layouts, found, i):
     """Layout i's strategy, after checking that `predict` prices it as the search did."""
     rank = {int(j): k for k, j in enumerate(found.fitting)}  # layout -> breakdown row
