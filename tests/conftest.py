@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 # pytest-xdist's workers load GNU readline, which exports COLUMNS=80 and LINES=24 off a tty;
@@ -98,3 +99,17 @@ def load_script(name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def random_ddp_layers(rng):
+    """Random per-layer forward and backward seconds (some backwards empty), 1-3 tensors a
+    layer, and up to 5 buckets of tensor indices in DDP's reverse order: for the timeline
+    against its closed forms."""
+    n_layers = int(rng.integers(1, 12))
+    fwd = rng.uniform(0, 1, n_layers)
+    bwd = rng.uniform(0, 2, n_layers) * (rng.uniform(size=n_layers) < 0.9)
+    tensor_layer = np.repeat(np.arange(n_layers), rng.integers(1, 4, n_layers))
+    order = np.arange(tensor_layer.size)[::-1]
+    cuts = np.sort(rng.choice(np.arange(1, order.size), min(order.size - 1, 4), replace=False))
+    buckets = [list(b) for b in np.split(order, cuts if order.size > 1 else [])]
+    return fwd, bwd, tensor_layer, buckets

@@ -123,10 +123,24 @@ def test_schedule_groups_follow_megatrons_grouping():
     assert first.tolist() == [4, 6, 4, 2] and last.tolist() == [4, 6, 3, 2]
 
 
-def _toy_model(nic="200Gbps", params=None):
+def _toy_model(nic="200Gbps", params=None, backend="gloo"):
     spec = ModelSpec(name="toy", layers=8, hidden=512, heads=8, vocab=1000, seq_len=256)
-    cluster = make_cluster(nodes=4, gpus_per_node=8, nics=8, nic_bw=nic)
+    cluster = make_cluster(nodes=4, gpus_per_node=8, nics=8, nic_bw=nic, backend=backend)
     return StepModel(build_workload(spec), cluster, catalog.GPUS["a100-80gb"], 32, 64, None)
+
+
+def _uncontended_sync(hm, L, b):
+    """Layout 0's exposed sync as the model prices it, but with the compute at full speed
+    beside it (the pipeline's simulation does not slow it: step.contention)."""
+    m, v = int(L.micro_batches[0]), int(L.interleave[0])
+    c = hm.compute(L)
+    crit = (b["tp_comm"] + b["cp_comm"] + b["ep_comm"]) / m
+    span_f = float(c.forward[0]) + b["comm_forward"] / m
+    span_b = float(c.backward[0]) + crit - b["comm_forward"] / m
+    first, last = (float(x[0]) for x in schedule_groups(L.pp, L.micro_batches))
+    x_b = span_b if v == 1 else last * span_b / v
+    x_f = span_f if v == 1 else first * span_f / v
+    return hm.dp.sync(L, np.array([x_b]), np.array([x_f]))[1]
 
 
 @pytest.mark.parametrize("nic", ["200Gbps", "2Gbps"])
@@ -144,14 +158,9 @@ def test_the_models_sync_is_the_simulated_one_with_free_sends(nic):
             dp=32 // pp, pp=pp, interleave=v, micro_batches=m, zero=zero, overlap=ov, bucket_mb=mb
         )
         b = hm.evaluate(L).row(0)
+        exposed = _uncontended_sync(hm, L, b)
         c = hm.compute(L)
         crit = (b["tp_comm"] + b["cp_comm"] + b["ep_comm"]) / m
-        span_f = float(c.forward[0]) + b["comm_forward"] / m
-        span_b = float(c.backward[0]) + crit - b["comm_forward"] / m
-        first, last = (float(x[0]) for x in schedule_groups(L.pp, L.micro_batches))
-        x_b = span_b if v == 1 else last * span_b / v
-        x_f = span_f if v == 1 else first * span_f / v
-        _, exposed, _, _ = hm.dp.sync(L, np.array([x_b]), np.array([x_f]))
         tick = float(c.forward[0] + c.backward[0]) + crit
         closed = (m + (pp - 1) / v) * tick + float(exposed[0]) + b["optimizer"]
         events = pipeline_events(L.row(0), b | {"pp_comm": 0.0}, hm.dp.sync_plan(L, 0))
@@ -161,13 +170,15 @@ def test_the_models_sync_is_the_simulated_one_with_free_sends(nic):
 
 
 def test_with_paid_sends_the_simulation_is_the_models_step_less_its_extra_sends():
-    hm = _toy_model()
+    hm = _toy_model(backend="nccl")  # NCCL kernels on the GPU: the compute beside them slows
     for v in (1, 2):
         L = Layouts.build(dp=8, pp=4, interleave=v, micro_batches=8, zero=1)
         b = hm.evaluate(L).row(0)
         events = pipeline_events(L.row(0), b, hm.dp.sync_plan(L, 0))
         send = b["pp_comm"] / (2 * 8 * v)
-        short = b["step"] - max(ev.end_s for ev in events)
+        contention = b["dp_exposed"] - float(_uncontended_sync(hm, L, b)[0])
+        assert contention > 0  # the compute beside the sync is slower (step.contention)
+        short = b["step"] - contention - max(ev.end_s for ev in events)
         if v == 1:  # as without the buckets: the end stages' three missing sends
             assert short == pytest.approx(3 * send, rel=1e-9)
         else:  # at most m + 1 sends (pipeline.py's docstring)

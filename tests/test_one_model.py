@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import random_ddp_layers
 
 from commsim.planner.search import COMPRESSIONS, enumerate_layouts, search
 from commsim.scenario import load_scenario, resolve
 from commsim.specs import ModelSpec
+from commsim.step.contention import contended_tail
 from commsim.step.predict import layouts_timeline, predict, step_model, strategy_layouts
 from commsim.step.sync import BucketCosts, tail_of_leads, upper_envelope
 from commsim.step.timeline import schedule_streams
@@ -65,6 +67,23 @@ def test_predict_and_the_search_agree_on_random_strategies(model, cluster, gpus,
     assert {c for plain, c, _ in kinds if plain} == set(COMPRESSIONS)
 
 
+def test_predict_and_the_search_agree_where_compute_is_slowed_beside_collectives():
+    # the roofline (no single efficiency) on NCCL: ZeRO 0-2 syncs, FSDP units and ep_overlap
+    # priced beside their collectives (step.contention), on subsets of the layouts
+    setup = _setup(TOY_MOE, "dgx-h100-ib", 32, 64)
+    sc = setup.scenario.model_copy(update={"compute_efficiency": None})
+    setup = type(setup)(sc, setup.source, setup.cluster, setup.gpu, setup.workload)
+    layouts = enumerate_layouts(setup)
+    found = search(step_model(setup), layouts)
+    slowed = found.fitting[found.breakdown.sync_rate < 1.0]
+    fsdp = found.fitting[layouts.zero[found.fitting] == 3]
+    rng = np.random.default_rng(11)
+    picks = [*rng.choice(slowed, 10, replace=False), *rng.choice(fsdp, 5, replace=False)]
+    picks += rng.choice(found.fitting, 5, replace=False).tolist()
+    for i in picks:
+        _agree(setup, layouts, found, int(i))
+
+
 def _agree(setup, layouts, found, i):
     """Layout i's strategy, after checking that `predict` prices it as the search did."""
     rank = {int(j): k for k, j in enumerate(found.fitting)}  # layout -> breakdown row
@@ -100,7 +119,9 @@ def test_the_detailed_timeline_is_the_models_step():
     breakdown = model.evaluate(layouts.take(plain))
     for k in np.random.default_rng(3).choice(plain.size, size=40, replace=False):
         one = layouts.take(plain[[k]])
-        report = layouts_timeline(setup, model, one, float(breakdown.optimizer[k]))
+        report = layouts_timeline(
+            setup, model, one, float(breakdown.optimizer[k]), float(breakdown.sync_rate[k])
+        )
         assert report.step_time_s == pytest.approx(float(breakdown.step[k]), rel=1e-9)
         assert report.codec_s == pytest.approx(float(breakdown.codec[k]), rel=1e-9, abs=1e-15)
 
@@ -109,17 +130,14 @@ def test_the_detailed_timeline_is_the_models_step():
 def test_the_closed_form_tail_is_the_two_stream_schedule(seed):
     # random layers, tensors, buckets (in DDP's reverse order), costs, overlap, accumulation
     rng = np.random.default_rng(seed)
-    n_layers = int(rng.integers(1, 12))
-    fwd = rng.uniform(0, 1, n_layers)
-    bwd = rng.uniform(0, 2, n_layers) * (rng.uniform(size=n_layers) < 0.9)
-    tensor_layer = np.repeat(np.arange(n_layers), rng.integers(1, 4, n_layers))
-    order = np.arange(tensor_layer.size)[::-1]
-    cuts = np.sort(rng.choice(np.arange(1, order.size), min(order.size - 1, 4), replace=False))
-    buckets = [list(b) for b in np.split(order, cuts if order.size > 1 else [])]
+    fwd, bwd, tensor_layer, buckets = random_ddp_layers(rng)
     hooked = seed % 2 == 1
     t = rng.uniform(0, 3, len(buckets))
     e, d = (rng.uniform(0, 0.5, len(buckets)) * hooked for _ in range(2))
     overlap, accum = bool(rng.uniform() < 0.7), int(rng.integers(1, 4))
+    # without a hook, the backward at a rate r beside the buckets (step.contention): event by
+    # event against the Tail at x / r
+    rate = 1.0 if hooked else float(rng.uniform(0.3, 1.0))
     report = schedule_streams(
         fwd,
         bwd,
@@ -131,12 +149,18 @@ def test_the_closed_form_tail_is_the_two_stream_schedule(seed):
         accum_steps=accum,
         optimizer_s=0.3,
         codec_time=(lambda sizes: (e, d)) if hooked else None,
+        contention=rate,
     )
     suffix = np.cumsum(bwd[::-1])[::-1]
     ready = np.array([suffix[min(tensor_layer[b])] for b in buckets]) / max(suffix[0], 1e-300)
     closed = tail_of_leads(BucketCosts(t, e, d), 1.0 - ready)
-    step = accum * (fwd.sum() + bwd.sum()) + closed.encode + float(closed.at(bwd.sum(), overlap))
-    assert step + 0.3 == pytest.approx(report.step_time_s, rel=1e-12, abs=1e-12)
+    r = rate if overlap else 1.0  # off, every bucket runs after the backward
+    tail = contended_tail(t.sum(), closed.at(bwd.sum() / r, overlap), r)
+    step = accum * (fwd.sum() + bwd.sum()) + closed.encode + float(tail)
+    rel = 1e-12 if r == 1.0 else 1e-9  # the contended schedule is walked event by event
+    assert step + 0.3 == pytest.approx(report.step_time_s, rel=rel, abs=1e-12)
+    bars = [ev for ev in report.events if ev.label.startswith("backward layer")]
+    assert sum(ev.end_s - ev.start_s for ev in bars) >= bwd.sum() * (1 - 1e-12)
 
 
 def test_upper_envelope_keeps_the_lines_that_win_for_positive_x():

@@ -74,7 +74,7 @@ def _prediction(
     single = float(model.single_gpu_step(one)[0])
     memory = layout_memory(variant, strategy)
     if one.plain[0]:
-        report = layouts_timeline(variant, model, one, b["optimizer"])
+        report = layouts_timeline(variant, model, one, b["optimizer"], b["sync_rate"])
         return prediction(
             variant, strategy, b, single, memory, tuple(report.buckets), tuple(report.events)
         )

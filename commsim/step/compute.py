@@ -116,11 +116,11 @@ EAGER_SCORE_BYTES = 10  # per score element, forward, without FlashAttention: wr
 class Rates:
     """A GPU's kernel rates (FLOP/s, bytes/s) for the roofline."""
 
-    gemm: float  # BF16 GEMM FLOP/s at its best shapes
-    fp8: float  # FP8 GEMM FLOP/s at its best shapes (0: no FP8)
-    attention: float  # FlashAttention FLOP/s
-    memory: float  # HBM bytes/s that streaming kernels reach
-    sms: int
+    gemm: float | np.ndarray  # BF16 GEMM FLOP/s at its best shapes
+    fp8: float | np.ndarray  # FP8 GEMM FLOP/s at its best shapes (0: no FP8)
+    attention: float | np.ndarray  # FlashAttention FLOP/s
+    memory: float | np.ndarray  # HBM bytes/s that streaming kernels reach
+    sms: int | np.ndarray  # SMs the kernels may use (fewer beside a collective: step.contention)
 
     @classmethod
     def of(cls, gpu: GPUSpec) -> Rates:
@@ -188,9 +188,10 @@ class StageTimes:
     post_wgrad: np.ndarray
 
 
-def stage_times(workload: Workload, gpu: GPUSpec, L) -> StageTimes:
-    """The roofline times of every layout's block and end layers (step.layouts.Layouts)."""
-    rates = Rates.of(gpu)
+def stage_times(workload: Workload, gpu: GPUSpec, L, rates: Rates | None = None) -> StageTimes:
+    """The roofline times of every layout's block and end layers (step.layouts.Layouts), at
+    the GPU's rates or at `rates` (per layout where they are arrays: step.contention)."""
+    rates = rates or Rates.of(gpu)
     arch = workload.arch
     b, tp = L.micro_batch.astype(float), L.tp.astype(float)
     cp, fp8, flash = L.cp.astype(float), L.fp8, L.flash

@@ -38,10 +38,12 @@ from commsim.collectives.algorithms import ALGORITHMS as OP_ALGORITHMS
 from commsim.compression import parse_compressor
 from commsim.specs import GPUSpec
 from commsim.step.buckets import MIB, STAGE_KINDS, BucketPlan, stage_buckets, stage_layer_range
+from commsim.step.contention import collective_hbm_bytes, contended_tail
 from commsim.step.groups import Groups, _group_rows
 from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.shape import Shape, expert_shards, slowest, stage_layers
 from commsim.step.sync import (
+    PARAM_WIRE_BYTES,
     BucketCosts,
     Price,
     Tail,
@@ -126,13 +128,16 @@ class DataParallel:
         self._sync: dict[tuple, SyncPlan] = {}
         self._holds: dict[tuple[str, int], bool] = {}
 
-    def sync(self, L: Layouts, x_reduce: np.ndarray, x_gather: np.ndarray):
-        """(network seconds, exposed seconds, codec seconds, parameters the optimizer steps)
-        of each layout's ZeRO 0-2 sync on the stage with the most parameters. Exposed: with
-        overlap, the reductions' tail after the backward (sync.Tail at x_reduce) and the
-        gathers' wait before the forward (at x_gather), a comm hook's encodes stretching the
-        backward; without, the whole serial sync. ZeRO-3 rows are left at 0 (step.fsdp
-        prices them) but for their optimizer's parameters."""
+    def sync(self, L: Layouts, x_reduce: np.ndarray, x_gather: np.ndarray, slowed=None):
+        """(network seconds, exposed seconds, codec seconds, parameters the optimizer steps,
+        the rate its backward runs at beside the reductions) of each layout's ZeRO 0-2 sync
+        on the stage with the most parameters. Exposed: with overlap, the reductions' tail
+        after the backward (sync.Tail at x_reduce) and the gathers' wait before the forward
+        (at x_gather), a comm hook's encodes stretching the backward, and what the compute
+        loses beside them; without, the whole serial sync. `slowed(rows, kind, bytes, seconds)`
+        gives the rate the backward ("reduce") or forward ("gather") of layouts L.take(rows)
+        runs at beside their sync (step.contention; None: full speed). ZeRO-3 rows are left
+        at 0 (step.fsdp prices them) but for their optimizer's parameters."""
         sh = self.shape
         ends = (sh.pre_params + sh.post_params, sh.pre_params, sh.post_params)
         which, held, params = slowest(
@@ -151,9 +156,10 @@ class DataParallel:
         serial = np.array([p.serial for p in plans])[inverse]
         exposed = serial.copy()
         on = L.overlap
-        exposed[on] = _at([p.reduce for p in plans], inverse[on], x_reduce[on])
         ahead = on & gathers & L.gather_overlap  # under the next forward
-        exposed[ahead] += _at([p.gather for p in plans], inverse[ahead], x_gather[ahead])
+        r_reduce, r_gather = _rates(L, plans, inverse, on, ahead, slowed)
+        exposed[on] = _tail(plans, "reduce", inverse[on], x_reduce[on], r_reduce[on])
+        exposed[ahead] += _tail(plans, "gather", inverse[ahead], x_gather[ahead], r_gather[ahead])
         after = on & gathers & ~L.gather_overlap  # after the optimizer step, one by one
         exposed[after] += np.array([p.gather.serial for p in plans])[inverse[after]]
         sync_exposed = encode + exposed
@@ -167,7 +173,7 @@ class DataParallel:
         shard = np.where((L.zero == 3) & (L.fsdp_shard > 0), L.fsdp_shard, L.dp) * L.cp
         local = dense / np.where(zeroed, shard, 1)
         local = local + sparse / np.where(zeroed, expert_shards(shard, L.tp, L.ep, etp), 1)
-        return network, sync_exposed, codec, local
+        return network, sync_exposed, codec, local, r_reduce
 
     def sync_plan(self, L: Layouts, i: int) -> SyncPlan:
         """Layout i's data-parallel sync (for drawing its buckets)."""
@@ -341,6 +347,43 @@ def _sync_columns(L: Layouts, kind: np.ndarray, held: np.ndarray) -> list[np.nda
             col = np.unique(col, return_inverse=True)[1]
         cols.append(col)
     return cols
+
+
+def _rates(L: Layouts, plans: list[SyncPlan], inverse, on, ahead, slowed):
+    """The rate each layout's backward runs at beside its reductions and its forward beside
+    its parameter gathers (1 without `slowed`, or under a comm hook, whose encodes and
+    decodes share the compute stream: the closed form of step.contention does not hold)."""
+    rates = np.ones(len(L)), np.ones(len(L))
+    if slowed is None:
+        return rates
+    hooked = L.compression != 0  # code 0 is "none"
+    ranks = L.dp * L.cp
+    for rate, part, rows in zip(rates, ("reduce", "gather"), (on & ~hooked, ahead), strict=True):
+        rows = np.nonzero(rows)[0]
+        if not rows.size:
+            continue
+        network = np.array([getattr(p, part).network for p in plans])[inverse[rows]]
+        grads = np.array([p.buckets.bytes.sum() for p in plans])[inverse[rows]]
+        if part == "gather":  # bf16 parameters of the buckets' gradients
+            moved = collective_hbm_bytes(
+                "all-gather", grads / L.grad_bytes[rows] * PARAM_WIRE_BYTES, ranks[rows]
+            )
+        else:
+            moved = np.where(
+                L.zero[rows] == 0,
+                collective_hbm_bytes("all-reduce", grads, ranks[rows]),
+                collective_hbm_bytes("reduce-scatter", grads, ranks[rows]),
+            )
+        rate[rows] = slowed(rows, part, moved, network)
+    return rates
+
+
+def _tail(plans: list[SyncPlan], part: str, inverse, x, rate) -> np.ndarray:
+    """Each layout's exposed `part` ("reduce" or "gather") of its sync at its x, its compute
+    running at `rate` beside the network (step.contention.contended_tail)."""
+    network = np.array([getattr(p, part).network for p in plans])[inverse]
+    tail = _at([getattr(p, part) for p in plans], inverse, x / rate)
+    return contended_tail(network, tail, rate)
 
 
 def _at(tails: list[Tail], inverse: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ from collections import Counter
 
 import numpy as np
 
+from commsim.step.contention import collective_hbm_bytes, contended_compute, exposed
 from commsim.step.sync import PARAM_WIRE_BYTES
 
 # DeepSpeed's stage3_param_persistence_threshold default (deepspeed/runtime/zero/constants.py,
@@ -63,9 +64,26 @@ def _per_unit(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:
     g, r = g_dense + g_sparse, r_dense + r_sparse
     g_first = g + np.where(ends > 0, _unit(model, Z, ends, "dense")[0], 0.0)
     f, b = c.block_fwd[rows], c.block_bwd[rows]
+    f_slow, b_slow = _beside_units(model, Z, dense + sparse, g, g + r)
     net = k * (2 * g + r) + 2 * (g_first - g)
-    hidden = 2 * g_first + (k - 1) * (np.maximum(g - f, 0) + np.maximum(g + r - b, 0)) + r
+    hidden = 2 * g_first + (k - 1) * (exposed(f, f_slow, g) + exposed(b, b_slow, g + r)) + r
     return net, np.where(Z.overlap, np.minimum(hidden, net), net)
+
+
+def _beside_units(model, Z, params, forward_comm, backward_comm):
+    """A block's forward and backward seconds beside its neighbour's collectives
+    (step.contention): the forward beside a unit's all-gather, the backward beside a gather
+    and a reduce-scatter, on the sharding group; the block's own times where the model
+    prices compute at one efficiency."""
+    shard = np.where(Z.fsdp_shard > 0, Z.fsdp_shard, Z.dp) * Z.cp
+    kinds = np.where(Z.fsdp_shard > 0, "shard", "dp")
+    gather = collective_hbm_bytes("all-gather", params * PARAM_WIRE_BYTES, shard)
+    scatter = collective_hbm_bytes("reduce-scatter", params * Z.grad_bytes, shard)
+    fwd = contended_compute(model, Z, kinds, gather, forward_comm)
+    bwd = contended_compute(model, Z, kinds, gather + scatter, backward_comm)
+    if fwd is None or bwd is None:
+        return None, None
+    return fwd.block_fwd, bwd.block_bwd
 
 
 def _per_parameter(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:

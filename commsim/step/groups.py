@@ -122,12 +122,7 @@ class Groups:
         unpipelined algorithm's time is affine in the size (GroupCost), so those groups are
         priced by one multiply-add over all their layouts."""
         alg = L.algorithm if algorithm is None else np.broadcast_to(algorithm, L.dp.shape)
-        one = np.ones_like(L.dp)
-        expert = kind in EXPERT_KINDS
-        ep, etp = (L.ep, L.expert_tp) if expert else (one, np.zeros_like(L.dp))
-        shards = L.ps_shards if kind == "dp" else one
-        shard = np.maximum(L.fsdp_shard, 1) if kind in ("shard", "replica") else one
-        cols = [alg, L.placement, L.tp, L.dp, L.pp, ep, shards, L.cp, shard, L.order, etp]
+        cols = [alg, *_key_columns(kind, L)]
         inverse, firsts = _group_rows(cols)
         nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), L.dp.shape)
         line = np.zeros((len(firsts), 2))
@@ -152,6 +147,31 @@ class Groups:
                 rows = order[bounds[k] : bounds[k + 1]]
                 out[rows] = self.cost(*key).time(op, name, nbytes[rows])
         return out
+
+    def channels(self, kind: str, L: Layouts) -> tuple[np.ndarray, np.ndarray]:
+        """(SMs, whether on the GPU) of a collective on each layout's groups of `kind`: one
+        CTA per channel its NCCL communicator runs large messages on (enqueue.cc launches
+        nChannels blocks; nccl.topo's comm_channels); gloo's run on the CPU (False), and
+        groups of one run nothing."""
+        cols = _key_columns(kind, L)
+        inverse, firsts = _group_rows(cols)
+        counts, gpu = np.zeros(len(firsts)), np.zeros(len(firsts), dtype=bool)
+        for k, i in enumerate(firsts.tolist()):
+            pl, t, d, p, e, s, c, g, o, et = (int(col[i]) for col in cols)
+            cost = self.cost(pl, kind, t, d, p, e, s, c, g, o, et)
+            if cost is not None and cost.backend == "nccl":
+                counts[k], gpu[k] = cost.comm().graphs.comm_channels, True
+        return counts[inverse], gpu[inverse]
+
+
+def _key_columns(kind: str, L: Layouts) -> list[np.ndarray]:
+    """Per layout, Groups.cost's arguments after `kind` for its groups of `kind`."""
+    one = np.ones_like(L.dp)
+    expert = kind in EXPERT_KINDS
+    ep, etp = (L.ep, L.expert_tp) if expert else (one, np.zeros_like(L.dp))
+    shards = L.ps_shards if kind == "dp" else one
+    shard = np.maximum(L.fsdp_shard, 1) if kind in ("shard", "replica") else one
+    return [L.placement, L.tp, L.dp, L.pp, ep, shards, L.cp, shard, L.order, etp]
 
 
 def concurrent_cost(cluster: Cluster, groups: np.ndarray, ps_shards: int = 1) -> GroupCost | None:

@@ -24,7 +24,14 @@ import numpy as np
 
 from commsim.specs import GPUSpec
 from commsim.step.activations import RECOMPUTE_MODULES
-from commsim.step.compute import StageTimes, stage_times
+from commsim.step.compute import Rates, StageTimes, stage_times
+from commsim.step.contention import (
+    beside_sync,
+    collective_hbm_bytes,
+    contended_compute,
+    exposed,
+    slowdown,
+)
 from commsim.step.context import merge_bytes, replays_attention, ring_attention
 from commsim.step.dpsync import DataParallel
 from commsim.step.dualpipe import bubble as dualpipe_bubble
@@ -124,6 +131,7 @@ class StepBreakdown:
     dp_comm: np.ndarray  # data-parallel / ZeRO collectives in all
     dp_exposed: np.ndarray  # the data-parallel sync (and a comm hook's codec) not hidden
     codec: np.ndarray  # a comm hook's encode + decode (compute-stream seconds)
+    sync_rate: np.ndarray  # the backward's rate beside the ZeRO 0-2 reductions (contention)
     optimizer: np.ndarray
     memory: np.ndarray  # bytes per GPU (worst stage)
     fits: np.ndarray
@@ -220,7 +228,8 @@ class StepModel:
         first, last = schedule_groups(pp, m)
         x_b = np.where(v > 1, last * (span_b / v + send), span_b)
         x_f = np.where(v > 1, first * (span_f / v + send), span_f)
-        dp_comm, tail, codec, local_params = self.dp.sync(L, x_b, x_f)
+        slowed = beside_sync(self, L, c)
+        dp_comm, tail, codec, local_params, sync_rate = self.dp.sync(L, x_b, x_f, slowed)
         zero3 = L.zero == 3
         optimizer = adam_step_time(local_params, self.gpu, L.grad_bytes, L.moment_bytes)
         step = pipeline + tail + optimizer
@@ -247,6 +256,7 @@ class StepModel:
             dp_comm=np.where(zero3, m * z3_net, dp_comm),
             dp_exposed=np.where(zero3, m * z3_exposed, tail),
             codec=codec,
+            sync_rate=sync_rate,
             optimizer=optimizer,
             memory=memory,
             fits=memory <= self.usable,
@@ -264,11 +274,12 @@ class StepModel:
         parts = L.recompute_parts if bit is None else (L.recompute_parts >> bit) & 1
         return np.where(free & (parts > 0), 1.0, 0.0)
 
-    def compute(self, L: Layouts) -> Compute:
+    def compute(self, L: Layouts, rates: Rates | None = None) -> Compute:
         """Each layout's slowest stage (the first, with the embedding; a middle one; the
-        last, with the head and loss: by compute time) and its compute per micro-batch."""
+        last, with the head and loss: by compute time) and its compute per micro-batch, at
+        the roofline's `rates` where given (step.contention)."""
         sh = self.shape
-        t = self._stage_times(L)
+        t = self._stage_times(L, rates)
         first, mid, last = stage_layers(sh.blocks, L.pp, L.first_layers, L.last_layers)
         per_block = t.block_fwd + t.block_bwd
         pre, post = t.pre_fwd + t.pre_bwd, t.post_fwd + t.post_bwd
@@ -308,12 +319,12 @@ class StepModel:
             self.shape.total_params, self.gpu, L.grad_bytes, L.moment_bytes
         )
 
-    def _stage_times(self, L: Layouts) -> StageTimes:
+    def _stage_times(self, L: Layouts, rates: Rates | None = None) -> StageTimes:
         """The roofline's per-block and end-layer times, or, with one efficiency, FLOPs /
         (peak x efficiency) for everything (a calibration profile's measured rate); FP8
         layouts run the blocks' linear layers at the FP8 peak, attention at BF16's."""
         if self.efficiency is None:
-            return stage_times(self.workload, self.gpu, L)
+            return stage_times(self.workload, self.gpu, L, rates)
         sh = self.shape
         rate = L.tp * L.cp * self.gpu.peak_flops * self.efficiency / L.micro_batch
         fp8_speedup = (self.gpu.fp8_flops or self.gpu.peak_flops) / self.gpu.peak_flops
@@ -385,8 +396,14 @@ class StepModel:
         backward = forward * np.where(L.recompute == 2, 2.0, 1.0)
         both = forward + backward
         hides = L.ep_overlap & (L.micro_batches > 1)
+        moved = collective_hbm_bytes("all-to-all", ep_bytes(L, sh), L.ep)
+        slow = contended_compute(self, L, "ep", moved, a2a) if hides.any() else None
+        both_c = c.forward + c.backward  # beside the all-to-alls at its blocks' rate
+        slow = None if slow is None else slow.block_fwd + slow.block_bwd
+        rate = slowdown(c.block_fwd + c.block_bwd, slow)
+        beyond = exposed(both_c, both_c / rate, both)
         with np.errstate(divide="ignore", invalid="ignore"):
-            shown = np.where(hides, np.maximum(both - c.forward - c.backward, 0.0) / both, 1.0)
+            shown = np.where(hides, beyond / both, 1.0)
         shown = np.where(both > 0, shown, 1.0)
         etp = sh.moe_share * c.blocks * gather
         return forward * shown + etp, backward * shown + etp * np.where(L.recompute == 2, 2, 1)

@@ -64,7 +64,7 @@ def predict(
     single = float(model.single_gpu_step(layouts)[0])
     memory = layout_memory(setup, strategy, model)
     if layouts.plain[0]:
-        report = layouts_timeline(setup, model, layouts, b["optimizer"])
+        report = layouts_timeline(setup, model, layouts, b["optimizer"], b["sync_rate"])
         buckets, events = tuple(report.buckets), tuple(report.events)
         return prediction(setup, strategy, b, single, memory, buckets, events)
     events = tuple(pipeline_events(layouts.row(0), b, model.dp.sync_plan(layouts, 0)))
@@ -82,9 +82,11 @@ def ddp_timeline(
     overlap: bool,
     accum_steps: int,
     optimizer_s: float,
+    contention: float = 1.0,
 ) -> StepReport:
     """A plain-DDP step laid out bucket by bucket (timeline.schedule_streams): per-layer
-    forward and backward seconds of one micro-batch, the buckets and their costs."""
+    forward and backward seconds of one micro-batch, the buckets and their costs, the
+    backward's rate beside the all-reduces (step.contention)."""
     hooked = bool(costs.encode.any() or costs.decode.any())
     return schedule_streams(
         forward_s,
@@ -98,15 +100,17 @@ def ddp_timeline(
         optimizer_s=optimizer_s,
         names=[layer.name for layer in workload.layers],
         codec_time=(lambda sizes: (costs.encode, costs.decode)) if hooked else None,
+        contention=contention,
     )
 
 
 def layouts_timeline(
-    setup: Setup, model: StepModel, layouts: Layouts, optimizer_s: float
+    setup: Setup, model: StepModel, layouts: Layouts, optimizer_s: float, contention=1.0
 ) -> StepReport:
     """The first layout's plain-DDP step with the buckets and costs the step model priced:
     its forward and backward per micro-batch spread over the layers by their FLOPs (the
-    shares that set when each bucket is ready)."""
+    shares that set when each bucket is ready), the backward at `contention` of its speed
+    beside the all-reduces (StepBreakdown.sync_rate)."""
     sync = model.dp.sync_plan(layouts, 0)
     c = model.compute(layouts)
     w = setup.workload
@@ -123,6 +127,7 @@ def layouts_timeline(
         overlap=bool(layouts.overlap[0]),
         accum_steps=int(layouts.micro_batches[0]),
         optimizer_s=optimizer_s,
+        contention=float(contention),
     )
 
 
