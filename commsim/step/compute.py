@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from commsim.specs import GPUSpec
+from commsim.step.activations import RECOMPUTE
+from commsim.step.eager import Prices, fsdp2_copy_out, stack_prices
 from commsim.step.shape import Shape
 from commsim.workload.model import BACKWARD_FACTOR, Workload
 
@@ -188,21 +190,45 @@ def stage_times(workload: Workload, gpu: GPUSpec, L) -> StageTimes:
     b, tp = L.micro_batch.astype(float), L.tp.astype(float)
     cp, fp8, flash = L.cp.astype(float), L.fp8, L.flash
     adds = _grad_adds(workload, L, rates)
+    # FSDP2's copy of each gathered unit out of the all-gather buffer, on the compute stream,
+    # once before the forward and once before the backward (step.eager.fsdp2_copy_out)
+    copies = _per_param(workload, L, fsdp2_copy_out(L.kernels, L.zero) / rates.memory)
     if arch is None:  # no blocks: every FLOP at the GEMM rate, as one "pre" layer
         fwd = workload.forward_flops * b / (tp * rates.gemm)
         zero = np.zeros(len(L))
-        pre_bwd = BACKWARD_FACTOR * fwd + adds.model
+        pre_bwd = BACKWARD_FACTOR * fwd + adds.model + copies.model
+        fwd = fwd + copies.model
         return StageTimes(zero, zero, zero, zero, fwd, pre_bwd, zero, zero)
     tokens = b * workload.seq_len / cp  # a GEMM's rows: the whole sequence (SP gathers it)
     ep, etp = L.ep.astype(float), L.expert_tp.astype(float)
     split = np.where(L.sequence_parallel, tp, 1.0)  # ranks sharing the element-wise work
     # a norm's backward, in values a row: two passes or Transformer Engine's one
     norm_b = np.where(L.norm_backward == 1, NORM_ONE_PASS_BACKWARD, ELEMENTWISE["norm"][1])
-    block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split, norm_b)
+    prices = _prices(arch, L, norm_b)  # the stack's kernels (Strategy.kernels), bytes
+    block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split, prices)
     fwd, bwd, core = block.times(b, cp)
-    pre_fwd, pre_bwd, post_fwd, post_bwd = _ends(arch, rates, tokens, tp, split, norm_b)
+    pre_fwd, pre_bwd, post_fwd, post_bwd = _ends(arch, rates, tokens, tp, split, prices)
     bwd, pre_bwd, post_bwd = bwd + adds.block, pre_bwd + adds.pre, post_bwd + adds.post
+    fwd, pre_fwd, post_fwd = fwd + copies.block, pre_fwd + copies.pre, post_fwd + copies.post
+    # a full recompute replays the forward, its copy the backward's (step.model.compute)
+    again = L.recompute != RECOMPUTE.index("full")
+    bwd = bwd + again * copies.block
+    pre_bwd, post_bwd = pre_bwd + again * copies.pre, post_bwd + again * copies.post
     return StageTimes(fwd, bwd, core, block.op_replay(), pre_fwd, pre_bwd, post_fwd, post_bwd)
+
+
+def _prices(arch, L, norm_b) -> Prices:
+    """Bytes an element of the element-wise kernels of each layout's stack: Megatron's
+    (ELEMENTWISE, x ACT; the norm's backward `norm_b` values a row, the loss
+    CROSS_ENTROPY_*) or a PyTorch stack's (step.eager)."""
+    act = ELEMENTWISE["swiglu" if arch.gated_mlp else "gelu"]
+    fused = {
+        "norm": (ELEMENTWISE["norm"][0] * ACT, norm_b * ACT),
+        "act": (act[0] * ACT, act[1] * ACT),
+        "rotary": tuple(n * ACT for n in ELEMENTWISE["rotary"]),
+        "loss": (CROSS_ENTROPY_FORWARD, CROSS_ENTROPY_BACKWARD),
+    }
+    return stack_prices(L.kernels, fused, arch)
 
 
 @dataclass(frozen=True)
@@ -220,16 +246,20 @@ class _GradAdds:
 def _grad_adds(workload: Workload, L, rates: Rates) -> _GradAdds:
     """Autograd adds each micro-batch's gradients but the first of a step's (which it keeps
     as they are) into .grad: (m - 1) / m of the micro-batches, GRAD_ADD bytes; an fp32
-    buffer takes every micro-batch's, FP32_GRAD_ADD bytes; a byte count a parameter the GPU
-    holds (a block's dense parameters over tp, its experts over ep x etp, the embedding and
-    head over tp: their replicated norms and biases are < 0.1%)."""
-    sh = Shape.of(workload)
+    buffer takes every micro-batch's, FP32_GRAD_ADD bytes (_per_param)."""
     m = np.maximum(L.micro_batches.astype(float), 1.0)
     per_param = np.select(
         [L.grad_accumulation == 1, L.grad_accumulation == 2],
         [(m - 1) / m * GRAD_ADD, FP32_GRAD_ADD],
     )  # codes of GRAD_ACCUMULATIONS: fused, autograd, fp32
-    share = per_param / rates.memory
+    return _per_param(workload, L, per_param / rates.memory)
+
+
+def _per_param(workload: Workload, L, share) -> _GradAdds:
+    """Seconds of `share` seconds a parameter the GPU holds (a block's dense parameters over
+    tp, its experts over ep x etp, the embedding and head over tp: their replicated norms and
+    biases are < 0.1%), split as _GradAdds."""
+    sh = Shape.of(workload)
     tp = L.tp.astype(float)
     expert = sh.expert_params / max(sh.blocks, 1)
     block = (sh.block_params - expert) / tp + expert / (L.ep * L.expert_tp)
@@ -253,8 +283,7 @@ class _Block:
     flash: np.ndarray
     workload: Workload
     split: np.ndarray  # tp ranks the norms and residual adds split over: tp with SP, else 1
-    # a norm's backward HBM values a row (Strategy.norm_backward; two passes by default)
-    norm_b: np.ndarray | int = ELEMENTWISE["norm"][1]
+    prices: Prices  # bytes an element of the stack's element-wise kernels (_prices)
 
     def times(self, b, cp):
         """(forward, backward, attention core forward) seconds of the mean block."""
@@ -380,32 +409,30 @@ class _Block:
         h per token, twice) and reads back; rotary embeddings of Q and K and, in a dense
         block (`dense_share` of them), the MLP's activation on its slice of the whole
         sequence."""
-        c, t, tp = self.arch, self.tokens, self.tp
-        norm, residual = (ELEMENTWISE["norm"][0], self.norm_b), ELEMENTWISE["residual"]
-        act = ELEMENTWISE["swiglu" if c.gated_mlp else "gelu"]
+        c, t, tp, p = self.arch, self.tokens, self.tp, self.prices
+        residual = ELEMENTWISE["residual"]
         rotary = 0 if c.style.learned_positions else (c.heads + c.kv_heads) * c.head_width
         dropout = 2 * c.hidden if c.has_dropout else 0  # elements a token, both residuals
         out = []
         for way in (0, 1):
-            held = 2 * (norm[way] + residual[way]) * c.hidden * ACT
+            held = 2 * (p.norm[way] + residual[way] * ACT) * c.hidden
             held += dropout * (MASK if way == 0 else DROPOUT_BACKWARD)
-            sliced = dense_share * act[way] * c.ffn_hidden + ELEMENTWISE["rotary"][way] * rotary
-            out.append(t / self.split * held + t * sliced * ACT / tp)
+            sliced = dense_share * p.act[way] * c.ffn_hidden + p.rotary[way] * rotary
+            out.append(t / self.split * held + t * (sliced + p.repeat[way]) / tp)
         return out[0], out[1]
 
 
-def _ends(arch, rates: Rates, tokens, tp, split, norm_b):
+def _ends(arch, rates: Rates, tokens, tp, split, prices: Prices):
     """Forward and backward seconds of the layers before the blocks (the embedding: gather
-    b s rows of h) and after them (the final norm, ELEMENTWISE, its backward `norm_b`
-    values a row; the LM head's GEMM in BF16; the fp32 cross-entropy over the vocabulary
-    slice, CROSS_ENTROPY_* bytes a logit); the embedding's output and the norm on the
+    b s rows of h) and after them (the final norm; the LM head's GEMM in BF16; the loss over
+    the vocabulary slice), the norm and the loss at the stack's `prices` (Megatron's:
+    ELEMENTWISE, CROSS_ENTROPY_* bytes a logit); the embedding's output and the norm on the
     tokens a tp rank holds (`split`: tp with sequence parallelism, else 1)."""
     h, v = arch.hidden, arch.vocab
     embed = 2 * tokens / split * h * ACT / rates.memory
     head = gemm_seconds(tokens, v / tp, h, rates.gemm, rates.sms)
     logits = tokens * v / tp / rates.memory
-    norm = (ELEMENTWISE["norm"][0], norm_b)
-    norm_f, norm_b = (n * tokens / split * h * ACT / rates.memory for n in norm)
-    post_fwd = norm_f + head + CROSS_ENTROPY_FORWARD * logits
-    post_bwd = norm_b + BACKWARD_FACTOR * head + CROSS_ENTROPY_BACKWARD * logits
+    norm_f, norm_b = (n * tokens / split * h / rates.memory for n in prices.norm)
+    post_fwd = norm_f + head + prices.loss[0] * logits
+    post_bwd = norm_b + BACKWARD_FACTOR * head + prices.loss[1] * logits
     return embed, embed, post_fwd, post_bwd
