@@ -4,10 +4,14 @@ from Megatron's kernels; FSDP2's copy-out per gather; predict and the search ali
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from commsim import catalog, whatif
+from commsim.cli.app import app
 from commsim.planner.search import enumerate_layouts, search
 from commsim.scenario import load_scenario, resolve
 from commsim.specs import ModelSpec, SpecError
@@ -160,3 +164,26 @@ def test_what_if_takes_the_stack():
     assert step["megatron"] != step["torchtitan-compile"]
     with pytest.raises(SpecError, match="kernels"):
         whatif.change(base, {"kernels": "jax"})
+
+
+def test_the_flag_in_predict_and_plan(tmp_path):
+    """--kernels reaches predict and every layout plan searches (a scenario on the roofline:
+    one compute_efficiency prices no kernel); a stack that is not one is one line naming the
+    flag, exit 2."""
+    scenario = tmp_path / "llama.yaml"
+    scenario.write_text(
+        "name: t\nmodel: llama3-8b\ncluster: dgx-h100-ib\ngpus: 8\nglobal_batch: 16\n"
+        "seq_len: 8192\ncompute_efficiency: null\n"
+    )
+    run, common = CliRunner(), [str(scenario), "--json"]
+    steps = {}
+    for k in ("megatron", "torchtitan"):
+        out = run.invoke(app, ["predict", *common, "--zero", "3", "--kernels", k])
+        assert out.exit_code == 0, out.output
+        steps[k] = json.loads(out.output)
+        assert steps[k]["strategy"]["kernels"] == k
+    assert steps["torchtitan"]["step_time_s"] > steps["megatron"]["step_time_s"]
+    plan = json.loads(run.invoke(app, ["plan", *common, "--kernels", "torchtitan"]).output)
+    assert {c["strategy"]["kernels"] for c in plan["candidates"]} == {"torchtitan"}
+    bad = run.invoke(app, ["predict", *common, "--kernels", "jax"])
+    assert bad.exit_code == 2 and bad.output.count("\n") == 1 and "--kernels jax" in bad.output
