@@ -73,7 +73,16 @@ TORCH_CE_BACKWARD = ((0, 4), (8, 4), (4, 2))
 # llm-foundry's default loss at 5e85bd62d (llmfoundry/models/mpt/modeling_mpt.py, loss_fn
 # "fused_crossentropy": flash_attn.losses.cross_entropy, a Triton kernel): forward reads the
 # bf16 logits once (the row's log-sum-exp kept), backward reads them and writes their gradient
-FUSED_CE_FORWARD = ((2, 0),)
+FUSED_CE_FORWARD = (
+    (2, 0),
+    # and Composer's training metrics, every micro-batch after its backward, without grad
+    # (composer/trainer/trainer.py _eval_train_metrics at 2deccf2c8; llm-foundry 5e85bd62d's
+    # use_train_metrics defaults to true): LanguageCrossEntropy and LanguagePerplexity each
+    # run torch's cross-entropy on the bf16 logits, whose log_softmax autocast runs in fp32
+    # (reads 2, writes 4; nll_loss then gathers one a row)
+    (2, 4),
+    (2, 4),
+)
 FUSED_CE_BACKWARD = ((2, 2),)
 RMSNORM = (RMSNORM_FORWARD, RMSNORM_BACKWARD)
 SWIGLU = (SWIGLU_FORWARD, SWIGLU_BACKWARD)
