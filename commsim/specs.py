@@ -279,6 +279,8 @@ Zero3Issue = Literal["unit", "parameter"]
 GradAccumulation = Literal["fused", "autograd", "fp32"]
 # how the norms' backward runs (Strategy.norm_backward, step.compute.ELEMENTWISE)
 NormBackward = Literal["two-pass", "one-pass"]
+# whose element-wise kernels the blocks and loss run (Strategy.kernels, step.eager.KERNELS)
+Kernels = Literal["megatron", "torchtitan", "torchtitan-compile", "llm-foundry"]
 # Megatron-core's output-discarding recompute_modules (step.activations.RECOMPUTE_MODULES)
 RecomputeModule = Literal["layernorm", "mla_up_proj", "moe_act"]
 # the pipeline's schedule: 1F1B (interleaved with interleave > 1) or DeepSeek-V3's DualPipe
@@ -337,6 +339,9 @@ class Strategy(Spec):
     # the norms' backward: dx and the weight's gradient each reading dy and x (Apex, PyTorch)
     # or one kernel reading them once (Transformer Engine: Megatron-core, NeMo)
     norm_backward: NormBackward = "two-pass"
+    # the element-wise kernels: Megatron-core / TE's fused ones, or a PyTorch stack's modules
+    # (torchtitan eager or torch.compile'd, llm-foundry's MPT), counted in step.eager
+    kernels: Kernels = "megatron"
     # outputs discarded in the forward and recomputed in the backward, beside `recompute`
     # (Megatron-core recompute_modules; DeepSeek-V3 sec. 3.2.3): step.activations
     recompute_modules: tuple[RecomputeModule, ...] = ()

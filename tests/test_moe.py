@@ -17,17 +17,10 @@ from commsim.planner.search import enumerate_layouts, search
 from commsim.report import labels
 from commsim.scenario import load_scenario, resolve
 from commsim.specs import ModelSpec
-from commsim.step.compute import (
-    GROUPED_GEMM_STREAMS,
-    PERMUTE_PASS,
-    ROUTER_BYTES,
-    Rates,
-    _Block,
-    gemm_seconds,
-    tile_utilisation,
-)
+from commsim.step.compute import Rates, _Block, _prices, gemm_seconds, tile_utilisation
 from commsim.step.groups import Groups
-from commsim.step.layouts import RANK_ORDERS
+from commsim.step.kernel_bytes import ELEMENTWISE, GROUPED_GEMM_STREAMS, PERMUTE_PASS, ROUTER_BYTES
+from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.memory import ParallelLayout, memory_per_gpu
 from commsim.step.predict import predict, step_model
 from commsim.workload.presets import build_workload
@@ -130,9 +123,10 @@ def test_tile_utilisation_of_concurrent_gemms_by_hand():
 def _block(tp, ep, etp, tokens=4096.0, fp8=False):
     w = build_workload(MOE)
     arr = lambda x: np.array([float(x)])  # noqa: E731
+    prices = _prices(w.arch, Layouts.build(tp=tp), ELEMENTWISE["norm"][1])
     return _Block(
         w.arch, Rates.of(H100), arr(tokens), arr(tp), arr(ep), arr(etp), np.array([fp8]),
-        np.array([True]), w, arr(tp),
+        np.array([True]), w, arr(tp), prices,
     )  # fmt: skip
 
 

@@ -10,7 +10,8 @@ from conftest import make_cluster
 from commsim import catalog
 from commsim.specs import ModelSpec
 from commsim.step.activations import recompute_code
-from commsim.step.compute import ACT, FP8_CAST, Rates, _Block, tile_utilisation
+from commsim.step.compute import Rates, _Block, _prices, tile_utilisation
+from commsim.step.kernel_bytes import ACT, ELEMENTWISE, FP8_CAST
 from commsim.step.layouts import Layouts
 from commsim.step.model import StepModel
 from commsim.step.shape import Shape
@@ -25,9 +26,10 @@ MOE = ModelSpec(
 
 def _block(w, tp=1, tokens=4096.0, fp8=False, split=None):
     arr = lambda x: np.array([float(x)])  # noqa: E731
+    prices = _prices(w.arch, Layouts.build(tp=tp), ELEMENTWISE["norm"][1])  # Megatron's kernels
     return _Block(
         w.arch, Rates.of(H100), arr(tokens), arr(tp), arr(1), arr(tp), np.array([fp8]),
-        np.array([True]), w, arr(split or tp),
+        np.array([True]), w, arr(split or tp), prices,
     )  # fmt: skip
 
 

@@ -16,7 +16,8 @@ from commsim.cli.app import app
 from commsim.planner.search import enumerate_layouts, search
 from commsim.scenario import check_layout, load_scenario, resolve
 from commsim.specs import ModelSpec, SpecError
-from commsim.step.compute import ACT, MASK, stage_times
+from commsim.step.compute import stage_times
+from commsim.step.kernel_bytes import ACT, MASK
 from commsim.step.layouts import Layouts
 from commsim.step.predict import predict, step_model
 from commsim.workload.presets import build_workload

@@ -15,7 +15,7 @@ LAYOUT_FLAGS = (  # the search's dimensions: a flag pins one
     *("tp", "pp", "ep", "etp", "zero", "recompute", "interleave", "first_stage_layers"),
     *("last_stage_layers", "cp", "order", "fsdp_shard", "precision", "tp_overlap", "ep_overlap"),
 )
-STACK_FLAGS = ("flash_attention", "overlap_param_gather", "sequence_parallel")  # as given
+STACK_FLAGS = ("flash_attention", "overlap_param_gather", "sequence_parallel", "kernels")
 NCCL_FLAGS = ("nccl_version", "nccl_algo", "nccl_proto")
 
 

@@ -158,6 +158,13 @@ FlashOpt = Annotated[
     bool | None,
     typer.Option("--flash-attention/--no-flash-attention", help="Fused (Flash) attention."),
 ]
+KernelsOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Whose element-wise kernels: megatron (fused, TE), torchtitan (eager PyTorch), "
+        "torchtitan-compile, llm-foundry."
+    ),
+]
 _SP = "--sequence-parallel/--no-sequence-parallel"
 SequenceParallelOpt = Annotated[
     bool | None,

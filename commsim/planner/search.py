@@ -27,6 +27,7 @@ from commsim.specs import Strategy
 from commsim.step.activations import recompute_code
 from commsim.step.buckets import first_bucket_mb
 from commsim.step.dualpipe import applies as dualpipe_applies
+from commsim.step.eager import KERNELS
 from commsim.step.layouts import (
     ALGORITHMS,
     DTYPE_BYTES,
@@ -275,6 +276,7 @@ def enumerate_layouts(
         sequence_parallel=base.sequence_parallel,
         grad_accumulation=GRAD_ACCUMULATIONS.index(base.grad_accumulation),  # the stack's
         norm_backward=NORM_BACKWARDS.index(base.norm_backward),  # the stack's
+        kernels=KERNELS.index(base.kernels),  # the stack's
         fsdp_states=(base.states == "fsdp") & (cols["zero"] == 3),  # ZeRO-3's shards only
         ep_overlap=base.ep_overlap & (cols["ep"] > 1),  # where there are all-to-alls
         # the stack's, where there are ZeRO 1-2 gathers to place

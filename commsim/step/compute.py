@@ -33,83 +33,30 @@ from dataclasses import dataclass
 import numpy as np
 
 from commsim.specs import GPUSpec
-from commsim.step.activations import RECOMPUTE_MODULES
+from commsim.step.activations import RECOMPUTE, RECOMPUTE_MODULES
+from commsim.step.eager import Prices, fsdp2_copy_out, stack_prices
+from commsim.step.kernel_bytes import (
+    ACT,
+    ATTENTION_BACKWARD,
+    CAUSAL,
+    CROSS_ENTROPY_BACKWARD,
+    CROSS_ENTROPY_FORWARD,
+    DROPOUT_BACKWARD,
+    EAGER_SCORE_BYTES,
+    ELEMENTWISE,
+    FP8_CAST,
+    FP32_GRAD_ADD,
+    GRAD_ADD,
+    GROUPED_GEMM_STREAMS,
+    MASK,
+    NORM_ONE_PASS_BACKWARD,
+    PERMUTE_PASS,
+    ROUTER_BYTES,
+)
 from commsim.step.shape import Shape
 from commsim.workload.model import BACKWARD_FACTOR, Workload
 
 TILE_M, TILE_N = 256, 128  # cuBLAS's large output tile (NVIDIA GEMM guide, sec. 3.2)
-ACT = 2  # bytes of a bf16 activation element
-# HBM bytes a parameter of adding a micro-batch's 16-bit weight gradient into the accumulated
-# one (Strategy.grad_accumulation): "autograd", `.grad += new` in place, both 16-bit, read
-# two and write one (torch/csrc/autograd/functions/accumulate_grad.h); "fp32", into an fp32
-# buffer: read the 16-bit gradient, read and write the fp32 sum (Megatron's
-# `param.main_grad.add_(param.grad.data)`, megatron/model/distributed.py; DeepSpeed's
-# `hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))`, runtime/bf16_optimizer.py)
-GRAD_ADD = 3 * ACT
-FP32_GRAD_ADD = ACT + 2 * 4
-# bytes of a dropout mask element: PyTorch's CUDA dropout keeps a bool mask for the backward
-# (aten/src/ATen/native/cuda/Dropout.cu, dropout_cuda: mask of kBool), as Korthikanti et al.
-# 2022 count it (sbh bytes per dropout)
-MASK = 1
-# bytes to cast a bf16 GEMM input to fp8 for training: Transformer Engine's cast_transpose
-# reads the bf16 element (2) and writes the fp8 copy and its transpose (1 + 1), the transpose
-# being the wgrad GEMM's operand on Hopper (common/transpose/rtc/cast_transpose.cu at
-# 192ce32: output_c and output_t); Blackwell's MXFP8 writes rowwise and columnwise copies alike
-FP8_CAST = 2 + 1 + 1
-# HBM bytes a logit of Megatron's vocab-parallel cross-entropy (megatron/core/tensor_parallel/
-# cross_entropy.py at d98e8a64d, 2026-08, as megatron/mpu/cross_entropy.py in 2021; the
-# default, cross_entropy_loss_fusion off), each pass over the b s x v / tp logits: forward,
-# the 16-bit logits cast to fp32 (read 2, write 4), max (read 4), subtract it in place (4 + 4),
-# exp in place (4 + 4), sum (4), divide in place to keep the softmax (4 + 4): 38; backward,
-# multiply by the loss gradient in place (4 + 4), the cast's gradient to 16 bits (4 + 2): 14
-CROSS_ENTROPY_FORWARD = 2 + 4 + 4 + 8 + 8 + 4 + 8
-CROSS_ENTROPY_BACKWARD = 8 + 4 + 2
-# Element-wise kernels' HBM traffic in elements of a row they touch (x ACT bytes), forward and
-# backward, from the kernels' code:
-# - norm (LayerNorm or RMSNorm): forward reads x, writes y; backward, a kernel for dx (reads dy
-#   and x, writes dx) and one for the weight's partial sums that reads dy and x again (Apex
-#   csrc/layer_norm_cuda_kernel.cu at 4b0ee25, cuComputeGradInput + cuComputePartGradGammaBeta:
-#   the Megatron 2021-22 rows; PyTorch 2.x aten/src/ATen/native/cuda/layer_norm_kernel.cu has
-#   the same two passes: torchtitan's and MosaicML's rows). Transformer Engine's
-#   ln_bwd_tuned_kernel (common/normalization/layernorm/ln_bwd_kernels.cuh at 40a3423) loads
-#   dy and x once, stores dx and per-CTA partials (NORM_ONE_PASS_BACKWARD):
-#   Strategy.norm_backward picks which
-# - residual add: forward reads both inputs, writes the sum; backward, autograd sums the two
-#   gradients of the stream where it forks into the branch (read 2, write 1); with dropout
-#   (Megatron's bias_dropout_add) the branch's gradient is dy x mask x scale: read dy and the
-#   mask (MASK bytes), write (DROPOUT_BACKWARD)
-# - GeLU (Megatron's bias_gelu, megatron/model/fused_bias_gelu.py at 6fd0b40 bias_gelu_back):
-#   forward reads and writes f; backward reads dy and the input, writes dx
-# - SwiGLU (megatron/core/fusions/fused_bias_swiglu.py at b1030e9 swiglu_back; TE's dswiglu):
-#   forward reads gate and up, writes f; backward reads dy, gate and up, writes dgate and dup
-# - rotary embedding of Q and K (TE / Apex fused RoPE, backward the same rotation of the
-#   gradient): read and write each, both ways
-ELEMENTWISE = {
-    "norm": (2, 5),
-    "residual": (3, 3),
-    "gelu": (2, 3),
-    "swiglu": (3, 5),
-    "rotary": (2, 2),
-}
-NORM_ONE_PASS_BACKWARD = 3
-DROPOUT_BACKWARD = 2 * ACT + MASK  # bytes an element: read dy and the mask, write dx
-ATTENTION_BACKWARD = 2.5  # FlashAttention's backward / forward FLOPs (5 matmuls to 2)
-CAUSAL = 0.5  # the share of the s x s square causal FlashAttention computes
-# MoE (Megatron-core's all-to-all token dispatcher, transformer/moe/token_dispatcher.py): the
-# router's fp32 scores per token and expert through HBM: softmax read and write (4 + 4), top-k
-# read (4), the dense probabilities and routing map written (4 + 1), the load-balancing loss
-# reads the probabilities (4)
-ROUTER_BYTES = 21
-# a token permutation (moe_utils.permute / unpermute, sort_chunks_by_idxs; fused or not, a
-# gather or scatter): each routed copy's h values read once and written once
-PERMUTE_PASS = 2
-# Transformer Engine's GroupedLinear runs the experts' GEMMs round-robin on this many CUDA
-# streams (transformer_engine/common/util/multi_stream.cpp, num_compute_streams), so that
-# many expert GEMMs share the SMs' waves
-GROUPED_GEMM_STREAMS = 4
-EAGER_SCORE_BYTES = 10  # per score element, forward, without FlashAttention: write scores
-# (2), softmax read + write (4), dropout mask and output (1 + 2), AV reads the probabilities
-# (1 more than the fused path keeps): Korthikanti et al. 2022's 5 a s^2 b of stored scores
 
 
 @dataclass(frozen=True)
@@ -196,21 +143,31 @@ def stage_times(workload: Workload, gpu: GPUSpec, L, rates: Rates | None = None)
     b, tp = L.micro_batch.astype(float), L.tp.astype(float)
     cp, fp8, flash = L.cp.astype(float), L.fp8, L.flash
     adds = _grad_adds(workload, L, rates)
+    # FSDP2's copy of each gathered unit out of the all-gather buffer, on the compute stream,
+    # once before the forward and once before the backward (step.eager.fsdp2_copy_out)
+    copies = _per_param(workload, L, fsdp2_copy_out(L.kernels, L.zero) / rates.memory)
     if arch is None:  # no blocks: every FLOP at the GEMM rate, as one "pre" layer
         fwd = workload.forward_flops * b / (tp * rates.gemm)
         zero = np.zeros(len(L))
-        pre_bwd = BACKWARD_FACTOR * fwd + adds.model
+        pre_bwd = BACKWARD_FACTOR * fwd + adds.model + copies.model
         wgrad = weight_gradient(fwd, adds.model)
+        fwd = fwd + copies.model
         return StageTimes(zero, zero, zero, zero, fwd, pre_bwd, zero, zero, zero, zero, wgrad, zero)
     tokens = b * workload.seq_len / cp  # a GEMM's rows: the whole sequence (SP gathers it)
     ep, etp = L.ep.astype(float), L.expert_tp.astype(float)
     split = np.where(L.sequence_parallel, tp, 1.0)  # ranks sharing the element-wise work
     # a norm's backward, in values a row: two passes or Transformer Engine's one
     norm_b = np.where(L.norm_backward == 1, NORM_ONE_PASS_BACKWARD, ELEMENTWISE["norm"][1])
-    block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split, norm_b)
+    prices = _prices(arch, L, norm_b)  # the stack's kernels (Strategy.kernels), bytes
+    block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split, prices)
     fwd, bwd, core, gemm = block.times(b, cp)
-    pre_fwd, pre_bwd, post_fwd, post_bwd, head = _ends(arch, rates, tokens, tp, split, norm_b)
+    pre_fwd, pre_bwd, post_fwd, post_bwd, head = _ends(arch, rates, tokens, tp, split, prices)
     bwd, pre_bwd, post_bwd = bwd + adds.block, pre_bwd + adds.pre, post_bwd + adds.post
+    fwd, pre_fwd, post_fwd = fwd + copies.block, pre_fwd + copies.pre, post_fwd + copies.post
+    # a full recompute replays the forward, its copy the backward's (step.model.compute)
+    again = L.recompute != RECOMPUTE.index("full")
+    bwd = bwd + again * copies.block
+    pre_bwd, post_bwd = pre_bwd + again * copies.pre, post_bwd + again * copies.post
     replay = block.module_replay(L.recompute_parts)
     return StageTimes(
         *(fwd, bwd, core, block.op_replay(), pre_fwd, pre_bwd, post_fwd, post_bwd, replay),
@@ -230,6 +187,20 @@ def weight_gradient(gemm_fwd, adds):
     return gemm_fwd + adds
 
 
+def _prices(arch, L, norm_b) -> Prices:
+    """Bytes an element of the element-wise kernels of each layout's stack: Megatron's
+    (ELEMENTWISE, x ACT; the norm's backward `norm_b` values a row, the loss
+    CROSS_ENTROPY_*) or a PyTorch stack's (step.eager)."""
+    act = ELEMENTWISE["swiglu" if arch.gated_mlp else "gelu"]
+    fused = {
+        "norm": (ELEMENTWISE["norm"][0] * ACT, norm_b * ACT),
+        "act": (act[0] * ACT, act[1] * ACT),
+        "rotary": tuple(n * ACT for n in ELEMENTWISE["rotary"]),
+        "loss": (CROSS_ENTROPY_FORWARD, CROSS_ENTROPY_BACKWARD),
+    }
+    return stack_prices(L.kernels, fused, arch)
+
+
 @dataclass(frozen=True)
 class _GradAdds:
     """Seconds per micro-batch of adding its weight gradients into the accumulated ones
@@ -245,16 +216,20 @@ class _GradAdds:
 def _grad_adds(workload: Workload, L, rates: Rates) -> _GradAdds:
     """Autograd adds each micro-batch's gradients but the first of a step's (which it keeps
     as they are) into .grad: (m - 1) / m of the micro-batches, GRAD_ADD bytes; an fp32
-    buffer takes every micro-batch's, FP32_GRAD_ADD bytes; a byte count a parameter the GPU
-    holds (a block's dense parameters over tp, its experts over ep x etp, the embedding and
-    head over tp: their replicated norms and biases are < 0.1%)."""
-    sh = Shape.of(workload)
+    buffer takes every micro-batch's, FP32_GRAD_ADD bytes (_per_param)."""
     m = np.maximum(L.micro_batches.astype(float), 1.0)
     per_param = np.select(
         [L.grad_accumulation == 1, L.grad_accumulation == 2],
         [(m - 1) / m * GRAD_ADD, FP32_GRAD_ADD],
     )  # codes of GRAD_ACCUMULATIONS: fused, autograd, fp32
-    share = per_param / rates.memory
+    return _per_param(workload, L, per_param / rates.memory)
+
+
+def _per_param(workload: Workload, L, share) -> _GradAdds:
+    """Seconds of `share` seconds a parameter the GPU holds (a block's dense parameters over
+    tp, its experts over ep x etp, the embedding and head over tp: their replicated norms and
+    biases are < 0.1%), split as _GradAdds."""
+    sh = Shape.of(workload)
     tp = L.tp.astype(float)
     expert = sh.expert_params / max(sh.blocks, 1)
     block = (sh.block_params - expert) / tp + expert / (L.ep * L.expert_tp)
@@ -278,8 +253,7 @@ class _Block:
     flash: np.ndarray
     workload: Workload
     split: np.ndarray  # tp ranks the norms and residual adds split over: tp with SP, else 1
-    # a norm's backward HBM values a row (Strategy.norm_backward; two passes by default)
-    norm_b: np.ndarray | int = ELEMENTWISE["norm"][1]
+    prices: Prices  # bytes an element of the stack's element-wise kernels (_prices)
 
     @property
     def moe_share(self) -> float:
@@ -322,18 +296,17 @@ class _Block:
         c, t, mem = self.arch, self.tokens, self.rates.memory
         bit = [(np.asarray(parts) >> i) & 1 for i in range(len(RECOMPUTE_MODULES))]
         cast = np.where(self.fp8, FP8_CAST, 0.0)  # bytes an element of a re-cast GEMM input
-        norm = 2 * t / self.split * c.hidden * (ELEMENTWISE["norm"][0] * ACT + cast)
+        norm = 2 * t / self.split * c.hidden * (self.prices.norm[0] + cast)
         up = 0.0
         if c.mla:
             gemm, gemm_cast = self._gemms(self._mla_up_gemms())
-            rotary = ELEMENTWISE["rotary"][0] * self._rotary_width() * t * ACT / self.tp
+            rotary = self.prices.rotary[0] * self._rotary_width() * t / self.tp
             up = gemm + (gemm_cast + rotary) / mem
         act = 0.0
         if self.moe_share:
             width = c.moe_ffn_hidden or c.ffn_hidden
-            kind = ELEMENTWISE["swiglu" if c.gated_mlp else "gelu"][0]
             copies = t / self.tp * c.top_k * c.capacity_factor  # as _moe counts them
-            act = self.moe_share * copies * width * (kind * ACT + cast)
+            act = self.moe_share * copies * width * (self.prices.act[0] + cast)
         return bit[0] * norm / mem + bit[1] * up + bit[2] * act / mem
 
     def op_replay(self) -> np.ndarray:
@@ -449,33 +422,31 @@ class _Block:
         h per token, twice) and reads back; rotary embeddings of Q and K and, in a dense
         block (`dense_share` of them), the MLP's activation on its slice of the whole
         sequence."""
-        c, t, tp = self.arch, self.tokens, self.tp
-        norm, residual = (ELEMENTWISE["norm"][0], self.norm_b), ELEMENTWISE["residual"]
-        act = ELEMENTWISE["swiglu" if c.gated_mlp else "gelu"]
+        c, t, tp, p = self.arch, self.tokens, self.tp, self.prices
+        residual = ELEMENTWISE["residual"]
         rotary = self._rotary_width()
         dropout = 2 * c.hidden if c.has_dropout else 0  # elements a token, both residuals
         out = []
         for way in (0, 1):
-            held = 2 * (norm[way] + residual[way]) * c.hidden * ACT
+            held = 2 * (p.norm[way] + residual[way] * ACT) * c.hidden
             held += dropout * (MASK if way == 0 else DROPOUT_BACKWARD)
-            sliced = dense_share * act[way] * c.ffn_hidden + ELEMENTWISE["rotary"][way] * rotary
-            out.append(t / self.split * held + t * sliced * ACT / tp)
+            sliced = dense_share * p.act[way] * c.ffn_hidden + p.rotary[way] * rotary
+            out.append(t / self.split * held + t * (sliced + p.repeat[way]) / tp)
         return out[0], out[1]
 
 
-def _ends(arch, rates: Rates, tokens, tp, split, norm_b):
+def _ends(arch, rates: Rates, tokens, tp, split, prices: Prices):
     """Forward and backward seconds of the layers before the blocks (the embedding: gather
-    b s rows of h) and after them (the final norm, ELEMENTWISE, its backward `norm_b`
-    values a row; the LM head's GEMM in BF16; the fp32 cross-entropy over the vocabulary
-    slice, CROSS_ENTROPY_* bytes a logit), and the head GEMM's forward seconds; the
+    b s rows of h) and after them (the final norm; the LM head's GEMM in BF16; the loss over
+    the vocabulary slice), the norm and the loss at the stack's `prices` (Megatron's:
+    ELEMENTWISE, CROSS_ENTROPY_* bytes a logit), and the head GEMM's forward seconds; the
     embedding's output and the norm on the tokens a tp rank holds (`split`: tp with
     sequence parallelism, else 1)."""
     h, v = arch.hidden, arch.vocab
     embed = 2 * tokens / split * h * ACT / rates.memory
     head = gemm_seconds(tokens, v / tp, h, rates.gemm, rates.sms)
     logits = tokens * v / tp / rates.memory
-    norm = (ELEMENTWISE["norm"][0], norm_b)
-    norm_f, norm_b = (n * tokens / split * h * ACT / rates.memory for n in norm)
-    post_fwd = norm_f + head + CROSS_ENTROPY_FORWARD * logits
-    post_bwd = norm_b + BACKWARD_FACTOR * head + CROSS_ENTROPY_BACKWARD * logits
+    norm_f, norm_b = (n * tokens / split * h / rates.memory for n in prices.norm)
+    post_fwd = norm_f + head + prices.loss[0] * logits
+    post_bwd = norm_b + BACKWARD_FACTOR * head + prices.loss[1] * logits
     return embed, embed, post_fwd, post_bwd, head

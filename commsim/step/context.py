@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from commsim.step.compute import ATTENTION_BACKWARD
+from commsim.step.kernel_bytes import ATTENTION_BACKWARD
 
 MERGE_INIT = 2 + 4  # forward, step 0: read its bf16 output, write the fp32 accumulator
 MERGE_STEP = 2 + 4 + 4  # forward, later steps: read the step's output, read + write the sum

@@ -25,6 +25,7 @@ from commsim.specs import (
 )
 from commsim.step.activations import recompute_code, recompute_names
 from commsim.step.buckets import first_bucket_mb
+from commsim.step.eager import KERNELS
 from commsim.step.memory import RECOMPUTE
 from commsim.topology.placement import PLACEMENTS
 
@@ -66,6 +67,7 @@ _DEFAULTS: dict[str, Any] = {
     "sequence_parallel": True,
     "grad_accumulation": 0,
     "norm_backward": 0,
+    "kernels": 0,
     "tp_overlap": False,
     "ep_overlap": False,
     "fsdp_shard": 0,
@@ -113,6 +115,7 @@ class Layouts:
     sequence_parallel: np.ndarray  # element-wise work split over tp (Strategy.sequence_parallel)
     grad_accumulation: np.ndarray  # code into GRAD_ACCUMULATIONS (Strategy.grad_accumulation)
     norm_backward: np.ndarray  # code into NORM_BACKWARDS (Strategy.norm_backward)
+    kernels: np.ndarray  # code into KERNELS (Strategy.kernels)
     tp_overlap: np.ndarray  # tensor-parallel collectives overlapped with the GEMMs
     ep_overlap: np.ndarray  # expert all-to-alls under another micro-batch's compute
     fsdp_shard: np.ndarray  # ZeRO-3 shards over groups of this many dp ranks (0: all of dp)
@@ -185,6 +188,7 @@ class Layouts:
             sequence_parallel=col(lambda s: s.sequence_parallel),
             grad_accumulation=col(lambda s: GRAD_ACCUMULATIONS.index(s.grad_accumulation)),
             norm_backward=col(lambda s: NORM_BACKWARDS.index(s.norm_backward)),
+            kernels=col(lambda s: KERNELS.index(s.kernels)),
             tp_overlap=col(lambda s: s.tp_overlap),
             ep_overlap=col(lambda s: s.ep_overlap),
             fsdp_shard=col(lambda s: s.fsdp_shard or 0),
@@ -215,6 +219,7 @@ class Layouts:
         out["grad_accumulation"] = GRAD_ACCUMULATIONS[out["grad_accumulation"]]
         out["norm_backward"] = NORM_BACKWARDS[out["norm_backward"]]
         out["schedule"] = PIPELINE_SCHEDULES[out["schedule"]]
+        out["kernels"] = KERNELS[out["kernels"]]
         return out
 
     def strategy(self, i: int, base: Strategy) -> Strategy:
@@ -292,6 +297,7 @@ _STRATEGY_FIELDS = (
     "sequence_parallel",
     "grad_accumulation",
     "norm_backward",
+    "kernels",
 )
 
 

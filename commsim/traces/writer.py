@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commsim.specs import SpecError
-from commsim.step.compute import ATTENTION_BACKWARD
+from commsim.step.kernel_bytes import ATTENTION_BACKWARD
 from commsim.traces.graph import Node
 
 # one collective of a ZeRO-3 unit: (op, bytes, seconds, group kind: dp, shard, replica, edp)
