@@ -73,6 +73,34 @@ def test_every_hook_of_a_cap_takes_the_least_disturbed_compute():
     assert [d.step_s for d in same] == [1.0, 1.0, 1.0]
 
 
+def test_hooks_steps_are_measured_interleaved(monkeypatch):
+    """Every round times each hook's no_sync step then its full step, the hooks' order
+    rotated by one a round (ABC, BCA, CAB): a spell of load cannot fall on one hook only."""
+    from types import SimpleNamespace
+
+    from commsim.calibrate.harness import ddp as harness_ddp
+
+    calls = []
+
+    def fake_step(run, ddp, opt, x, y, *, sync, clock=None):
+        calls.append((ddp, sync))
+        if clock is not None:
+            clock.launching, clock.handled, clock.end = 0.25, 1.0, 1.5
+        return (2.0 if sync else 1.0), 0.1
+
+    monkeypatch.setattr(harness_ddp, "_ddp_step", fake_step)
+    clock = harness_ddp.CommClock.__new__(harness_ddp.CommClock)  # no hooks: set by the step
+    setups = [
+        harness_ddp._Setup(1.0, h, (h, None, None, None), 0, True, clock if h == "b" else None)
+        for h in "abc"
+    ]
+    harness_ddp._timed(SimpleNamespace(cfg=SimpleNamespace(ddp_repeats=3)), setups)
+    order = "abcbcacab"
+    assert calls == [(h, sync) for h in order for sync in (False, True)]
+    assert [len(s.step) for s in setups] == [3, 3, 3]
+    assert [s.exposed for s in setups] == [[], [0.75] * 3, []]  # 0.25 + 1.5 - 1.0
+
+
 def test_config_checks_hook_names():
     assert HarnessConfig(out="x").comm_hooks == ("none",)
     HarnessConfig(out="x", backend="gloo", comm_hooks=("fp16", "powersgd:4"))
@@ -102,6 +130,9 @@ def test_local_run_records_one_step_per_hook_and_bucket(tmp_path):
     assert [d["error_feedback"] for d in ddp] == [False, False, True] * 2
     assert [d["overlap"] for d in ddp] == [True, True, False] * 2  # gloo: one bucket at a time
     assert all(d["step_s"] > 0 and d["compute_s"] > 0 for d in ddp)
+    # exposed communication by the harness's hooks in the full steps themselves
+    assert all(d["exposed_by"] == "commclock" for d in ddp)
+    assert all(0 < d["exposed_comm_s"] < d["step_s"] for d in ddp)
 
     results = read_results(out)
     (run,) = results.runs.values()
