@@ -52,6 +52,11 @@ MIB = 2**20
 FLOOR = MIB - 64
 HALF = FLOOR // 2  # at half the rate: the wire time of FLOOR at the full rate
 TOL = 0.15
+# the CLI test's largest points: the model's share of the error (the repeatability
+# benchmark's runs: within 2.0%; a quiet CI run -2.4%), to which the point's measured
+# half-spread, (p90 - p10) / 2 over the median, is added; a point spread over TOP_NOISY
+# cannot tell the calibrated model from the uncalibrated one (4.8-6.2% off): refused
+TOP_MODEL, TOP_NOISY = 0.03, 0.05
 OPS = "all-reduce,all-gather"
 
 pytestmark = [
@@ -204,7 +209,7 @@ def test_a_profile_fitted_on_one_shape_predicts_another_through_the_cli_alone(tm
     50 Mbit/s (3:1): another host count, rate and oversubscription, with nothing written
     by hand. (Where flows share an uplink or pass onto a slower one, 1-2 MiB collectives
     run 5-30% over the model on this testbed: benchmarks/bench_repeatability.py measures
-    those shapes too; here the largest points are held within 3% wherever they run: the
+    those shapes too; here the largest points are held within 3% plus their measured spread: the
     repeatability benchmark's runs put them within 2.0%, and uncalibrated they are off by
     4.8-6.2%.) The rates are half what they were (160 and 100 Mbit/s), so that the ranks
     inject at most 40% of what the two cores forward (testbed.spec.CPU_BUDGET): at the old
@@ -261,4 +266,14 @@ def test_a_profile_fitted_on_one_shape_predicts_another_through_the_cli_alone(tm
           f"uncalibrated {plain['median_abs_pct_error']:.2f}%")  # fmt: skip
     assert calibrated["median_abs_pct_error"] <= 5.0
     assert calibrated["median_abs_pct_error"] <= plain["median_abs_pct_error"]
-    assert all(abs(r["error"]) <= 0.03 for r in rows if r["bytes"] >= 2 * MIB - 64)
+    # the largest points: within TOP_MODEL plus the point's own measured spread, unless
+    # that spread alone passes TOP_NOISY (too noisy to check)
+    spread = {
+        (r["op"], r["bytes"]): (r["p90_s"] - r["p10_s"]) / 2 / r["time_s"]
+        for r in map(json.loads, held.read_text().splitlines())
+        if r.get("kind") == "collective" and r.get("status") == "ok"
+    }
+    for r in (r for r in rows if r["bytes"] >= 2 * MIB - 64):
+        noise = spread[r["op"], r["bytes"]]
+        assert noise <= TOP_NOISY, f"{r['op']} {r['bytes']} B: repeats spread {noise:.1%}"
+        assert abs(r["error"]) <= TOP_MODEL + noise, (r, noise)
