@@ -54,8 +54,8 @@ HALF = FLOOR // 2  # at half the rate: the wire time of FLOOR at the full rate
 TOL = 0.15
 # the CLI test's largest points: the model's share of the error (the repeatability
 # benchmark's runs: within 2.0%; a quiet CI run -2.4%), to which the point's measured
-# half-spread, (p90 - p10) / 2 over the median, is added; a point spread over TOP_NOISY
-# cannot tell the calibrated model from the uncalibrated one (4.8-6.2% off): refused
+# half-spread, (p90 - p10) / 2 over the median, is added up to TOP_NOISY; a point spread
+# wider is held to TOP_MODEL alone (its noise would excuse the uncalibrated model's 4.8-6.2%)
 TOP_MODEL, TOP_NOISY = 0.03, 0.05
 OPS = "all-reduce,all-gather"
 
@@ -275,5 +275,5 @@ def test_a_profile_fitted_on_one_shape_predicts_another_through_the_cli_alone(tm
     }
     for r in (r for r in rows if r["bytes"] >= 2 * MIB - 64):
         noise = spread[r["op"], r["bytes"]]
-        assert noise <= TOP_NOISY, f"{r['op']} {r['bytes']} B: repeats spread {noise:.1%}"
-        assert abs(r["error"]) <= TOP_MODEL + noise, (r, noise)
+        allowed = TOP_MODEL + (noise if noise <= TOP_NOISY else 0.0)
+        assert abs(r["error"]) <= allowed, f"{r}: repeats spread {noise:.1%}"
