@@ -222,8 +222,8 @@ def summarise(rows: list[dict]) -> dict:
     out = {
         "collectives >= 1 MiB": [r["error_pct"] for r in big],
         "DDP step time": [r["error_pct"] for r in pred if r["kind"] == "ddp-step"],
-        # exposed = step - measured compute alone in both, so its error (taken relative to
-        # the step) is the step's: listed because validate reports it
+        # measured exposed is the harness's clock in the full steps (exposed_by commclock);
+        # in files before it, step - compute alone, whose error was the step's
         "DDP exposed comm (of step)": [r["error_pct"] for r in pred if r["kind"] == "ddp-exposed"],
         "(fit placement, >= 1 MiB)": [r["error_pct"] for r in fit_big],
     }

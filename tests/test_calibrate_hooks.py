@@ -73,6 +73,34 @@ def test_every_hook_of_a_cap_takes_the_least_disturbed_compute():
     assert [d.step_s for d in same] == [1.0, 1.0, 1.0]
 
 
+def test_hooks_steps_are_measured_interleaved(monkeypatch):
+    """Every round times each hook's no_sync step then its full step, the hooks' order
+    rotated by one a round (ABC, BCA, CAB): a spell of load cannot fall on one hook only."""
+    from types import SimpleNamespace
+
+    from commsim.calibrate.harness import ddp as harness_ddp
+
+    calls = []
+
+    def fake_step(run, ddp, opt, x, y, *, sync, clock=None):
+        calls.append((ddp, sync))
+        if clock is not None:
+            clock.launching, clock.handled, clock.end = 0.25, 1.0, 1.5
+        return (2.0 if sync else 1.0), 0.1
+
+    monkeypatch.setattr(harness_ddp, "_ddp_step", fake_step)
+    clock = harness_ddp.CommClock.__new__(harness_ddp.CommClock)  # no hooks: set by the step
+    setups = [
+        harness_ddp._Setup(1.0, h, (h, None, None, None), 0, True, clock if h == "b" else None)
+        for h in "abc"
+    ]
+    harness_ddp._timed(SimpleNamespace(cfg=SimpleNamespace(ddp_repeats=3)), setups)
+    order = "abcbcacab"
+    assert calls == [(h, sync) for h in order for sync in (False, True)]
+    assert [len(s.step) for s in setups] == [3, 3, 3]
+    assert [s.exposed for s in setups] == [[], [0.75] * 3, []]  # 0.25 + 1.5 - 1.0
+
+
 def test_config_checks_hook_names():
     assert HarnessConfig(out="x").comm_hooks == ("none",)
     HarnessConfig(out="x", backend="gloo", comm_hooks=("fp16", "powersgd:4"))
@@ -102,6 +130,9 @@ def test_local_run_records_one_step_per_hook_and_bucket(tmp_path):
     assert [d["error_feedback"] for d in ddp] == [False, False, True] * 2
     assert [d["overlap"] for d in ddp] == [True, True, False] * 2  # gloo: one bucket at a time
     assert all(d["step_s"] > 0 and d["compute_s"] > 0 for d in ddp)
+    # exposed communication by the harness's hooks in the full steps themselves
+    assert all(d["exposed_by"] == "commclock" for d in ddp)
+    assert all(0 < d["exposed_comm_s"] < d["step_s"] for d in ddp)
 
     results = read_results(out)
     (run,) = results.runs.values()
@@ -151,45 +182,73 @@ needs_root = pytest.mark.skipif(
 )
 
 
+# 40 Mbit/s links: the 4 ranks' ring injects 4 x 5 MB/s, a fifth of what the two cores
+# forward (testbed.spec.CPU_BUDGET), so the links set the rate with the host loaded too;
+# at the testbed's own 160 Mbit/s the ring took 80% of it, and a loaded CI host measured the
+# uncompressed step at 2.18 s for 0.87 s of link time (fp16: 0.49 s).
+HOOK_RATE = 40e6 / 8
+CPU_BOUND = 1.25  # the uncompressed step over its link-rate prediction (measured: +5-9%)
+# fp16's speedup error is held to FP16_MODEL (README's claim for it; measured +1 to +4%)
+# plus the measurement's own spread: each step's (p90 - p10) / 2 over its median, both
+# steps'. Past FP16_NOISY (the bound this test had before) the run is too noisy to check.
+FP16_MODEL, FP16_NOISY = 0.05, 0.25
+
+
 @pytest.mark.slow
 @pytest.mark.root
 @needs_root
 def test_hooks_speed_up_a_slow_link_as_predicted(tmp_path):
-    """4 ranks on the 2x2-oversub testbed (160 Mbit/s links), a 2.7M-parameter MLP whose
-    10.8 MB of gradients take ~1 s to all-reduce against ~10 ms of compute: fp16 halves the
-    traffic (speedup > 1.3), PowerSGD rank 1 nearly removes it (faster still). commsim, with
-    no profile (catalog rates, placeholder latencies), must order the hooks as measured and
-    get fp16's bandwidth-bound speedup within 25% (measured: -5%). PowerSGD's ~0.1 s step is
-    latency- and CPU-bound (torch's hook loops over tensors in Python, orthogonalises and
-    copies for error feedback), where the speedup over a 1 s step swings with tens of ms:
-    there only the ordering is asserted (see benchmarks/RESULTS.md for the errors)."""
+    """4 ranks on the 2x2-oversub testbed at 40 Mbit/s, a 0.67M-parameter MLP whose 2.7 MB
+    of gradients take ~0.85 s to all-reduce against a few ms of compute: fp16 halves the
+    traffic (speedup > 1.3), PowerSGD rank 1 nearly removes it (faster still). The harness
+    times the three hooks' steps interleaved (one round: each hook once), so a spell of load
+    falls on all of them. commsim, with no profile (catalog rates, placeholder latencies),
+    must price the uncompressed step at the link's rate (else the CPU set it: said so),
+    order the hooks as measured and get fp16's bandwidth-bound speedup within 5% plus the
+    steps' measured spread.
+    PowerSGD's step is latency- and CPU-bound (torch's hook loops over tensors in Python,
+    orthogonalises and copies for error feedback), where the speedup swings with tens of
+    ms: there only the ordering is asserted (see benchmarks/RESULTS.md for the errors)."""
     from commsim.calibrate.testbed import network, runner
     from commsim.calibrate.testbed.spec import cluster_spec, load_testbed
 
-    bed = load_testbed(OVERSUB).model_copy(update={"prefix": "cshook"})
+    update = {"prefix": f"csh{os.getpid() % 100000}", "host_rate": HOOK_RATE}
+    bed = load_testbed(OVERSUB).model_copy(update=update | {"uplink_rate": HOOK_RATE})
     out = tmp_path / "results.jsonl"
-    model = ["--width", "384", "--depth", "2", "--batch", "32", "--bucket-mb", "25"]
+    model = ["--width", "192", "--depth", "2", "--batch", "32", "--bucket-mb", "25"]
+    cmd = ["env", "OMP_NUM_THREADS=1", *_cmd(out, *NO_SWEEP, *model, *HOOKS, "--timeout", "120")]
     t0 = time.monotonic()
     try:
         network.up(bed)
-        result = runner.run(
-            bed, _cmd(out, *NO_SWEEP, *model, *HOOKS, "--timeout", "60"), timeout=80
-        )
+        result = runner.run(bed, cmd, timeout=300)  # a hang guard: ~40 s quiet
     finally:
         network.down(bed.prefix)
     took = time.monotonic() - t0
     assert result.returncode == 0, "\n".join(line for _, line in result.lines[-20:])
-    rows = hooks.hook_speedups(read_results(out), cluster_spec(bed))
-    print(f"\n{'hook':>11} {'measured':>9} {'speedup':>8} {'predicted':>9} {'speedup':>8} error")
+    results = read_results(out)
+    rows = hooks.hook_speedups(results, cluster_spec(bed))
+    (run,) = results.runs.values()
+    spread = {d.compression: (d.step_p90_s - d.step_p10_s) / 2 / d.step_s for d in run.ddp}
+    print(f"\n{'hook':>11} {'measured':>9} {'spread':>7} {'speedup':>8} {'predicted':>9} "
+          f"{'speedup':>8} error")  # fmt: skip
     for r in rows:
         print(
-            f"{r.compression:>11} {r.measured_step_s:9.3f} {r.measured_speedup:8.2f} "
-            f"{r.predicted_step_s:9.3f} {r.predicted_speedup:8.2f} {100 * r.error:+5.1f}%"
+            f"{r.compression:>11} {r.measured_step_s:9.3f} {100 * spread[r.compression]:6.1f}% "
+            f"{r.measured_speedup:8.2f} {r.predicted_step_s:9.3f} {r.predicted_speedup:8.2f} "
+            f"{100 * r.error:+5.1f}%"
         )
-    print(f"testbed up, run and down in {took:.0f} s")
+    tolerance = FP16_MODEL + spread["none"] + spread["fp16"]
+    print(f"testbed up, run and down in {took:.0f} s; fp16 held to {100 * tolerance:.1f}%")
     by = {r.compression: r for r in rows}
+    none = by["none"]
+    assert none.measured_step_s < CPU_BOUND * none.predicted_step_s, (
+        f"the uncompressed step took {none.measured_step_s:.3f} s against "
+        f"{none.predicted_step_s:.3f} s at the links' rate: the CPU, not the link, set the "
+        f"rate (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+    )
     assert by["fp16"].measured_speedup > 1.3
     assert by["powersgd:1"].measured_speedup > by["fp16"].measured_speedup
     assert by["powersgd:1"].predicted_speedup > by["fp16"].predicted_speedup > 1.0
-    assert abs(by["fp16"].error) < 0.25, by["fp16"]
+    assert tolerance < FP16_NOISY, f"the steps' repeats spread too far to check: {spread}"
+    assert abs(by["fp16"].error) < tolerance, by["fp16"]
     assert by["fp16"].codec_s < 0.05 * by["fp16"].predicted_step_s

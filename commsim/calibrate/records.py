@@ -145,9 +145,12 @@ class ModelRecord(Record):
 
 
 class DDPRecord(Record):
-    """One bucket size: compute alone (no_sync: forward, backward, optimizer; no
-    communication) and the full step with DDP's overlapped all-reduces, medians and p10/p90
-    over repeats of the slowest rank; exposed_comm_s = step_s - compute_s."""
+    """One bucket size and comm hook: compute alone (no_sync: forward, backward, optimizer;
+    no communication) and the full step with DDP's overlapped all-reduces, medians and
+    p10/p90 over repeats of the slowest rank. exposed_comm_s is the time the rank spends on
+    communication instead of computing, by `exposed_by`: "commclock", the harness's hooks in
+    the full steps themselves (calibrate.harness.commclock; CPU ranks), or
+    "step-minus-compute", step_s - compute_s (CUDA ranks, and files before the clock)."""
 
     kind: Literal["ddp"]
     bucket_mb: float = Field(gt=0)
@@ -160,6 +163,7 @@ class DDPRecord(Record):
     step_p10_s: float | None = None
     step_p90_s: float | None = None
     exposed_comm_s: float
+    exposed_by: Literal["commclock", "step-minus-compute"] = "step-minus-compute"
     repeats: int = Field(ge=1)
     buckets_bytes: list[int] | None = None  # DDP's own bucket sizes, when torch reports them
     # DDP's own buckets as parameter indices (registration order), in launch order

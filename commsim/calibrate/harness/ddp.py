@@ -1,7 +1,8 @@
 """The DDP step: a small MLP (pre-norm blocks: LayerNorm, Linear 4x, GELU, Linear) trained
 for several bucket caps: compute alone (no_sync: no communication) and the full step with
 DDP's all-reduces overlapping the backward, once per comm hook (`comm_hooks`: PyTorch's own
-fp16/bf16 compress and PowerSGD hooks; each `ddp` record names its hook). Its layers
+fp16/bf16 compress and PowerSGD hooks; each `ddp` record names its hook), the hooks' steps
+interleaved so that a shared host's load falls on all of them alike. Its layers
 (parameter tensors, FLOPs, and forward/backward seconds measured by module hooks) are
 recorded so commsim can rebuild it as a Workload.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from commsim.calibrate.harness.commclock import CommClock
 from commsim.calibrate.harness.config import HarnessConfig
 from commsim.calibrate.harness.profiled import profile_steps
 from commsim.calibrate.harness.rank import Run, max_over_ranks
@@ -177,8 +180,57 @@ def _register_hook(ddp, name: str, backend: str) -> tuple[int, bool]:
     return 0, True
 
 
+@dataclass
+class _Setup:
+    """One (bucket cap, comm hook): its DDP model and optimizer, whether the hook overlaps,
+    the warm-up steps it needs, its clock of exposed communication (CPU only), and the
+    seconds measured: compute alone, the optimizer, the full step, exposed communication."""
+
+    cap: float
+    hook: str
+    batch: tuple
+    extra: int
+    overlap: bool
+    clock: CommClock | None
+    compute: list[float] = field(default_factory=list)
+    optimizer: list[float] = field(default_factory=list)
+    step: list[float] = field(default_factory=list)
+    exposed: list[float] = field(default_factory=list)
+
+
+def _setup(run: Run, cap: float, hook: str, x, y) -> _Setup:
+    """A fresh model (same seed for every setup) under DDP with `hook`, warmed up."""
+    torch.manual_seed(0)
+    model = build_model(run.cfg.width, run.cfg.depth).to(run.device)
+    ids = [run.device.index] if run.device.type == "cuda" else None
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=cap)
+    extra, overlap = _register_hook(ddp, hook, run.backend)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
+    batch = (ddp, opt, x, y)
+    for _ in range(3 + extra):  # DDP rebuilds its buckets in gradient order after step one
+        _ddp_step(run, *batch, sync=True)
+    clock = CommClock(ddp) if run.device.type == "cpu" else None
+    return _Setup(cap, hook, batch, extra, overlap, clock)
+
+
+def _timed(run: Run, setups: list[_Setup]) -> None:
+    """`ddp_repeats` rounds; in each, every setup's no_sync step and full step, the setups
+    in an order rotated by one each round (ABC, BCA, CAB...): a spell of load on a shared
+    host falls on every configuration alike instead of on the one measured then."""
+    for k in range(run.cfg.ddp_repeats):
+        for s in setups[k % len(setups) :] + setups[: k % len(setups)]:
+            total, optimizer = _ddp_step(run, *s.batch, sync=False)
+            s.compute.append(total)
+            s.optimizer.append(optimizer)
+            if s.clock is not None:
+                s.clock.start()
+            s.step.append(_ddp_step(run, *s.batch, sync=True, clock=s.clock)[0])
+            if s.clock is not None:
+                s.exposed.append(s.clock.exposed_s())
+
+
 def measure_ddp(run: Run) -> None:
-    """Per bucket cap and comm hook: compute alone under no_sync, then the full step; SGD."""
+    """Per bucket cap, every comm hook's steps measured interleaved (_timed); SGD."""
     cfg = run.cfg
     torch.manual_seed(0)
     plain = build_model(cfg.width, cfg.depth).to(run.device)
@@ -186,45 +238,51 @@ def measure_ddp(run: Run) -> None:
     fwd, bwd = _layer_times(plain, run, max(3, cfg.ddp_repeats // 2))
     run.emit(_model_record(plain, fwd, bwd, cfg))
     x, y = _batch(cfg, run.device)
-    for cap, hook in ((c, h) for c in cfg.bucket_mb for h in cfg.comm_hooks):
-        run.progress.tick(f"DDP step with {cap:g} MiB buckets, comm hook {hook}")
-        torch.manual_seed(0)
-        model = build_model(cfg.width, cfg.depth).to(run.device)
-        ids = [run.device.index] if run.device.type == "cuda" else None
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=cap)
-        extra, overlap = _register_hook(ddp, hook, run.backend)
-        opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
-
-        batch = (ddp, opt, x, y)
-        for _ in range(3 + extra):  # DDP rebuilds its buckets in gradient order after step one
-            _ddp_step(run, *batch, sync=True)
-        compute = [_ddp_step(run, *batch, sync=False) for _ in range(cfg.ddp_repeats)]
-        full = [_ddp_step(run, *batch, sync=True)[0] for _ in range(cfg.ddp_repeats)]
-        c = max_over_ranks([t for t, _ in compute], run, None)
-        o = max_over_ranks([t for _, t in compute], run, None)
-        s = max_over_ranks(full, run, None)
-        if cfg.profile_dir:
-            profile_steps(run, batch, _ddp_step, f"bucket{cap:g}mb-{hook.replace(':', '')}")
-        run.emit(
-            {
-                "kind": "ddp",
-                "bucket_mb": cap,
-                "compression": hook,  # absent in older files: none
-                "error_feedback": hook.startswith("powersgd:"),
-                "overlap": overlap,
-                "first_bucket_mb": _first_bucket_bytes(ddp, cap) / MIB,
-                "compute_s": float(np.median(c)),
-                "compute_p10_s": float(np.percentile(c, 10)),
-                "compute_p90_s": float(np.percentile(c, 90)),
-                "optimizer_s": float(np.median(o)),
-                "step_s": float(np.median(s)),
-                "step_p10_s": float(np.percentile(s, 10)),
-                "step_p90_s": float(np.percentile(s, 90)),
-                "exposed_comm_s": float(np.median(s) - np.median(c)),
-                "repeats": cfg.ddp_repeats,
-            }
-            | _bucket_layout(ddp)
+    for cap in cfg.bucket_mb:
+        run.progress.tick(
+            f"DDP steps with {cap:g} MiB buckets, comm hooks {', '.join(cfg.comm_hooks)}"
         )
+        setups = [_setup(run, cap, hook, x, y) for hook in cfg.comm_hooks]
+        _timed(run, setups)
+        for s in setups:
+            if s.clock is not None:
+                s.clock.remove()
+            if cfg.profile_dir:
+                profile_steps(run, s.batch, _ddp_step, f"bucket{cap:g}mb-{s.hook.replace(':', '')}")
+            run.emit(_ddp_record(run, s))
+
+
+def _ddp_record(run: Run, s: _Setup) -> dict[str, Any]:
+    """The `ddp` record of one setup: medians and p10/p90 over repeats of the slowest rank.
+    Exposed communication is the commclock's (the profiled steps' and the trace summary's
+    quantity) where the host computes; on CUDA, where it would time kernel launches, the
+    full step less compute alone."""
+    c = max_over_ranks(s.compute, run, None)
+    o = max_over_ranks(s.optimizer, run, None)
+    t = max_over_ranks(s.step, run, None)
+    if s.clock is not None:
+        exposed, by = float(np.median(max_over_ranks(s.exposed, run, None))), "commclock"
+    else:
+        exposed, by = float(np.median(t) - np.median(c)), "step-minus-compute"
+    ddp = s.batch[0]
+    return {
+        "kind": "ddp",
+        "bucket_mb": s.cap,
+        "compression": s.hook,  # absent in older files: none
+        "error_feedback": s.hook.startswith("powersgd:"),
+        "overlap": s.overlap,
+        "first_bucket_mb": _first_bucket_bytes(ddp, s.cap) / MIB,
+        "compute_s": float(np.median(c)),
+        "compute_p10_s": float(np.percentile(c, 10)),
+        "compute_p90_s": float(np.percentile(c, 90)),
+        "optimizer_s": float(np.median(o)),
+        "step_s": float(np.median(t)),
+        "step_p10_s": float(np.percentile(t, 10)),
+        "step_p90_s": float(np.percentile(t, 90)),
+        "exposed_comm_s": exposed,
+        "exposed_by": by,
+        "repeats": run.cfg.ddp_repeats,
+    } | _bucket_layout(ddp)
 
 
 def _first_bucket_bytes(ddp, cap_mb: float) -> float:
