@@ -120,6 +120,8 @@ def test_petabyte_sizes_in_both_spellings():
         (("plan", "--checkpoint-interval", "1h"), "--checkpoint-interval: failures and goodput"),
         (("collective", "all-reduce", "--algorithm", "magic"), "--algorithm magic: all-reduce has"),
         (("predict", "--error-feedback"), "--error-feedback: keeps what a lossy compressor"),
+        (("predict", "--kernels", "torchtitan"), "--kernels torchtitan: prices the roofline's"),
+        (("plan", "--kernels", "llm-foundry"), "one compute_efficiency (0.45): give a scenario"),
         (("predict", "--zero", "3", "--bucket-mb", "50"), "--bucket-mb 50.0: ZeRO-3/FSDP"),
         (("predict", "--zero", "3", "--compression", "int8"), "--compression int8: a DDP comm"),
         (("calibrate", "fit", "r.jsonl", "--cluster", "x", "-o", "/no/p.yaml"), "-o '/no/p.yaml'"),

@@ -29,11 +29,21 @@ def flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def refuse_ignored(strategy: Any, given: dict[str, Any]) -> None:
-    """A flag the step model would not use with the rest of the strategy is an error, not
-    a no-op: error feedback without a lossy compressor, DDP buckets under ZeRO-3."""
+def refuse_ignored(scenario: Any, given: dict[str, Any]) -> None:
+    """A flag the step model would not use with the rest of the scenario is an error, not
+    a no-op: error feedback without a lossy compressor, DDP buckets under ZeRO-3, a stack's
+    kernels where one compute_efficiency prices every FLOP."""
     from commsim.specs import SpecError
 
+    strategy = scenario.strategy
+    if given.get("kernels") is not None and scenario.compute_efficiency is not None:
+        raise SpecError(
+            f"--kernels {_shown(given['kernels'])}",
+            "",
+            "prices the roofline's element-wise kernels, but this scenario computes every "
+            f"FLOP at one compute_efficiency ({scenario.compute_efficiency:g}): give a "
+            "scenario without compute_efficiency",
+        )
     if given.get("error_feedback") and strategy.compression == "none":
         raise SpecError(
             "--error-feedback", "", "keeps what a lossy compressor drops: give --compression"

@@ -14,6 +14,7 @@ from commsim.cli.given import (
     blame_flags,
     flag,
     pick,
+    refuse_ignored,
 )
 from commsim.cli.options import (
     FSDP,
@@ -219,6 +220,7 @@ def _plan_one_cluster(args: dict[str, Any], flags: dict[str, Any], pins: set[str
             **nccl,
             **given | {"gpus": gpu_count(args["gpus"])},
         )
+        refuse_ignored(setup.scenario, given)
         setup, traced = with_trace(setup, *(args[k] for k in TRACE_FLAGS))
         pinned = pins | ({"interleave"} if args["layers_per_virtual_stage"] else set())
         check_pins(setup.workload, setup.scenario.strategy, pinned, setup.source)

@@ -158,7 +158,7 @@ def predict_cmd(
             **nccl,
             **flags,
         )
-        refuse_ignored(setup.scenario.strategy, flags)
+        refuse_ignored(setup.scenario, flags)
         setup, traced = with_trace(setup, trace, trace_tp, trace_pp, trace_micro_batch)
         pred = predict(setup)
         doc = (

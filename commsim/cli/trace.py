@@ -237,7 +237,7 @@ def export_cmd(
     flags = pick(args, ("model", "cluster", "gpus", *EXPORT_FLAGS))
     with terminal.user_errors(), blame_flags(scenario, flags):
         setup = setup_from_flags(scenario, fsdp=fsdp, **flags)
-        refuse_ignored(setup.scenario.strategy, flags)
+        refuse_ignored(setup.scenario, flags)
         graph, predicted = export_graph(setup)
         files = chakra_files(graph, graph.metadata)  # all built before any is written
         Path(out).parent.mkdir(parents=True, exist_ok=True)
