@@ -206,3 +206,21 @@ def test_predict_runs_it_and_draws_its_schedule(tmp_path):
         weights = sum(w[0] == "backward" and w[2] == "weights" for w in labels)
         assert sum(w[0] == "backward" and w[2] == "chunk" for w in labels) == 4 - weights
         assert weights == sum(w[0] == "backward" and w[2] == "inputs" for w in labels) > 0
+
+
+def test_the_flag_pins_it_and_the_tables_name_it():
+    """--pipeline-schedule on predict and plan: the same as the scenario field; the layout
+    label and the plan's sentence name it, the bubble row gives DualPipe's rule."""
+    flags = ["--pp", "4", "--pipeline-schedule", "dualpipe"]
+    out = CliRunner().invoke(app, ["predict", *flags])
+    assert out.exit_code == 0, out.output
+    assert "dp16 pp4 dualpipe mb1" in out.output and "(p / 2 - 1)(F&B + B - 3W)" in out.output
+    doc = json.loads(CliRunner().invoke(app, ["predict", *flags, "--json"]).output)
+    assert doc["strategy"]["pipeline_schedule"] == "dualpipe" and doc["bubble_s"] > 0
+    plan = json.loads(CliRunner().invoke(app, ["plan", *flags, "--top", "2", "--json"]).output)
+    assert plan["candidates"] and all(
+        c["strategy"]["pipeline_schedule"] == "dualpipe" and c["strategy"]["pp"] == 4
+        for c in plan["candidates"]
+    )
+    bad = CliRunner().invoke(app, ["predict", "--pipeline-schedule", "zigzag"])
+    assert bad.exit_code == 2 and "--pipeline-schedule zigzag" in bad.output

@@ -158,6 +158,13 @@ FlashOpt = Annotated[
     bool | None,
     typer.Option("--flash-attention/--no-flash-attention", help="Fused (Flash) attention."),
 ]
+ScheduleOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Pipeline schedule: 1f1b (Megatron's, interleaved with --interleave) or dualpipe "
+        "(DeepSeek-V3's: two stages a rank, even pp)."
+    ),
+]
 KernelsOpt = Annotated[
     str | None,
     typer.Option(

@@ -41,7 +41,7 @@ def describe_strategy(strategy: dict[str, Any]) -> str:
     layout = (
         f"tp {s['tp']}, {f'cp {cp}, ' if cp > 1 else ''}pp {s['pp']}{split_label(s)}, "
         f"{f'ep {ep}, ' if ep > 1 else ''}{_etp(s, ', ')}zero {s['zero']}{_hybrid(s)}, "
-        f"recompute {s['recompute']}, interleave {s['interleave']}, {_order(s)}"
+        f"recompute {s['recompute']}, interleave {s['interleave']}, {_schedule(s)}{_order(s)}"
         if (s["tp"], s["pp"], ep, cp, s["zero"], s["recompute"], s["interleave"])
         != (1, 1, 1, 1, 0, "none", 1)
         else ""
@@ -54,6 +54,12 @@ def describe_strategy(strategy: dict[str, Any]) -> str:
 
 def _hybrid(s: dict[str, Any]) -> str:
     return f" sharded over {s['fsdp_shard']}" if s.get("fsdp_shard") else ""
+
+
+def _schedule(s: dict[str, Any]) -> str:
+    """The pipeline schedule when it is not 1F1B."""
+    schedule = s.get("pipeline_schedule", "1f1b")
+    return "" if schedule == "1f1b" else f"{schedule}, "
 
 
 def _order(s: dict[str, Any]) -> str:
@@ -73,7 +79,7 @@ def split_label(s: dict[str, Any]) -> str:
 def layout_label(c: dict[str, Any]) -> str:
     """A layout in a few characters: dp64 tp8 cp2 pp16 v2 z1 sel mb1 (z3/8: ZeRO-3 sharded
     over 8 ranks, replicated across; pp>dp: the pipeline inside each data-parallel replica;
-    fp8: FP8 GEMMs)."""
+    fp8: FP8 GEMMs; dualpipe: DeepSeek-V3's schedule)."""
     s, lay = c["strategy"], c["layout"]
     parts = [f"dp{lay['dp']}"]
     parts += [f"tp{s['tp']}"] if s["tp"] > 1 else []
@@ -82,6 +88,7 @@ def layout_label(c: dict[str, Any]) -> str:
     parts += [f"ep{s['ep']}"] if s.get("ep", 1) > 1 else []
     parts += [_etp(s, "").replace(" ", "")] if _etp(s, "") else []
     parts += [f"v{s['interleave']}"] if s["interleave"] > 1 else []
+    parts += ["dualpipe"] if s.get("pipeline_schedule") == "dualpipe" else []
     zero = f"z{s['zero']}" + (f"/{s['fsdp_shard']}" if s.get("fsdp_shard") else "")
     parts += [zero] if s["zero"] else []
     parts += [s["recompute"][:3]] if s["recompute"] != "none" else []
@@ -102,6 +109,7 @@ _DIMENSIONS = (
     ("ZeRO stage", ("zero",), lambda s: f"ZeRO {s['zero']}"),
     ("recomputation", ("recompute",), lambda s: s["recompute"]),
     ("interleaving", ("interleave",), lambda s: f"v {s['interleave']}"),
+    ("pipeline schedule", ("pipeline_schedule",), lambda s: s.get("pipeline_schedule", "1f1b")),
     ("algorithm", ("algorithm",), lambda s: s["algorithm"]),
     ("bucket size", ("bucket_mb",), lambda s: f"{s['bucket_mb']:g} MiB"),
     ("overlap", ("overlap",), lambda s: "overlap on" if s["overlap"] else "overlap off"),

@@ -30,7 +30,7 @@ def step_table(title: str, pred: dict[str, Any]) -> Table:
         *(
             (label, fmt_time(pred[key]), what)
             for key, label, what in (
-                ("bubble_s", "pipeline bubble", "(p - 1) / v idle ticks"),
+                ("bubble_s", "pipeline bubble", _bubble_rule(pred["strategy"])),
                 ("tp_comm_s", "tensor-parallel comm", "on the critical path"),
                 ("cp_comm_s", "context-parallel comm", "K/V exchange not hidden"),
                 ("ep_comm_s", "expert-parallel comm", "all-to-alls, etp gathers: critical path"),
@@ -169,3 +169,10 @@ def bucket_table(buckets: Sequence[dict[str, Any]], limit: int = 12) -> Table:
             fmt_time(b["start_s"] - b["ready_s"]),
         )
     return table
+
+
+def _bubble_rule(strategy: dict) -> str:
+    """How the schedule's bubble is counted: 1F1B's ticks or DualPipe's Table 2 formula."""
+    if strategy.get("pipeline_schedule") == "dualpipe":
+        return "(p / 2 - 1)(F&B + B - 3W), DualPipe"
+    return "(p - 1) / v idle ticks"
