@@ -148,7 +148,7 @@ def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
         others = [
             c
             for c in candidates
-            if c["strategy"][keys[0]] != s[keys[0]]
+            if c["strategy"].get(keys[0]) != s.get(keys[0])
             and all(c["strategy"][k] == s[k] for k in s if k not in keys)
         ]
         if not others:
