@@ -39,17 +39,13 @@ SWEEP = [
 ]
 
 
-def layouts_per_second(gpus: int, cluster: str) -> None:
-    scenario, source = load_scenario(
-        None,
-        {
-            "model": "gpt3-175b",
-            "cluster": cluster,
-            "gpus": gpus,
-            "global_batch": 1536,
-            "seq_len": 2048,
-        },
-    )
+def layouts_per_second(gpus: int, cluster: str, roofline: bool = False) -> None:
+    """Cold and warm layouts a second; `roofline`: compute by the roofline per kernel class
+    (contention included) instead of the built-in scenario's one compute_efficiency."""
+    fields = dict(model="gpt3-175b", cluster=cluster, gpus=gpus, global_batch=1536, seq_len=2048)
+    scenario, source = load_scenario(None, fields)
+    if roofline:
+        scenario = scenario.model_copy(update={"compute_efficiency": None})
     setup = resolve(scenario, source, check=False)
     model = step_model(setup)
     layouts = enumerate_layouts(setup)
@@ -62,7 +58,8 @@ def layouts_per_second(gpus: int, cluster: str) -> None:
     model.evaluate(big)  # warm: group costs cached, the vectorised arithmetic alone
     warm = time.perf_counter() - t0
     print(
-        f"{cluster} {gpus:>6} GPUs: {len(layouts):>6} layouts ({len(found.fitting)} fit), "
+        f"{cluster} {gpus:>6} GPUs{' roofline' if roofline else ''}: "
+        f"{len(layouts):>6} layouts ({len(found.fitting)} fit), "
         f"cold {cold:6.2f} s "
         f"({len(layouts) / cold:>9,.0f}/s), warm {len(big):>7} layouts in {warm:.3f} s "
         f"({len(big) / warm:>11,.0f}/s)"
@@ -72,6 +69,7 @@ def layouts_per_second(gpus: int, cluster: str) -> None:
 def main() -> None:
     for gpus in (1024, 16384):
         layouts_per_second(gpus, "dgx-h100-ib")
+    layouts_per_second(1024, "dgx-h100-ib", roofline=True)
     t0 = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "commsim.cli.app", *SWEEP], check=True, capture_output=True
