@@ -454,10 +454,12 @@ class Scenario(Spec):
     global_batch: int = Field(ge=1)  # samples (sequences) per optimizer step
     micro_batch: int = Field(default=1, ge=1)  # samples per GPU per forward/backward
     seq_len: int | None = Field(default=None, ge=1)  # default: the model's
-    # achieved / peak FLOP/s for every FLOP: None prices compute by the roofline of
-    # step.compute (the GPU's measured kernel rates); a number (or a calibration profile's
-    # measured rate) overrides it
-    compute_efficiency: float | None = Field(default=None, gt=0, le=1)
+    # achieved / peak FLOP/s for every FLOP: None (or the word roofline) prices compute by the
+    # roofline of step.compute (the GPU's measured kernel rates); a number (or a calibration
+    # profile's measured rate) overrides it
+    compute_efficiency: Annotated[
+        float | None, BeforeValidator(lambda v: None if v == "roofline" else v)
+    ] = Field(default=None, gt=0, le=1)
     profile: str | None = None  # a calibration profile (commsim calibrate fit) for the cluster
     deepspeed: str | None = None  # a DeepSpeed ds_config.json: ZeRO stage, buckets, batch sizes
     tokens: float | None = Field(default=None, gt=0)  # training tokens, for time-to-train

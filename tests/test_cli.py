@@ -314,3 +314,22 @@ def test_python_m_runs_the_whole_command(module):
     )
     for command in ("predict", "plan", "collective", "claims", "topo", "calibrate", "testbed"):
         assert command in done.stdout
+
+
+def test_compute_efficiency_flag_picks_the_roofline_or_one_rate(tmp_path):
+    """--compute-efficiency roofline prices as a scenario without compute_efficiency does
+    (the stack's kernels then count); a number sets one rate for every FLOP."""
+    fields = dict(model="llama3-8b", cluster="dgx-h100-ib", gpus=8, global_batch=16, seq_len=8192)
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(fields | {"strategy": {"zero": 3}}))
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in fields.items()] + ["--zero", "3"]
+    by_file = run_json("predict", str(path))["step_time_s"]
+    by_flag = run_json("predict", *flags, "--compute-efficiency", "roofline")["step_time_s"]
+    assert by_flag == by_file
+    titan = run_json(
+        "predict", *flags, "--compute-efficiency", "roofline", "--kernels", "torchtitan"
+    )
+    assert titan["step_time_s"] > by_flag  # eager kernels move more bytes
+    half = run_json("predict", *flags, "--compute-efficiency", "0.5")
+    third = run_json("predict", *flags, "--compute-efficiency", "0.25")
+    assert third["compute_s"] == pytest.approx(2 * half["compute_s"], rel=0.02)

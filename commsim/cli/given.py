@@ -9,7 +9,7 @@ from typing import Any
 
 # flags that set scenario fields, by how `plan` treats them (`predict` takes them all)
 TRAINING_FLAGS = ("global_batch", "micro_batch", "seq_len", "tokens", "price_per_gpu_hour")
-TRAINING_FLAGS += ("memory_reserve",)
+TRAINING_FLAGS += ("memory_reserve", "compute_efficiency")
 LAYOUT_FLAGS = (  # the search's dimensions: a flag pins one
     *("bucket_mb", "algorithm", "placement", "overlap", "compression", "error_feedback"),
     *("tp", "pp", "ep", "etp", "zero", "recompute", "interleave", "first_stage_layers"),
@@ -42,8 +42,8 @@ def refuse_ignored(scenario: Any, given: dict[str, Any]) -> None:
             f"--kernels {_shown(given['kernels'])}",
             "",
             "prices the roofline's element-wise kernels, but this scenario computes every "
-            f"FLOP at one compute_efficiency ({scenario.compute_efficiency:g}): give a "
-            "scenario without compute_efficiency",
+            f"FLOP at one compute_efficiency ({scenario.compute_efficiency:g}): give "
+            "--compute-efficiency roofline",
         )
     if given.get("error_feedback") and strategy.compression == "none":
         raise SpecError(

@@ -205,6 +205,13 @@ ProfileOpt = Annotated[
     str | None, typer.Option(help="Calibration profile (commsim calibrate fit) for the cluster.")
 ]
 PriceOpt = Annotated[float | None, typer.Option(help="Price of one GPU-hour, for cost.")]
+EfficiencyOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Compute at this fraction of peak for every FLOP, or `roofline`: a roofline per "
+        "kernel class from the GPU's measured rates (the built-in scenario says 0.45).",
+    ),
+]
 ReserveOpt = Annotated[
     float | None,
     typer.Option(
