@@ -292,7 +292,9 @@ class _Block:
         original input); "mla_up_proj" MLA's Q and KV up-projection GEMMs and the rotary
         embedding (multi_latent_attention.py, qkv_up_proj_and_rope_apply); "moe_act" the
         routed experts' activation on each routed copy (moe/experts.py) and, under FP8, the
-        cast of its output, the down projection's input."""
+        cast of its output, the down projection's input; "mlp" a dense block's MLP (its two
+        GEMMs with their inputs' casts and its activation, as `times`), on the dense share
+        of blocks; "core_attn" replays as selective recomputation (StageTimes.core_fwd)."""
         c, t, mem = self.arch, self.tokens, self.rates.memory
         bit = [(np.asarray(parts) >> i) & 1 for i in range(len(RECOMPUTE_MODULES))]
         cast = np.where(self.fp8, FP8_CAST, 0.0)  # bytes an element of a re-cast GEMM input
@@ -307,7 +309,10 @@ class _Block:
             width = c.moe_ffn_hidden or c.ffn_hidden
             copies = t / self.tp * c.top_k * c.capacity_factor  # as _moe counts them
             act = self.moe_share * copies * width * (self.prices.act[0] + cast)
-        return bit[0] * norm / mem + bit[1] * up + bit[2] * act / mem
+        gemm, gemm_cast = self._gemms(self._mlp_gemms(c.ffn_hidden, 1.0, 1.0))
+        dense_act = t / self.tp * c.ffn_hidden * self.prices.act[0]  # as _elementwise
+        mlp = (1 - self.moe_share) * (gemm + (gemm_cast + dense_act) / mem)
+        return bit[0] * norm / mem + bit[1] * up + bit[2] * act / mem + bit[4] * mlp
 
     def op_replay(self) -> np.ndarray:
         """Seconds op-level checkpointing (memory._op_widths) recomputes of a dense block's

@@ -28,6 +28,7 @@ class Shape:
     attention_core_flops: float  # the s^2 part of block_flops (recomputed by "selective")
     op_replay_flops: float  # of block_flops, the matmuls op-level checkpointing recomputes
     mla_up_flops: float  # of block_flops, MLA's up-projections (recompute_modules mla_up_proj)
+    mlp_flops: float  # of block_flops, the dense blocks' MLP GEMMs (recompute_modules mlp)
     pre_params: float  # embedding
     pre_flops: float
     post_params: float  # final norm, LM head
@@ -62,6 +63,7 @@ class Shape:
             attention_core_flops=w.attention_flops if transformer else 0.0,
             op_replay_flops=_op_replay_flops(w) if transformer else 0.0,
             mla_up_flops=_mla_up_flops(w) if transformer else 0.0,
+            mlp_flops=_mlp_flops(w) if transformer else 0.0,
             pre_params=float(sum(x.params for x in pre)),
             pre_flops=sum(x.forward_flops for x in pre),
             post_params=float(sum(x.params for x in post)),
@@ -112,6 +114,16 @@ def _mla_up_flops(w: Workload) -> float:
     q = (c.q_lora_rank or c.hidden) * c.heads * (hd + c.rope_head_dim)
     kv = c.kv_lora_rank * c.heads * (hd + (c.v_head_dim or hd))
     return 2.0 * w.seq_len * (q + kv)
+
+
+def _mlp_flops(w: Workload) -> float:
+    """Forward FLOPs per sample of the dense blocks' MLP GEMMs (compute._Block._mlp_gemms),
+    a mean block's: up (and gate) and down projections on the dense share of blocks."""
+    c = w.arch
+    if c is None:
+        return 0.0
+    gemms = 3.0 if c.gated_mlp else 2.0
+    return (1.0 - _moe_share(w)) * 2.0 * w.seq_len * c.hidden * c.ffn_hidden * gemms
 
 
 def expert_shards(dense_shards, tp, ep, etp):
