@@ -285,6 +285,7 @@ def _check_recompute_modules(w: Workload, strategy: Strategy, src: str) -> None:
         ("moe_act", w.moe, "routed experts"),
         ("core_attn", c is not None, "transformer blocks"),
         ("mlp", dense, "dense MLP blocks"),
+        ("shared_experts", w.moe and c is not None and c.shared_experts > 0, "shared experts"),
     ):
         if module in strategy.recompute_modules and not has:
             raise SpecError(src, "strategy.recompute_modules", f"{module}: {w.name} has no {what}")

@@ -142,3 +142,48 @@ def test_a_module_the_model_lacks_is_refused():
     ds = build_workload("deepseek-v3")
     _check_recompute_modules(ds, Strategy(recompute_modules=("mlp",)), "s.yaml")
     assert np.isclose(ActivationWidths.of(ds.arch).dense_mlp, 3 / 61 * 6 * 18432 / 7168)
+
+
+SHARED = MOE.model_copy(update={"shared_experts": 1, "name": "toy-shared"})
+SHARED_CODE = recompute_code(["shared_experts"])
+
+
+def test_shared_experts_free_their_inside_by_hand():
+    # DeepSeek-V3, its 58 MoE blocks of 61: the shared expert's gate and up (2 x 2048, 2 B)
+    # and their product (2048, 2 B; FP8 1 B) a token; its input is kept (the router's)
+    c = build_workload("deepseek-v3").arch
+    per_token = 58 / 61 * 6 * 2048
+    assert _kept(c, 0) - _kept(c, SHARED_CODE) == pytest.approx(4096 * per_token)
+    fp8 = _kept(c, 0, fp8=True) - _kept(c, SHARED_CODE, fp8=True)
+    assert fp8 == pytest.approx(4096 * 58 / 61 * 5 * 2048)
+    # independent: the widths of the same model without shared experts keep the rest
+    no_shared = ActivationWidths.of(replace(c, shared_experts=0))
+    assert ActivationWidths.of(c).split - no_shared.split == pytest.approx(per_token / c.hidden)
+
+
+def test_shared_experts_replay_their_forward_by_hand():
+    # 4096 tokens on one GPU: the shared expert's gate-and-up GEMM 4096 x 1024 x 1024 and its
+    # down GEMM 4096 x 1024 x 512 (16 x 8 = 128 tiles of 256 x 128 each, one wave on 132
+    # SMs), and SwiGLU (3 x 512 values, 2 B); every block of the toy is MoE
+    rates = Rates.of(H100)
+    up = 2 * 4096 * 1024 * 1024 / (rates.gemm * 128 / 132)
+    down = 2 * 4096 * 1024 * 512 / (rates.gemm * 128 / 132)
+    act = 4096 * 3 * 512 * 2 / rates.memory
+    block = _block(build_workload(SHARED))
+    assert _replay(block, "shared_experts") == pytest.approx(up + down + act, rel=1e-12)
+    assert _replay(_block(build_workload(MOE)), "shared_experts") == 0.0
+    # independent: the workload's block FLOPs grow by the shared expert's GEMMs
+    a, b = (_model(build_workload(spec), 0.5).shape for spec in (MOE, SHARED))
+    assert b.shared_flops - a.shared_flops == pytest.approx(b.block_flops - a.block_flops)
+    assert b.shared_flops == 2 * 512 * 1024 * 512 * 3
+    assert b.module_flops(SHARED_CODE) == b.shared_flops
+
+
+def test_shared_experts_need_shared_experts():
+    for spec in (MOE, DENSE):
+        w = build_workload(spec)
+        with pytest.raises(SpecError, match="shared_experts: .* has no shared experts"):
+            _check_recompute_modules(w, Strategy(recompute_modules=("shared_experts",)), "s")
+    _check_recompute_modules(
+        build_workload(SHARED), Strategy(recompute_modules=("shared_experts",)), "s"
+    )

@@ -21,9 +21,10 @@ RECOMPUTE = ("none", "selective", "full", "op")
 # it saves inside freed, its forward re-run in the backward): "core_attn" the attention core
 # (attention.py, _checkpointed_attention_forward: what RECOMPUTE "selective" does), "mlp" a
 # dense block's MLP (transformer_layer.py: recompute_mlp, not on MoE layers), given the pre-MLP
-# norm's output. A bit each in the batch variant's recompute_parts code (bit i:
-# RECOMPUTE_MODULES[i])
-RECOMPUTE_MODULES = ("layernorm", "mla_up_proj", "moe_act", "core_attn", "mlp")
+# norm's output; "shared_experts" an MoE layer's shared experts (moe_layer.py:
+# shared_experts_recompute), given the same. A bit each in the batch variant's recompute_parts
+# code (bit i: RECOMPUTE_MODULES[i])
+RECOMPUTE_MODULES = ("layernorm", "mla_up_proj", "moe_act", "core_attn", "mlp", "shared_experts")
 
 
 def recompute_code(modules) -> int:
@@ -65,13 +66,15 @@ class ActivationWidths:
     op_whole: float = 0.0
     op_scatters: float = 4.0
     # of replicated and split: what each RECOMPUTE_MODULES entry drops (norm_out of
-    # replicated; up_proj, act_out and dense_mlp of split) and, of replicated, what "mlp"
-    # keeps more (mlp_input: its checkpoint keeps the BF16 input where FP8 GEMMs keep 1 byte)
+    # replicated; up_proj, act_out, dense_mlp and shared_mlp of split) and, of replicated,
+    # what "mlp" keeps more (mlp_input: its checkpoint keeps the BF16 input where FP8 GEMMs
+    # keep 1 byte)
     norm_out: float = 0.0
     up_proj: float = 0.0
     act_out: float = 0.0
     dense_mlp: float = 0.0
     mlp_input: float = 0.0
+    shared_mlp: float = 0.0
     # of split: what DeepSeek-V3's low-precision caching saves (fp8_cache)
     fp8_cached: float = 0.0
 
@@ -98,7 +101,9 @@ class ActivationWidths:
         latents); "moe_act" the routed experts' activation output (their down-projection's
         input, recomputed from the kept activation input); "mlp" all a dense block's MLP
         keeps inside (its input, the checkpoint's, stays: in BF16, 2 bytes, where FP8
-        GEMMs kept 1; none when "layernorm" drops it too); "core_attn" the scores, as
+        GEMMs kept 1; none when "layernorm" drops it too); "shared_experts" all an MoE
+        layer's shared experts keep inside (their input is the router's, kept in BF16 by
+        its GEMM anyway); "core_attn" the scores, as
         selective recomputation (activation_bytes_per_layer). `fp8_cached` (FP8 widths only): what
         DeepSeek-V3's low-precision caching saves (sec. 3.3.2): the MoE activation's inputs
         in FP8, 1 byte a value where BF16 keeps 2, and the attention output kept once, in
@@ -120,12 +125,13 @@ class ActivationWidths:
             return ((4.0 if c.gated_mlp else 2.0) + gemm_in) * width
 
         mlp = inside(c.ffn_hidden)
-        act_out = act_in = share = 0.0
+        act_out = act_in = share = shared = 0.0
         if c.experts > 1:
             routed = c.top_k * c.capacity_factor
             expert = c.moe_ffn_hidden or c.ffn_hidden
             moe = routed * inside(expert) + (routed - 1.0) * gemm_in * h
-            moe += inside(c.shared_experts * expert) if c.shared_experts else 0.0
+            shared = inside(c.shared_experts * expert) if c.shared_experts else 0.0
+            moe += shared
             share = (c.layers - c.dense_layers) / c.layers
             mlp = (1.0 - share) * mlp + share * moe
             act_out = share * routed * gemm_in * expert
@@ -139,6 +145,7 @@ class ActivationWidths:
             act_out=act_out / h,
             dense_mlp=(1.0 - share) * inside(c.ffn_hidden) / h,
             mlp_input=(1.0 - share) * (2.0 - gemm_in),
+            shared_mlp=share * shared / h,
             fp8_cached=(act_in + 1.5 * o) / h if fp8 else 0.0,
             **_op_widths(c, q, k, v),
         )
@@ -195,6 +202,7 @@ def activation_bytes_per_layer(
     has = [(np.asarray(parts) >> i) & 1 for i in range(len(RECOMPUTE_MODULES))]
     replicated = w.replicated - has[0] * w.norm_out + has[4] * (1 - has[0]) * w.mlp_input
     split = w.split - has[1] * w.up_proj - has[2] * w.act_out - has[4] * w.dense_mlp
+    split = split - has[5] * w.shared_mlp
     split = split - np.asarray(fp8_cache) * w.fp8_cached
     kept = sbh * (replicated / sp + (split + scores) / t)
     op = w.op_whole + (w.op_replicated + np.where(t > 1, w.op_scatters, 0.0)) / sp

@@ -37,7 +37,7 @@ import numpy as np
 from commsim.collectives.algorithms import ALGORITHMS as OP_ALGORITHMS
 from commsim.compression import parse_compressor
 from commsim.specs import GPUSpec
-from commsim.step.activations import RECOMPUTE, RECOMPUTE_MODULES, replays_core
+from commsim.step.activations import RECOMPUTE, replays_core
 from commsim.step.buckets import MIB, STAGE_KINDS, BucketPlan, stage_buckets, stage_layer_range
 from commsim.step.contention import collective_hbm_bytes, contended_tail
 from commsim.step.groups import Groups, _group_rows
@@ -304,8 +304,7 @@ class DataParallel:
         core = sh.op_replay_flops if recompute == "op" else 0.0
         core += sh.attention_core_flops if replays_core(code, parts) else 0.0
         if recompute in ("none", "selective"):
-            bit = lambda name: parts >> RECOMPUTE_MODULES.index(name) & 1  # noqa: E731
-            core += bit("mla_up_proj") * sh.mla_up_flops + bit("mlp") * sh.mlp_flops
+            core += float(sh.module_flops(parts))
         return tuple(
             BACKWARD_FACTOR * layer.forward_flops
             + (core if layer.name.startswith("block.") else 0.0)
