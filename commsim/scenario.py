@@ -278,10 +278,16 @@ def check_pins(w: Workload, strategy: Strategy, pins: set[str], src: str) -> Non
 
 def _check_recompute_modules(w: Workload, strategy: Strategy, src: str) -> None:
     """A module recomputed must be one the model has (SpecError): else it saves nothing."""
-    mla = w.arch is not None and w.arch.mla
-    for module, has in (("mla_up_proj", mla), ("moe_act", w.moe)):
+    c = w.arch
+    dense = c is not None and (not w.moe or c.dense_layers > 0)  # "mlp": dense blocks' MLPs
+    for module, has, what in (
+        ("mla_up_proj", c is not None and c.mla, "MLA's up-projections"),
+        ("moe_act", w.moe, "routed experts"),
+        ("core_attn", c is not None, "transformer blocks"),
+        ("mlp", dense, "dense MLP blocks"),
+        ("shared_experts", w.moe and c is not None and c.shared_experts > 0, "shared experts"),
+    ):
         if module in strategy.recompute_modules and not has:
-            what = "MLA's up-projections" if module == "mla_up_proj" else "routed experts"
             raise SpecError(src, "strategy.recompute_modules", f"{module}: {w.name} has no {what}")
 
 

@@ -282,7 +282,9 @@ NormBackward = Literal["two-pass", "one-pass"]
 # whose element-wise kernels the blocks and loss run (Strategy.kernels, step.eager.KERNELS)
 Kernels = Literal["megatron", "torchtitan", "torchtitan-compile", "llm-foundry"]
 # Megatron-core's output-discarding recompute_modules (step.activations.RECOMPUTE_MODULES)
-RecomputeModule = Literal["layernorm", "mla_up_proj", "moe_act"]
+RecomputeModule = Literal[
+    "layernorm", "mla_up_proj", "moe_act", "core_attn", "mlp", "shared_experts"
+]
 # the pipeline's schedule: 1F1B (interleaved with interleave > 1) or DeepSeek-V3's DualPipe
 # (arXiv:2412.19437 sec. 3.2.1; step.dualpipe)
 PipelineSchedule = Literal["1f1b", "dualpipe"]

@@ -16,9 +16,15 @@ RECOMPUTE = ("none", "selective", "full", "op")
 # "layernorm", "mla_up_proj", "moe_act"; CheckpointWithoutOutput), the mechanisms DeepSeek-V3
 # states (arXiv:2412.19437 sec. 3.2.3: "recompute all RMSNorm operations and MLA
 # up-projections during back-propagation"; sec. 3.3.2: the SwiGLU inputs of the MoE cached,
-# its output recomputed): each drops its outputs from what a layer keeps. A bit each in the
-# batch variant's recompute_parts code (bit i: RECOMPUTE_MODULES[i])
-RECOMPUTE_MODULES = ("layernorm", "mla_up_proj", "moe_act")
+# its output recomputed): each drops its outputs from what a layer keeps. Then two that
+# Megatron-core checkpoints whole (tensor_parallel.checkpoint: the module's inputs kept, all
+# it saves inside freed, its forward re-run in the backward): "core_attn" the attention core
+# (attention.py, _checkpointed_attention_forward: what RECOMPUTE "selective" does), "mlp" a
+# dense block's MLP (transformer_layer.py: recompute_mlp, not on MoE layers), given the pre-MLP
+# norm's output; "shared_experts" an MoE layer's shared experts (moe_layer.py:
+# shared_experts_recompute), given the same. A bit each in the batch variant's recompute_parts
+# code (bit i: RECOMPUTE_MODULES[i])
+RECOMPUTE_MODULES = ("layernorm", "mla_up_proj", "moe_act", "core_attn", "mlp", "shared_experts")
 
 
 def recompute_code(modules) -> int:
@@ -29,6 +35,15 @@ def recompute_code(modules) -> int:
 def recompute_names(code: int) -> tuple[str, ...]:
     """The RECOMPUTE_MODULES names of a recompute_code."""
     return tuple(m for i, m in enumerate(RECOMPUTE_MODULES) if code >> i & 1)
+
+
+def replays_core(recompute, parts) -> np.ndarray:
+    """Where a layer recomputes its attention core: Megatron's selective recomputation, or
+    the "core_attn" recompute module beside none (Megatron-core's selective granularity with
+    recompute_modules ["core_attn"], its default: the same checkpoint)."""
+    core = (np.asarray(parts) >> RECOMPUTE_MODULES.index("core_attn")) & 1
+    recompute = np.asarray(recompute)
+    return (recompute == RECOMPUTE.index("selective")) | ((recompute == 0) & (core > 0))
 
 
 @dataclass(frozen=True)
@@ -51,10 +66,15 @@ class ActivationWidths:
     op_whole: float = 0.0
     op_scatters: float = 4.0
     # of replicated and split: what each RECOMPUTE_MODULES entry drops (norm_out of
-    # replicated; up_proj and act_out of split)
+    # replicated; up_proj, act_out, dense_mlp and shared_mlp of split) and, of replicated,
+    # what "mlp" keeps more (mlp_input: its checkpoint keeps the BF16 input where FP8 GEMMs
+    # keep 1 byte)
     norm_out: float = 0.0
     up_proj: float = 0.0
     act_out: float = 0.0
+    dense_mlp: float = 0.0
+    mlp_input: float = 0.0
+    shared_mlp: float = 0.0
     # of split: what DeepSeek-V3's low-precision caching saves (fp8_cache)
     fp8_cached: float = 0.0
 
@@ -79,7 +99,12 @@ class ActivationWidths:
         MLP's inputs, in whatever format they are kept: recomputed for their GEMMs' backward
         from the norm inputs, which stay); "mla_up_proj" MLA's Q, K and V (recomputed from the
         latents); "moe_act" the routed experts' activation output (their down-projection's
-        input, recomputed from the kept activation input). `fp8_cached` (FP8 widths only): what
+        input, recomputed from the kept activation input); "mlp" all a dense block's MLP
+        keeps inside (its input, the checkpoint's, stays: in BF16, 2 bytes, where FP8
+        GEMMs kept 1; none when "layernorm" drops it too); "shared_experts" all an MoE
+        layer's shared experts keep inside (their input is the router's, kept in BF16 by
+        its GEMM anyway); "core_attn" the scores, as
+        selective recomputation (activation_bytes_per_layer). `fp8_cached` (FP8 widths only): what
         DeepSeek-V3's low-precision caching saves (sec. 3.3.2): the MoE activation's inputs
         in FP8, 1 byte a value where BF16 keeps 2, and the attention output kept once, in
         E5M6 (1.5 bytes), for both the attention's backward and the output projection's,
@@ -100,12 +125,13 @@ class ActivationWidths:
             return ((4.0 if c.gated_mlp else 2.0) + gemm_in) * width
 
         mlp = inside(c.ffn_hidden)
-        act_out = act_in = 0.0
+        act_out = act_in = share = shared = 0.0
         if c.experts > 1:
             routed = c.top_k * c.capacity_factor
             expert = c.moe_ffn_hidden or c.ffn_hidden
             moe = routed * inside(expert) + (routed - 1.0) * gemm_in * h
-            moe += inside(c.shared_experts * expert) if c.shared_experts else 0.0
+            shared = inside(c.shared_experts * expert) if c.shared_experts else 0.0
+            moe += shared
             share = (c.layers - c.dense_layers) / c.layers
             mlp = (1.0 - share) * mlp + share * moe
             act_out = share * routed * gemm_in * expert
@@ -117,6 +143,9 @@ class ActivationWidths:
             norm_out=2.0 * gemm_in,
             up_proj=2.0 * (q + k + v) / h if c.mla else 0.0,
             act_out=act_out / h,
+            dense_mlp=(1.0 - share) * inside(c.ffn_hidden) / h,
+            mlp_input=(1.0 - share) * (2.0 - gemm_in),
+            shared_mlp=share * shared / h,
             fp8_cached=(act_in + 1.5 * o) / h if fp8 else 0.0,
             **_op_widths(c, q, k, v),
         )
@@ -166,13 +195,14 @@ def activation_bytes_per_layer(
     # the 2sbh layer input, /t under sequence parallelism (Megatron stores it sharded)
     sbh = np.asarray(s, float) * b * h
     recompute = np.asarray(recompute)
-    no_scores = (recompute != 0) | np.asarray(flash)
+    no_scores = (recompute != 0) | np.asarray(flash) | replays_core(recompute, parts)
     scores = np.where(no_scores, 0.0, widths.scores * a * s / h)
     sp = np.where(sequence_parallel, t, 1)
     w = widths
     has = [(np.asarray(parts) >> i) & 1 for i in range(len(RECOMPUTE_MODULES))]
-    replicated = w.replicated - has[0] * w.norm_out
-    split = w.split - has[1] * w.up_proj - has[2] * w.act_out
+    replicated = w.replicated - has[0] * w.norm_out + has[4] * (1 - has[0]) * w.mlp_input
+    split = w.split - has[1] * w.up_proj - has[2] * w.act_out - has[4] * w.dense_mlp
+    split = split - has[5] * w.shared_mlp
     split = split - np.asarray(fp8_cache) * w.fp8_cached
     kept = sbh * (replicated / sp + (split + scores) / t)
     op = w.op_whole + (w.op_replicated + np.where(t > 1, w.op_scatters, 0.0)) / sp

@@ -292,7 +292,10 @@ class _Block:
         original input); "mla_up_proj" MLA's Q and KV up-projection GEMMs and the rotary
         embedding (multi_latent_attention.py, qkv_up_proj_and_rope_apply); "moe_act" the
         routed experts' activation on each routed copy (moe/experts.py) and, under FP8, the
-        cast of its output, the down projection's input."""
+        cast of its output, the down projection's input; "mlp" a dense block's MLP (its two
+        GEMMs with their inputs' casts and its activation, as `times`), on the dense share
+        of blocks; "shared_experts" an MoE block's shared experts, as `_moe` runs them;
+        "core_attn" replays as selective recomputation (StageTimes.core_fwd)."""
         c, t, mem = self.arch, self.tokens, self.rates.memory
         bit = [(np.asarray(parts) >> i) & 1 for i in range(len(RECOMPUTE_MODULES))]
         cast = np.where(self.fp8, FP8_CAST, 0.0)  # bytes an element of a re-cast GEMM input
@@ -307,7 +310,13 @@ class _Block:
             width = c.moe_ffn_hidden or c.ffn_hidden
             copies = t / self.tp * c.top_k * c.capacity_factor  # as _moe counts them
             act = self.moe_share * copies * width * (self.prices.act[0] + cast)
-        return bit[0] * norm / mem + bit[1] * up + bit[2] * act / mem
+        gemm, gemm_cast = self._gemms(self._mlp_gemms(c.ffn_hidden, 1.0, 1.0))
+        dense_act = t / self.tp * c.ffn_hidden * self.prices.act[0]  # as _elementwise
+        mlp = (1 - self.moe_share) * (gemm + (gemm_cast + dense_act) / mem)
+        gemm, gemm_cast, shared_act = self._shared_experts()
+        shared = self.moe_share * (gemm + (gemm_cast + shared_act) / mem)
+        out = bit[0] * norm / mem + bit[1] * up + bit[2] * act / mem + bit[4] * mlp
+        return out + bit[5] * shared
 
     def op_replay(self) -> np.ndarray:
         """Seconds op-level checkpointing (memory._op_widths) recomputes of a dense block's
@@ -390,18 +399,26 @@ class _Block:
         routed, local = c.top_k * c.capacity_factor, c.experts / self.ep
         rows = self.etp * self.ep * routed / (self.tp * c.experts)  # per local expert, per token
         router = gemm_seconds(t / self.tp, c.experts, c.hidden, self.rates.gemm, self.rates.sms)
-        shared = self._mlp_gemms(width * c.shared_experts, 1.0, 1.0) if c.shared_experts else []
-        shared_f, shared_cast = self._gemms(shared)
+        shared_f, shared_cast, shared_act = self._shared_experts()
         experts = self._mlp_gemms(width, rows, local, self.etp)
         expert_f, expert_cast = self._gemms(experts, np.minimum(local, GROUPED_GEMM_STREAMS))
         copies = t / self.tp * routed  # routed copies of the GPU's tokens
         act = (3 if c.gated_mlp else 2) * width * ACT  # the activation of a row of width
-        act = copies * act + t * act * c.shared_experts / self.tp  # routed (all etp), shared
+        act = copies * act + shared_act  # routed (all etp), shared
         scores = t / self.tp * c.experts * ROUTER_BYTES
         sorted_rows = np.where(local > 1, self.etp * copies, 0.0)
         moved = 2 * PERMUTE_PASS * (copies + sorted_rows) * c.hidden * ACT
         seconds = router + shared_f + expert_f
         return seconds, shared_cast + expert_cast, act + scores, moved
+
+    def _shared_experts(self):
+        """(GEMM seconds, cast bytes, activation HBM bytes) of an MoE layer's shared experts'
+        forward: a dense MLP of shared_experts x the expert width over tp, on every token."""
+        c = self.arch
+        width = (c.moe_ffn_hidden or c.ffn_hidden) * c.shared_experts
+        seconds, cast = self._gemms(self._mlp_gemms(width, 1.0, 1.0) if width else [])
+        act = (3 if c.gated_mlp else 2) * width * ACT * self.tokens / self.tp
+        return seconds, cast, act
 
     def _core(self, b, cp):
         """(seconds, HBM bytes) of the attention core's forward."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from commsim.step.activations import replays_core
 from commsim.step.kernel_bytes import ATTENTION_BACKWARD
 
 MERGE_INIT = 2 + 4  # forward, step 0: read its bf16 output, write the fp32 accumulator
@@ -48,11 +49,11 @@ def merge_bytes(cp, queries, keys) -> tuple[np.ndarray, np.ndarray]:
     return np.where(on, forward, 0.0), np.where(on, backward, 0.0)
 
 
-def replays_attention(recompute) -> np.ndarray:
-    """Recomputation codes (step.memory.RECOMPUTE) that replay attention, its ring steps
-    with it: selective and full; op-level checkpointing keeps the attention's output."""
-    recompute = np.asarray(recompute)
-    return (recompute == 1) | (recompute == 2)
+def replays_attention(recompute, parts) -> np.ndarray:
+    """Recomputation codes (step.memory.RECOMPUTE) and recompute_modules codes (`parts`) that
+    replay attention, its ring steps with it: selective (or core_attn) and full; op-level
+    checkpointing keeps the attention's output."""
+    return replays_core(recompute, parts) | (np.asarray(recompute) == 2)
 
 
 def ring_attention(cp, step, core, merge_fwd, merge_bwd, hbm: float):

@@ -37,6 +37,7 @@ import numpy as np
 from commsim.collectives.algorithms import ALGORITHMS as OP_ALGORITHMS
 from commsim.compression import parse_compressor
 from commsim.specs import GPUSpec
+from commsim.step.activations import RECOMPUTE, replays_core
 from commsim.step.buckets import MIB, STAGE_KINDS, BucketPlan, stage_buckets, stage_layer_range
 from commsim.step.contention import collective_hbm_bytes, contended_tail
 from commsim.step.groups import Groups, _group_rows
@@ -197,7 +198,7 @@ class DataParallel:
         if r["zero"] != 3:  # ZeRO-3 syncs per unit (step.fsdp)
             stage = STAGE_KINDS[kind]
             counts = chunk_blocks(stage, blocks, v)
-            weights = self.layer_weights(r["recompute"])
+            weights = self.layer_weights(r["recompute"], int(L.recompute_parts[i]))
             for c in reversed(range(v)):  # the last chunk finishes its backward first
                 part = chunk_kind(stage, c, v)
                 if not self._holds_layers(part, counts[c]):
@@ -294,11 +295,16 @@ class DataParallel:
 
         return price
 
-    def layer_weights(self, recompute: str) -> tuple[float, ...]:
+    def layer_weights(self, recompute: str, parts: int = 0) -> tuple[float, ...]:
         """Each workload layer's share of a backward (any scale): 2x its forward FLOPs, and
-        in the blocks what selective (the attention core) or op-level checkpointing replays."""
-        replays = {"selective": self.shape.attention_core_flops, "op": self.shape.op_replay_flops}
-        core = replays.get(recompute, 0.0)
+        in the blocks what selective (the attention core; or the core_attn module: `parts`, a
+        recompute_code) or op-level checkpointing replays, and the mla_up_proj and mlp
+        modules' GEMMs beside none or selective (step.model's hfu counts the same)."""
+        sh, code = self.shape, RECOMPUTE.index(recompute)
+        core = sh.op_replay_flops if recompute == "op" else 0.0
+        core += sh.attention_core_flops if replays_core(code, parts) else 0.0
+        if recompute in ("none", "selective"):
+            core += float(sh.module_flops(parts))
         return tuple(
             BACKWARD_FACTOR * layer.forward_flops
             + (core if layer.name.startswith("block.") else 0.0)
@@ -317,6 +323,7 @@ _SYNC_KEY = (
     "bucket_mb",
     "first_bucket_mb",
     "recompute",
+    "recompute_parts",
     "zero",
     "algorithm",
     "placement",

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from commsim.specs import GPUSpec
-from commsim.step.activations import RECOMPUTE_MODULES
+from commsim.step.activations import replays_core
 from commsim.step.compute import Rates, StageTimes, stage_times
 from commsim.step.contention import (
     beside_sync,
@@ -48,7 +48,6 @@ from commsim.workload.model import BACKWARD_FACTOR, Workload
 
 ACT_BYTES = 2  # bf16 activations on the wire (tensor-parallel collectives, pipeline sends)
 ALL_TO_ALLS_FORWARD = 2  # per MoE layer: dispatch tokens to experts, combine them back (GShard)
-MLA_UP = RECOMPUTE_MODULES.index("mla_up_proj")  # the recompute module with FLOPs of its own
 
 
 def tp_bytes(L: Layouts, sh: Shape) -> np.ndarray:
@@ -237,11 +236,12 @@ class StepModel:
         peak = self.n * self.gpu.peak_flops
         model = 3.0 * sh.model_flops * self.global_batch
         recomputed = np.select(
-            [L.recompute == 2, L.recompute == 1, L.recompute == 3],
+            [L.recompute == 2, replays_core(L.recompute, L.recompute_parts), L.recompute == 3],
             [sh.model_flops, sh.blocks * sh.attention_core_flops, sh.blocks * sh.op_replay_flops],
             0.0,
         )
-        recomputed = recomputed + sh.blocks * self._module_replay(L) * sh.mla_up_flops
+        gemms = self._module_replay(L) * sh.module_flops(L.recompute_parts)
+        recomputed = recomputed + sh.blocks * gemms
         return StepBreakdown(
             step=step,
             compute=m * (c.forward + c.backward),
@@ -266,13 +266,12 @@ class StepModel:
         )
 
     @staticmethod
-    def _module_replay(L: Layouts, bit: int | None = MLA_UP) -> np.ndarray:
-        """1 where a layout recomputes RECOMPUTE_MODULES[bit] (mla_up_proj by default) and
-        no full or op-level recomputation replays the forward anyway (the modules free
-        nothing there: step.activations), else 0; `bit` None: any module."""
+    def _module_replay(L: Layouts) -> np.ndarray:
+        """1 where a layout recomputes any of the RECOMPUTE_MODULES and no full or op-level
+        recomputation replays the forward anyway (the modules free nothing there:
+        step.activations), else 0."""
         free = np.isin(L.recompute, (0, 1))
-        parts = L.recompute_parts if bit is None else (L.recompute_parts >> bit) & 1
-        return np.where(free & (parts > 0), 1.0, 0.0)
+        return np.where(free & (L.recompute_parts > 0), 1.0, 0.0)
 
     def compute(self, L: Layouts, rates: Rates | None = None) -> Compute:
         """Each layout's slowest stage (the first, with the embedding; a middle one; the
@@ -299,10 +298,10 @@ class StepModel:
         # op: the matmuls and element-wise work op-level checkpointing did not keep; the
         # recompute_modules' forward beside none or selective
         extra = np.select(
-            [L.recompute == 2, L.recompute == 1, L.recompute == 3],
+            [L.recompute == 2, replays_core(L.recompute, L.recompute_parts), L.recompute == 3],
             [forward, blocks * t.core_fwd, blocks * t.op_replay],
         )
-        extra = extra + self._module_replay(L, None) * blocks * t.module_replay
+        extra = extra + self._module_replay(L) * blocks * t.module_replay
         backward = backward + extra
         return Compute(blocks, forward, backward, t.block_fwd, t.block_bwd, t.core_fwd, wgrad)
 
@@ -333,7 +332,7 @@ class StepModel:
         linear = (sh.block_flops - sh.attention_core_flops) / linear_rate
         block = linear + core
         replay = sh.op_replay_flops / linear_rate
-        modules = ((L.recompute_parts >> MLA_UP) & 1) * sh.mla_up_flops / linear_rate
+        modules = sh.module_flops(L.recompute_parts) / linear_rate
         pre, post = sh.pre_flops / rate, sh.post_flops / rate
         b = BACKWARD_FACTOR
         if not sh.blocks:  # no blocks: the whole model as the layers before them
@@ -369,7 +368,8 @@ class StepModel:
         merge_f, merge_b = cp_merge_bytes(L, self.shape, arch)
         hbm = self.gpu.stream_bandwidth
         fwd, bwd = ring_attention(L.cp, step, c.core_fwd, merge_f, merge_b, hbm)
-        return c.blocks * fwd, c.blocks * (bwd + np.where(replays_attention(L.recompute), fwd, 0))
+        again = replays_attention(L.recompute, L.recompute_parts)
+        return c.blocks * fwd, c.blocks * (bwd + np.where(again, fwd, 0))
 
     def _expert_parallel(self, L: Layouts, c: Compute):
         """Seconds of the expert layers' collectives per micro-batch, forward and backward:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from commsim.step.activations import RECOMPUTE_MODULES
 from commsim.workload.model import Workload
 
 
@@ -28,6 +29,8 @@ class Shape:
     attention_core_flops: float  # the s^2 part of block_flops (recomputed by "selective")
     op_replay_flops: float  # of block_flops, the matmuls op-level checkpointing recomputes
     mla_up_flops: float  # of block_flops, MLA's up-projections (recompute_modules mla_up_proj)
+    mlp_flops: float  # of block_flops, the dense blocks' MLP GEMMs (recompute_modules mlp)
+    shared_flops: float  # of block_flops, the shared experts' GEMMs (shared_experts)
     pre_params: float  # embedding
     pre_flops: float
     post_params: float  # final norm, LM head
@@ -62,6 +65,8 @@ class Shape:
             attention_core_flops=w.attention_flops if transformer else 0.0,
             op_replay_flops=_op_replay_flops(w) if transformer else 0.0,
             mla_up_flops=_mla_up_flops(w) if transformer else 0.0,
+            mlp_flops=_mlp_flops(w) if transformer else 0.0,
+            shared_flops=_shared_flops(w) if transformer else 0.0,
             pre_params=float(sum(x.params for x in pre)),
             pre_flops=sum(x.forward_flops for x in pre),
             post_params=float(sum(x.params for x in post)),
@@ -73,6 +78,14 @@ class Shape:
             moe_share=_moe_share(w),
             shared_experts=w.arch.shared_experts if w.moe and w.arch is not None else 0,
         )
+
+    def module_flops(self, parts):
+        """Forward FLOPs per sample of a mean block's GEMMs that the recompute_modules in
+        `parts` (activations.recompute_code) replay: mla_up_proj, mlp and shared_experts;
+        the others replay element-wise work or the attention core (counted as selective)."""
+        bit = lambda name: (np.asarray(parts) >> RECOMPUTE_MODULES.index(name)) & 1  # noqa: E731
+        flops = bit("mla_up_proj") * self.mla_up_flops + bit("mlp") * self.mlp_flops
+        return flops + bit("shared_experts") * self.shared_flops
 
     @property
     def tp_collectives(self) -> float:
@@ -112,6 +125,27 @@ def _mla_up_flops(w: Workload) -> float:
     q = (c.q_lora_rank or c.hidden) * c.heads * (hd + c.rope_head_dim)
     kv = c.kv_lora_rank * c.heads * (hd + (c.v_head_dim or hd))
     return 2.0 * w.seq_len * (q + kv)
+
+
+def _mlp_flops(w: Workload) -> float:
+    """Forward FLOPs per sample of the dense blocks' MLP GEMMs (compute._Block._mlp_gemms),
+    a mean block's: up (and gate) and down projections on the dense share of blocks."""
+    c = w.arch
+    if c is None:
+        return 0.0
+    gemms = 3.0 if c.gated_mlp else 2.0
+    return (1.0 - _moe_share(w)) * 2.0 * w.seq_len * c.hidden * c.ffn_hidden * gemms
+
+
+def _shared_flops(w: Workload) -> float:
+    """Forward FLOPs per sample of the shared experts' GEMMs (compute._Block._shared_experts),
+    a mean block's: a dense MLP of shared_experts x the expert width on the MoE blocks."""
+    c = w.arch
+    if c is None or not w.moe or not c.shared_experts:
+        return 0.0
+    width = (c.moe_ffn_hidden or c.ffn_hidden) * c.shared_experts
+    gemms = 3.0 if c.gated_mlp else 2.0
+    return _moe_share(w) * 2.0 * w.seq_len * c.hidden * width * gemms
 
 
 def expert_shards(dense_shards, tp, ep, etp):

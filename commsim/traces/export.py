@@ -315,7 +315,7 @@ def _ring(model, L: Layouts, blocks: float) -> Ring:
     merge_f, merge_b = cp_merge_bytes(L, model.shape, model.workload.arch)
     hbm = model.gpu.stream_bandwidth  # as the step model prices the merges
     merge = (float(merge_f[0]) / hbm, float(merge_b[0]) / hbm)
-    replay = bool(replays_attention(L.recompute)[0])
+    replay = bool(replays_attention(L.recompute, L.recompute_parts)[0])
     return Ring(int(round(blocks)), nbytes, step, core, int(L.cp[0]), merge, replay)
 
 
