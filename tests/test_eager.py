@@ -132,24 +132,28 @@ def test_fsdp2_copy_out_by_hand(kernels):
     assert float(foundry) == float(_times(LLAMA, "llm-foundry", zero=1).block_fwd[0])
 
 
-def test_predict_and_the_search_agree_on_a_stack():
-    """The search carries the scenario's kernels to every layout and prices them as predict."""
+@pytest.mark.parametrize("stack", ["torchtitan", "llm-foundry"])
+def test_predict_and_the_search_agree_on_a_stack(stack):
+    """The search carries the scenario's kernels to every layout and prices them, the
+    optimizer step included, as predict."""
     fields = dict(model=LLAMA, cluster="dgx-h100-ib", gpus=16, global_batch=32, seq_len=256)
-    sc, src = load_scenario(None, fields | {"kernels": "torchtitan", "states": "fsdp"})
+    sc, src = load_scenario(None, fields | {"kernels": stack, "states": "fsdp"})
     setup = resolve(sc.model_copy(update={"compute_efficiency": None}), src, check=False)
     layouts = enumerate_layouts(setup)
-    assert (layouts.kernels == eager.KERNELS.index("torchtitan")).all()
+    assert (layouts.kernels == eager.KERNELS.index(stack)).all()
     found = search(step_model(setup), layouts)
     rank = {int(i): k for k, i in enumerate(found.fitting)}
     z3 = [i for i in found.fitting if layouts.zero[i] == 3]
     picks = np.random.default_rng(5).choice(z3, size=min(8, len(z3)), replace=False)
     for i in picks:
         strategy = layouts.strategy(int(i), setup.scenario.strategy)
-        assert strategy.kernels == "torchtitan"
+        assert strategy.kernels == stack
         sc = setup.scenario.model_copy(update={"micro_batch": int(layouts.micro_batch[i])})
         variant = type(setup)(sc, setup.source, setup.cluster, setup.gpu, setup.workload)
         got = predict(variant, strategy)
-        assert got.step_time_s == pytest.approx(float(found.breakdown.step[rank[int(i)]]), 1e-9)
+        k = rank[int(i)]
+        assert got.step_time_s == pytest.approx(float(found.breakdown.step[k]), 1e-9)
+        assert got.parts["optimizer_s"] == pytest.approx(float(found.breakdown.optimizer[k]))
 
 
 def test_what_if_takes_the_stack():

@@ -8,9 +8,10 @@ from commsim.planner.search import DDP_BUCKETS_MB
 from commsim.specs import Strategy
 from commsim.step.buckets import MIB, assign_buckets, first_bucket_mb, stage_buckets
 from commsim.step.layouts import DTYPE_BYTES
+from commsim.step.optimizer import adam_step_time
 from commsim.step.predict import ddp_timeline
 from commsim.step.sync import BucketCosts
-from commsim.step.timeline import adam_step_time, schedule_streams
+from commsim.step.timeline import schedule_streams
 from commsim.workload.model import layer_times
 from commsim.workload.presets import build_workload
 
@@ -309,28 +310,3 @@ def test_simulate_step_gpt2_xl():
     assert sum(b.bytes for b in bf16.buckets) == 2 * w.params
     assert bf16.comm_s == pytest.approx(2 * w.params / 1e11)
     assert bf16.exposed_comm_s == pytest.approx(bf16.comm_s)
-
-
-def test_adam_step_bytes_pass_by_pass():
-    """The optimizer step's HBM bytes a parameter, kernel by kernel as Megatron-core runs it
-    (each pass: the tensors it reads and writes, by their bytes an element): 50 with fp32
-    main gradients, 54 with a 16-bit gradient buffer (its cast to fp32 comes first)."""
-    fp32, half = 4, 2
-    passes = {
-        "grad norm": ((fp32,), ()),
-        "clip": ((fp32,), (fp32,)),
-        "adam": ((fp32, fp32, fp32, fp32), (fp32, fp32, fp32)),  # g, p, m, v -> p, m, v
-        "copy to 16-bit params": ((fp32,), (half,)),
-    }
-    body = sum(sum(r) + sum(w) for r, w in passes.values())
-    h100 = gpu("h100")
-    for grad, cast in ((fp32, 0), (half, half + fp32)):
-        want = 1e9 * (body + grad + cast) / h100.stream_bandwidth  # + zeroing the buffer
-        assert adam_step_time(1e9, h100, grad) == pytest.approx(want)
-    assert adam_step_time(1e9, h100, 4) == pytest.approx(1e9 * 50 / 2.97e12)
-    assert adam_step_time(1e9, h100, 2) == pytest.approx(1e9 * 54 / 2.97e12)
-    # bf16 moments (DeepSeek-V3): Adam reads and writes m and v at 2 bytes: 42 a parameter
-    adam = ((fp32, fp32, half, half), (fp32, half, half))  # g, p, m, v -> p, m, v
-    bf16 = body - sum(map(sum, passes["adam"])) + sum(map(sum, adam)) + fp32
-    assert adam_step_time(1e9, h100, 4, moment_bytes=2) == pytest.approx(1e9 * bf16 / 2.97e12)
-    assert bf16 == 42

@@ -18,6 +18,7 @@ from collections import Counter
 import numpy as np
 
 from commsim.step.contention import collective_hbm_bytes, contended_compute, exposed
+from commsim.step.eager import KERNELS
 from commsim.step.sync import PARAM_WIRE_BYTES
 
 # DeepSpeed's stage3_param_persistence_threshold default (deepspeed/runtime/zero/constants.py,
@@ -31,6 +32,21 @@ EAGER_OP_S = 2.26e-6
 # (Wu et al. 2026, "DualPath", arXiv:2602.21548 section 5.2: KV-cache blocks between host
 # buffers and HBM; a device-to-device copy is taken to cost the same); the midpoint
 MEMCPY_SUBMIT_S = 6e-6
+
+
+def fsdp1_pre_reduce_bytes(kernels, grad_bytes) -> np.ndarray:
+    """HBM bytes a parameter of a unit that FSDP1 (llm-foundry's Composer; torch 2.1
+    torch/distributed/fsdp/_runtime_utils.py) moves before each reduce-scatter, on the
+    post-backward stream beside the compute: _post_backward_hook casts the bf16 gradient to
+    the reduce dtype where it differs (grad.to: read 2, write the gradient's width), then
+    _reduce_grad's _div_if_needed divides the whole padded gradient in place by the
+    pre-divide factor (above 1 on 2 or more ranks: read and write it); 14 in fp32. Left out:
+    the post-divide and accumulation on the shard (1 / n of that), and FSDP2's copy into its
+    reduce-scatter buffer (torchtitan), not yet counted from its code."""
+    grad_bytes = np.asarray(grad_bytes, dtype=float)
+    cast = np.where(grad_bytes > PARAM_WIRE_BYTES, PARAM_WIRE_BYTES + grad_bytes, 0.0)
+    fsdp1 = np.asarray(kernels) == KERNELS.index("llm-foundry")
+    return np.where(fsdp1, cast + 2 * grad_bytes, 0.0)
 
 
 def fsdp_per_micro_batch(model, L, c) -> tuple[np.ndarray, np.ndarray]:
@@ -72,13 +88,14 @@ def _per_unit(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:
 
 def _beside_units(model, Z, params, forward_comm, backward_comm):
     """A block's forward and backward seconds beside its neighbour's collectives
-    (step.contention): the forward beside a unit's all-gather, the backward beside a gather
-    and a reduce-scatter, on the sharding group; the block's own times where the model
-    prices compute at one efficiency."""
+    (step.contention): the forward beside a unit's all-gather, the backward beside a gather,
+    a reduce-scatter and FSDP1's cast before it, on the sharding group; the block's own times
+    where the model prices compute at one efficiency."""
     shard = np.where(Z.fsdp_shard > 0, Z.fsdp_shard, Z.dp) * Z.cp
     kinds = np.where(Z.fsdp_shard > 0, "shard", "dp")
     gather = collective_hbm_bytes("all-gather", params * PARAM_WIRE_BYTES, shard)
     scatter = collective_hbm_bytes("reduce-scatter", params * Z.grad_bytes, shard)
+    scatter = scatter + params * fsdp1_pre_reduce_bytes(Z.kernels, Z.grad_bytes)
     fwd = contended_compute(model, Z, kinds, gather, forward_comm)
     bwd = contended_compute(model, Z, kinds, gather + scatter, backward_comm)
     if fwd is None or bwd is None:

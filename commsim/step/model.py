@@ -39,9 +39,9 @@ from commsim.step.fsdp import fsdp_per_micro_batch
 from commsim.step.groups import Groups, _group_rows
 from commsim.step.layouts import Layouts
 from commsim.step.memory import MEMORY_RESERVE, memory_per_gpu_batch, usable_bytes
+from commsim.step.optimizer import adam_step_time
 from commsim.step.pipeline import schedule_group
 from commsim.step.shape import Shape, slowest, stage_layers
-from commsim.step.timeline import adam_step_time
 from commsim.step.workspace import workspace_bytes
 from commsim.topology.build import Cluster
 from commsim.workload.model import BACKWARD_FACTOR, Workload
@@ -230,7 +230,7 @@ class StepModel:
         slowed = beside_sync(self, L, c)
         dp_comm, tail, codec, local_params, sync_rate = self.dp.sync(L, x_b, x_f, slowed)
         zero3 = L.zero == 3
-        optimizer = adam_step_time(local_params, self.gpu, L.grad_bytes, L.moment_bytes)
+        optimizer = adam_step_time(local_params, self.gpu, L.grad_bytes, L.moment_bytes, L.kernels)
         step = pipeline + tail + optimizer
         memory = self.memory(L)
         peak = self.n * self.gpu.peak_flops
@@ -315,7 +315,7 @@ class StepModel:
         c = self.compute(one)
         steps = self.global_batch / L.micro_batch
         return steps * (c.forward + c.backward) + adam_step_time(
-            self.shape.total_params, self.gpu, L.grad_bytes, L.moment_bytes
+            self.shape.total_params, self.gpu, L.grad_bytes, L.moment_bytes, L.kernels
         )
 
     def _stage_times(self, L: Layouts, rates: Rates | None = None) -> StageTimes:

@@ -16,41 +16,9 @@ from itertools import chain
 
 import numpy as np
 
-from commsim.specs import GPUSpec
-
 AllReduceTime = Callable[[np.ndarray], np.ndarray]  # bucket bytes -> seconds, elementwise
 # bucket bytes -> (encode seconds, decode seconds) of a compressing comm hook, elementwise
 CodecTime = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
-
-
-# HBM bytes a parameter of a mixed-precision optimizer step (Megatron-core's
-# MixedPrecisionOptimizer.step and DistributedOptimizer, megatron/core/optimizer/optimizer.py at
-# 0011998, clip_grads.py at 0293807; Apex's FusedAdam, csrc/multi_tensor_adam.cu), with fp32
-# main gradients: the grad norm (multi_tensor_l2norm reads the fp32 gradient: 4); the clip
-# (clip_grad_by_total_norm_fp32 scales them by a clamped tensor coefficient every step, read
-# and write: 8; torch's clip_grad_norm_ does too); Adam (reads gradient, fp32 parameter, m and
-# v, writes parameter, m and v: 28); the copy back to the 16-bit parameters
-# (_copy_main_params_to_model_params: read 4, write 2); the next step's zeroing of the
-# gradient buffer (param_and_grad_buffer's grad_data.zero_(): the gradient's bytes). A 16-bit
-# gradient buffer adds its cast to fp32 main gradients (_copy_model_grads_to_main_grads,
-# main_grad.float(): read 2, write 4); an fp32 one is used as it is (.float() is no copy).
-# Adam's 28 are 12 (gradient and parameter read, parameter written) and its moments m and v
-# read and written, 4 moment-widths: 16 in fp32, 8 in bf16 (DeepSeek-V3, sec. 3.3.3).
-OPTIMIZER_HBM_BYTES = 4 + 8 + 12 + (4 + 2)
-MAIN_GRAD_CAST = 2 + 4
-MOMENT_PASSES = 4
-
-
-def adam_step_time(params, gpu: GPUSpec, grad_bytes=4, moment_bytes=4):
-    """Seconds of a memory-bound mixed-precision Adam step over `params` parameters whose
-    gradients are `grad_bytes` wide and moments `moment_bytes`: OPTIMIZER_HBM_BYTES, the moments'
-    passes, the buffer's zeroing, and the cast to fp32 of a 16-bit one, a parameter, at the
-    HBM bandwidth streaming kernels reach."""
-    grad_bytes = np.asarray(grad_bytes, dtype=float)
-    cast = np.where(grad_bytes < 4, MAIN_GRAD_CAST, 0.0)
-    moments = MOMENT_PASSES * np.asarray(moment_bytes, dtype=float)
-    per_param = OPTIMIZER_HBM_BYTES + moments + grad_bytes + cast
-    return params * per_param / gpu.stream_bandwidth
 
 
 @dataclass(frozen=True)
