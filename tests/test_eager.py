@@ -193,3 +193,12 @@ def test_the_flag_in_predict_and_plan(tmp_path):
     assert {c["strategy"]["kernels"] for c in plan["candidates"]} == {"torchtitan"}
     bad = run.invoke(app, ["predict", *common, "--kernels", "jax"])
     assert bad.exit_code == 2 and bad.output.count("\n") == 1 and "--kernels jax" in bad.output
+
+
+@pytest.mark.parametrize("kernels", ["megatron", "torchtitan", "llm-foundry"])
+def test_scaling_efficiency_is_one_on_one_gpu_whatever_the_kernels(kernels):
+    """The single-GPU reference runs the layout's own kernels: one GPU is its own reference."""
+    fields = dict(model="llama2-7b", cluster="dgx-h100-ib", gpus=1, global_batch=4, seq_len=2048)
+    fields |= dict(compute_efficiency="roofline", kernels=kernels)
+    scenario, source = load_scenario(None, fields)
+    assert predict(resolve(scenario, source)).scaling_efficiency == pytest.approx(1.0)

@@ -310,7 +310,12 @@ class StepModel:
         micro-batch and kernels, with no communication or recomputation: the reference of
         scaling efficiency."""
         one = Layouts.build(
-            micro_batch=L.micro_batch, fp8=L.fp8, flash=L.flash, grad_dtype=L.grad_dtype
+            micro_batch=L.micro_batch,
+            fp8=L.fp8,
+            flash=L.flash,
+            grad_dtype=L.grad_dtype,
+            kernels=L.kernels,  # the stack's element-wise kernels, as the layout runs them
+            norm_backward=L.norm_backward,
         )
         c = self.compute(one)
         steps = self.global_batch / L.micro_batch
