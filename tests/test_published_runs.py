@@ -174,3 +174,5 @@ def test_the_script_runs_every_row_or_says_why_not(capsys):
             "not priced by the installed commsim" in out and run["id"] in out
         )
     assert len(priced) >= 24
+    # issue 10: no layout a published run trained is reported as not fitting
+    assert "memory model says it does not fit" not in out
