@@ -99,9 +99,6 @@ def goodput_cmd(
 ) -> None:
     """Goodput under failures: MTTI, checkpoint interval (Young, Daly, optimum), restart,
     badput breakdown, spares, and time to train and cost with failures next to the ideal."""
-    from commsim.reliability import goodput as gp
-    from commsim.reliability import stragglers
-    from commsim.reliability.montecarlo import simulate
     from commsim.report import goodput as out
     from commsim.scenario import load_scenario, resolve
 
@@ -131,49 +128,68 @@ def goodput_cmd(
         if len(sizes) > 1 or (gpus and ":" in gpus):
             return _sizing(spec, source, sizes, policies, rate_scale, repair, plot, json_out)
         setup = resolve(spec.model_copy(update={"gpus": sizes[0]}), source)
-        rates = _rates(setup, rate_scale, repair)
-        prediction = stragglers.predict_step(setup)
-        reports, skipped, checks = [], {}, {}
-        for policy in policies:
-            try:
-                model = gp.model_for(prediction, setup, policy, rates)
-            except ValueError as e:
-                skipped[policy.strategy] = str(e)
-                continue
-            reports.append(gp.report(model).to_dict())
-            if monte_carlo:
-                sim = simulate(model, 30 * 86400.0, runs=monte_carlo, seed=seed)
-                checks[policy.strategy] = {"goodput": sim.goodput, "failures": sim.failures}
-        if not reports:
-            raise ValueError("no recovery applies: " + "; ".join(skipped.values()))
-        title = (
-            f"{setup.scenario.name}: {setup.workload.name} on {setup.n_gpus:,} GPUs of "
-            f"{setup.cluster.spec.name}, step {prediction.step_time_s:.3g} s"
+        doc, title = _one_size(
+            setup, policies, _rates(setup, rate_scale, repair), monte_carlo, seed
         )
         if plot:
-            out.plot_badput(reports, plot, title)
+            out.plot_badput(doc["reports"], plot, title)
     if json_out:
-        terminal.print_json(
-            {
-                "scenario": setup.scenario.name,
-                "gpus": setup.n_gpus,
-                "step_time_s": prediction.step_time_s,
-                "reports": reports,
-                "skipped": skipped,
-                "monte_carlo": checks,
-            }
-        )
+        terminal.print_json(doc)
         return
-    terminal.console.print(out.goodput_table(title, reports))
-    for name, why in skipped.items():
+    _print_goodput(doc, title, plot)
+
+
+def _one_size(setup: Setup, policies, rates, monte_carlo: int, seed: int):
+    """goodput of one cluster size under each recovery policy (those that do not apply are
+    skipped with their reason), with a Monte-Carlo check of each when asked; the JSON
+    document and the table's title."""
+    from commsim.reliability import goodput as gp
+    from commsim.reliability import stragglers
+    from commsim.reliability.montecarlo import simulate
+
+    prediction = stragglers.predict_step(setup)
+    reports, skipped, checks = [], {}, {}
+    for policy in policies:
+        try:
+            model = gp.model_for(prediction, setup, policy, rates)
+        except ValueError as e:
+            skipped[policy.strategy] = str(e)
+            continue
+        reports.append(gp.report(model).to_dict())
+        if monte_carlo:
+            sim = simulate(model, 30 * 86400.0, runs=monte_carlo, seed=seed)
+            checks[policy.strategy] = {"goodput": sim.goodput, "failures": sim.failures}
+    if not reports:
+        raise ValueError("no recovery applies: " + "; ".join(skipped.values()))
+    title = (
+        f"{setup.scenario.name}: {setup.workload.name} on {setup.n_gpus:,} GPUs of "
+        f"{setup.cluster.spec.name}, step {prediction.step_time_s:.3g} s"
+    )
+    doc = {
+        "scenario": setup.scenario.name,
+        "gpus": setup.n_gpus,
+        "step_time_s": prediction.step_time_s,
+        "reports": reports,
+        "skipped": skipped,
+        "monte_carlo": checks,
+    }
+    return doc, title
+
+
+def _print_goodput(doc: dict[str, Any], title: str, plot: str | None) -> None:
+    """The goodput table, the recoveries skipped, the Monte-Carlo checks, the assumptions."""
+    from commsim.report import goodput as out
+
+    terminal.console.print(out.goodput_table(title, doc["reports"]))
+    for name, why in doc["skipped"].items():
         terminal.console.print(f"[dim]{name}: {why}[/dim]", highlight=False)
-    for name, sim in checks.items():
+    for name, sim in doc["monte_carlo"].items():
         terminal.console.print(
             f"Monte Carlo, {name}: goodput {sim['goodput']:.2%} over {sim['failures']} "
             "simulated failures",
             highlight=False,
         )
-    _assumptions(reports[0]["assumptions"], plot)
+    _assumptions(doc["reports"][0]["assumptions"], plot)
 
 
 def _assumptions(lines, plot) -> None:
@@ -250,7 +266,6 @@ def stragglers_cmd(
 ) -> None:
     """A slow rank, a degraded link and per-rank jitter: step time and what each mitigation
     (drop, rebalance, async, local SGD, hierarchical fallback) leaves."""
-    from commsim.reliability import stragglers
     from commsim.report import goodput as out
     from commsim.scenario import load_scenario, resolve
 
@@ -267,65 +282,77 @@ def stragglers_cmd(
         )
         spec, source = load_scenario(scenario, flags)
         setup = resolve(spec, source)
-        p = stragglers.predict_step(setup)
-        rows = [
-            dataclasses.asdict(r)
-            for r in stragglers.slow_rank(setup, p, slow_rank, parse_time(duration))
-        ]
-        dist, _, cv = jitter.partition(":")
-        jit = {h: stragglers.jitter(p, dist, float(cv or 0.05), h) for h in (1, local_steps)}
-        doc: dict[str, Any] = {
-            "scenario": setup.scenario.name,
-            "gpus": setup.n_gpus,
-            "step_time_s": p.step_time_s,
-            "slow_rank": {
-                "factor": slow_rank,
-                "duration_s": parse_time(duration),
-                "step_time_s": stragglers.slow_rank_step(setup, p, slow_rank),
-                "mitigations": rows,
-            },
-            "jitter": {
-                "distribution": dist,
-                "cv": float(cv or 0.05),
-                "sync": jit[1],
-                "local_sgd": jit[local_steps],
-                "local_steps": local_steps,
-            },
-        }
+        doc = _stragglers_doc(setup, slow_rank, parse_time(duration), jitter, local_steps)
         if link:
-            doc["link"] = _link(setup, p, link, link_factor)
+            doc["link"] = _link(setup, doc["prediction"], link, link_factor)
+    prediction = doc.pop("prediction")
     if json_out:
         terminal.print_json(doc)
         return
-    sr = doc["slow_rank"]
-    terminal.console.print(
-        out.straggler_table(
-            f"{setup.scenario.name}: one rank {slow_rank:g}x slower for {duration} on "
-            f"{setup.n_gpus:,} GPUs: step {p.step_time_s:.3g} s -> {sr['step_time_s']:.3g} s",
-            rows,
-        )
+    title = (
+        f"{setup.scenario.name}: one rank {slow_rank:g}x slower for {duration} on "
+        f"{setup.n_gpus:,} GPUs: step {prediction.step_time_s:.3g} s -> "
+        f"{doc['slow_rank']['step_time_s']:.3g} s"
     )
-    j = doc["jitter"]
+    terminal.console.print(out.straggler_table(title, doc["slow_rank"]["mitigations"]))
+    _print_jitter(doc["jitter"], setup.n_gpus)
+    if link:
+        _print_link(doc["link"], link, link_factor)
+
+
+def _stragglers_doc(setup: Setup, slow_rank: float, duration_s: float, jitter: str, local_steps):
+    """The step with one slow rank and what each mitigation leaves, and per-rank jitter's
+    cost synchronised and with local SGD; `prediction` holds the healthy step."""
+    from commsim.reliability import stragglers
+
+    p = stragglers.predict_step(setup)
+    rows = [dataclasses.asdict(r) for r in stragglers.slow_rank(setup, p, slow_rank, duration_s)]
+    dist, _, cv = jitter.partition(":")
+    jit = {h: stragglers.jitter(p, dist, float(cv or 0.05), h) for h in (1, local_steps)}
+    return {
+        "scenario": setup.scenario.name,
+        "gpus": setup.n_gpus,
+        "step_time_s": p.step_time_s,
+        "slow_rank": {
+            "factor": slow_rank,
+            "duration_s": duration_s,
+            "step_time_s": stragglers.slow_rank_step(setup, p, slow_rank),
+            "mitigations": rows,
+        },
+        "jitter": {
+            "distribution": dist,
+            "cv": float(cv or 0.05),
+            "sync": jit[1],
+            "local_sgd": jit[local_steps],
+            "local_steps": local_steps,
+        },
+        "prediction": p,
+    }
+
+
+def _print_jitter(j: dict[str, Any], gpus: int) -> None:
     terminal.console.print(
-        f"jitter {dist} cv {j['cv']:g} over {setup.n_gpus:,} ranks: the slowest rank takes "
-        f"{j['sync']['expected_max']:.3f}x the mean, throughput {j['sync']['throughput']:.1%}; "
-        f"local SGD every {local_steps} steps: {j['local_sgd']['throughput']:.1%}",
+        f"jitter {j['distribution']} cv {j['cv']:g} over {gpus:,} ranks: the slowest rank takes "
+        f"{j['sync']['expected_max']:.3f}x the mean, throughput {j['sync']['throughput']:.1%} "
+        f"of the synchronous step without jitter; local SGD every {j['local_steps']} steps: "
+        f"{j['local_sgd']['throughput']:.1%} (one data-parallel sync in {j['local_steps']})",
         highlight=False,
     )
-    if link:
-        lk = doc["link"]
-        rec = lk["hierarchical_recovers"]
-        terminal.console.print(
-            f"{link} at 1/{link_factor:g}: step {lk['healthy_step_s']:.3g} s -> "
-            f"{lk['degraded_step_s']:.3g} s; groups crossing it: "
-            + ", ".join(f"{k} {len(v)}" for k, v in lk["crossing"].items())
-            + (
-                f"; hierarchical fallback wins back {rec:.0%} of the ring's loss"
-                if rec is not None
-                else ""
-            ),
-            highlight=False,
-        )
+
+
+def _print_link(lk: dict[str, Any], link: str, link_factor: float) -> None:
+    rec = lk["hierarchical_recovers"]
+    terminal.console.print(
+        f"{link} at 1/{link_factor:g}: step {lk['healthy_step_s']:.3g} s -> "
+        f"{lk['degraded_step_s']:.3g} s; groups crossing it: "
+        + ", ".join(f"{k} {len(v)}" for k, v in lk["crossing"].items())
+        + (
+            f"; hierarchical fallback wins back {rec:.0%} of the ring's loss"
+            if rec is not None
+            else ""
+        ),
+        highlight=False,
+    )
 
 
 def _link(setup, prediction, link: str, factor: float) -> dict[str, Any]:
