@@ -439,3 +439,44 @@ def test_plan_plot_sweeps_the_best_plain_ddp_layout(tmp_path, monkeypatch):
     assert "the sweep is of the best plain-DDP layout" in " ".join(text.split())
     legend = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
     assert "this cluster: 100 Gb/s per NIC" in legend and "none" in legend
+
+
+def test_a_long_layout_folds_and_no_figure_is_cut():
+    """Llama 3 405B's layouts label themselves in over 40 characters: at 120 columns the
+    layout column folds onto a second line and every figure stays whole."""
+    from rich.console import Console
+
+    layout = {"dp": 64, "micro_batch": 1, "micro_batches": 16}
+
+    def doc(bucket, step, recompute, k):
+        strategy = Strategy(
+            tp=8,
+            cp=2,
+            pp=16,
+            interleave=4,
+            zero=1,
+            first_stage_layers=7,
+            last_stage_layers=7,
+            recompute=recompute,
+            precision="fp8",
+            order="tp-cp-ep-pp-dp",
+            bucket_mb=bucket,
+            tp_overlap=True,
+            sequence_parallel=True,
+        ).model_dump()
+        figures = {
+            "step_time_s": step,
+            "exposed_comm_s": k * 1.043,
+            "comm_s": 2.1,
+            "mfu": 0.715 / k,
+        }
+        memory = {"memory": {"total_bytes": k * 62.7e9}, "bubble_s": k * 0.3456}
+        return {"strategy": strategy, "layout": layout} | memory | figures
+
+    rows = ranking.merge_rows([doc(200, 3.801, "none", 1), doc(25, 3.877, "selective", 1.1)])
+    table, _ = ranking.plan_table("t", rows, 2)
+    console = Console(width=120, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert _width(text) <= 120 and "…" not in text
+    assert "3.801 s" in text and "345.6 ms" in text and "62.7 GB" in text and "71.5%" in text

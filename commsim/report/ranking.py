@@ -88,7 +88,11 @@ def plan_table(title: str, rows: Sequence[dict[str, Any]], top: int) -> tuple[Ta
     table = Table(title=title, title_justify="left")
     for k in keep:
         name, left, _ = columns[k]
-        table.add_column(name, justify="left" if left else "right", no_wrap=True)
+        if name == "layout":  # the one column that folds when the page is too narrow
+            table.add_column(name, overflow="fold")
+            continue
+        widest = max(len(row[k]) for row in cells)  # a figure is never cut
+        table.add_column(name, justify="left" if left else "right", min_width=widest)
     for row in cells:
         table.add_row(*(row[k] for k in keep))
     return table, ("every row: " + ", ".join(same)) if same else ""
