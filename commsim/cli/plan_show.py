@@ -17,16 +17,21 @@ if TYPE_CHECKING:
 
 
 def plan_doc(setup: Setup, result: PlanResult, sweep: BandwidthSweep | None) -> dict[str, Any]:
-    """The --json document of a search."""
+    """The --json document of a search: the candidates best first, the counts, the notes,
+    and what changing the winner along each dimension would cost (`alternatives`)."""
+    from commsim.report import labels
+
+    ranked = [p.to_dict() for p in result.ranked]
     return {
         "scenario": setup.scenario.name,
         "gpus": setup.n_gpus,
-        "candidates": [p.to_dict() for p in result.ranked],
+        "candidates": ranked,
         "searched": result.searched,
         "fitting": result.fitting,
         "ranked": result.searched - result.skipped,
         "skipped": result.skipped,
         "notes": result.notes,
+        "alternatives": labels.alternatives(ranked) if ranked else [],
         "bandwidth_sweep": sweep
         and {
             "nic_bandwidth_Bps": sweep.nic_bandwidth,

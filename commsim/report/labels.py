@@ -144,6 +144,24 @@ def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
             if best.get(key) and not (key == "exposed_comm_s" and "dp_exposed_s" in best)
         ),
     ]
+    for alt in alternatives(candidates):
+        label, value, delta = alt["dimension"], alt["choice"], alt["delta_s"]
+        if delta <= 0:
+            lines.append(f"  {label} makes no difference here ({value}: the same step).")
+            continue
+        lines.append(
+            f"  best other {label} ({value}): +{fmt_time(delta)} per step, exposed comm "
+            f"{fmt_time(alt['exposed_comm_s'])}."
+        )
+    return lines
+
+
+def alternatives(candidates: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Along each dimension the best candidate could change alone (tp, cp, pp, ..., the
+    rest held), the fastest candidate that changes it: what it picks and what it costs."""
+    best = candidates[0]
+    s = best["strategy"]
+    out = []
     for label, keys, show in _DIMENSIONS:
         others = [
             c
@@ -154,16 +172,16 @@ def explain_winner(candidates: Sequence[dict[str, Any]]) -> list[str]:
         if not others:
             continue
         alt = min(others, key=lambda c: c["step_time_s"])
-        delta = alt["step_time_s"] - best["step_time_s"]
-        value = show(alt["strategy"])
-        if delta <= 0:
-            lines.append(f"  {label} makes no difference here ({value}: the same step).")
-            continue
-        lines.append(
-            f"  best other {label} ({value}): +{fmt_time(delta)} per step, exposed comm "
-            f"{fmt_time(alt['exposed_comm_s'])}."
+        out.append(
+            {
+                "dimension": label,
+                "choice": show(alt["strategy"]),
+                "step_time_s": alt["step_time_s"],
+                "delta_s": alt["step_time_s"] - best["step_time_s"],
+                "exposed_comm_s": alt["exposed_comm_s"],
+            }
         )
-    return lines
+    return out
 
 
 def pct(x: float) -> str:
