@@ -132,11 +132,12 @@ def slowdown(compute, contended):
 def beside_sync(model, L, c):
     """The `slowed` that step.dpsync.sync takes: the rate a stage's backward (beside the
     gradients' reductions) or forward (beside the parameters' gathers) of layouts
-    L.take(rows) runs at beside HBM bytes `moved` over `seconds` on the data-parallel group:
-    its blocks' (a stage picked by contended times could be another stage)."""
+    L.take(rows) runs at beside HBM bytes `moved` over `seconds` on the groups of `kind`
+    (the data-parallel "dp", or the expert buckets' "edp"): its blocks' (a stage picked by
+    contended times could be another stage)."""
 
-    def slowed(rows, part, moved, seconds):
-        slow = contended_compute(model, L.take(rows), "dp", moved, seconds)
+    def slowed(rows, part, moved, seconds, kind="dp"):
+        slow = contended_compute(model, L.take(rows), kind, moved, seconds)
         if part == "reduce":
             return slowdown(c.block_bwd[rows], None if slow is None else slow.block_bwd)
         return slowdown(c.block_fwd[rows], None if slow is None else slow.block_fwd)

@@ -135,10 +135,11 @@ class DataParallel:
         on the stage with the most parameters. Exposed: with overlap, the reductions' tail
         after the backward (sync.Tail at x_reduce) and the gathers' wait before the forward
         (at x_gather), a comm hook's encodes stretching the backward, and what the compute
-        loses beside them; without, the whole serial sync. `slowed(rows, kind, bytes, seconds)`
-        gives the rate the backward ("reduce") or forward ("gather") of layouts L.take(rows)
-        runs at beside their sync (step.contention; None: full speed). ZeRO-3 rows are left
-        at 0 (step.fsdp prices them) but for their optimizer's parameters."""
+        loses beside them; without, the whole serial sync. `slowed(rows, part, bytes,
+        seconds, kind)` gives the rate the backward ("reduce") or forward ("gather") of layouts
+        L.take(rows) runs at beside their collectives on the groups of `kind` ("dp", "edp")
+        (step.contention; None: full speed). ZeRO-3 rows are left at 0 (step.fsdp prices
+        them) but for their optimizer's parameters."""
         sh = self.shape
         ends = (sh.pre_params + sh.post_params, sh.pre_params, sh.post_params)
         which, held, params = slowest(
@@ -359,30 +360,49 @@ def _sync_columns(L: Layouts, kind: np.ndarray, held: np.ndarray) -> list[np.nda
 def _rates(L: Layouts, plans: list[SyncPlan], inverse, on, ahead, slowed):
     """The rate each layout's backward runs at beside its reductions and its forward beside
     its parameter gathers (1 without `slowed`, or under a comm hook, whose encodes and
-    decodes share the compute stream: the closed form of step.contention does not hold)."""
+    decodes share the compute stream: the closed form of step.contention does not hold).
+    Dense buckets run on the data-parallel group (dp x cp ranks), expert ones on the expert-
+    data-parallel group (edp ranks, its own NCCL channels): the rate is the mean of the two
+    groups' rates weighted by their network seconds, as the compute lost beside each adds
+    up (step.contention.contended_tail is linear in the rate and the network seconds)."""
     rates = np.ones(len(L)), np.ones(len(L))
     if slowed is None:
         return rates
     hooked = L.compression != 0  # code 0 is "none"
-    ranks = L.dp * L.cp
     for rate, part, rows in zip(rates, ("reduce", "gather"), (on & ~hooked, ahead), strict=True):
         rows = np.nonzero(rows)[0]
         if not rows.size:
             continue
-        network = np.array([getattr(p, part).network for p in plans])[inverse[rows]]
-        grads = np.array([p.buckets.bytes.sum() for p in plans])[inverse[rows]]
-        if part == "gather":  # bf16 parameters of the buckets' gradients
-            moved = collective_hbm_bytes(
-                "all-gather", grads / L.grad_bytes[rows] * PARAM_WIRE_BYTES, ranks[rows]
-            )
-        else:
-            moved = np.where(
-                L.zero[rows] == 0,
-                collective_hbm_bytes("all-reduce", grads, ranks[rows]),
-                collective_hbm_bytes("reduce-scatter", grads, ranks[rows]),
-            )
-        rate[rows] = slowed(rows, part, moved, network)
+        lost, total = np.zeros(rows.size), np.zeros(rows.size)
+        for expert, kind in ((False, "dp"), (True, "edp")):
+            network, grads = (x[inverse[rows]] for x in _group_part(plans, part, expert))
+            ranks = L.edp[rows] if expert else L.dp[rows] * L.cp[rows]
+            if part == "gather":  # bf16 parameters of the buckets' gradients
+                params = grads / L.grad_bytes[rows] * PARAM_WIRE_BYTES
+                moved = collective_hbm_bytes("all-gather", params, ranks)
+            else:
+                moved = np.where(
+                    L.zero[rows] == 0,
+                    collective_hbm_bytes("all-reduce", grads, ranks),
+                    collective_hbm_bytes("reduce-scatter", grads, ranks),
+                )
+            seconds = np.where(np.isfinite(network), network, 0.0)
+            lost += seconds * (1.0 - slowed(rows, part, moved, network, kind))
+            total += seconds
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate[rows] = np.where(total > 0, 1.0 - lost / total, 1.0)
     return rates
+
+
+def _group_part(plans: list[SyncPlan], part: str, expert: bool):
+    """(network seconds, gradient bytes) of each plan's `part` ("reduce" or "gather") of its
+    dense buckets (expert False) or its expert ones."""
+    network, grads = np.zeros(len(plans)), np.zeros(len(plans))
+    for k, p in enumerate(plans):
+        mine = p.buckets.expert == expert
+        seconds = p.params if part == "gather" else p.costs.network - p.params
+        network[k], grads[k] = seconds[mine].sum(), p.buckets.bytes[mine].sum()
+    return network, grads
 
 
 def _tail(plans: list[SyncPlan], part: str, inverse, x, rate) -> np.ndarray:
