@@ -5,8 +5,11 @@ per-bucket DDP timeline does not lay out (and which plain torch DDP does not run
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from test_one_model import _setup
 
+from commsim.scenario import check_layout
+from commsim.specs import SpecError
 from commsim.step.activations import recompute_code
 from commsim.step.layouts import Layouts
 from commsim.step.predict import layout_memory, predict
@@ -41,3 +44,12 @@ def test_a_dp_only_layout_with_recompute_modules_is_priced_as_megatrons():
     assert all(e.stream.startswith("stage 0") for e in pred.events)
     assert layout_memory(setup, base).grads == 2 * params
     np.testing.assert_allclose(layout_memory(setup, modules).grads, 4 * params)
+
+
+def test_a_comm_hook_is_refused_beside_recompute_modules():
+    """A DDP comm hook compresses plain DDP only: with recompute_modules it is refused."""
+    setup = _setup("gpt2-xl", "aws-p4d", 64, 512)
+    hooked = setup.scenario.strategy.model_copy(update={"compression": "fp16"})
+    check_layout(setup, hooked)  # plain DDP: accepted
+    with pytest.raises(SpecError, match="strategy.compression"):
+        check_layout(setup, hooked.model_copy(update={"recompute_modules": ("mlp",)}))
