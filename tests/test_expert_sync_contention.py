@@ -79,3 +79,32 @@ def test_the_step_model_prices_the_expert_group():
     moved = collective_hbm_bytes("reduce-scatter", sum(g for _, g in _parts(model, L)), 16)
     slow = contended_compute(model, L, "dp", np.array([moved]), np.array([total]))
     assert rate > slowdown(c.block_bwd, slow.block_bwd)[0]
+
+
+def test_fsdp_expert_units_on_their_group():
+    """ZeRO-3 units of a MoE block: the forward beside the dense all-gather on dp and the
+    expert one on edp, each on its own channels and ranks, at the rates' mean weighted by
+    the gathers' seconds (hand-weighted from contended_compute on each group)."""
+    from commsim.step import fsdp
+
+    model, L = _model(), Layouts.build(dp=16, ep=4, zero=3, micro_batch=1, micro_batches=4)
+    sh, c = model.shape, model.compute(L)
+    dense, sparse = sh.block_params - sh.expert_params, sh.expert_params / 4
+    rows = np.array([0])
+    lost = total = 0.0
+    for params, part, kind, ranks in ((dense, "dense", "dp", 16), (sparse, "expert", "edp", 4)):
+        g = fsdp._unit(model, L, params, part)[0]
+        moved = collective_hbm_bytes("all-gather", params * 2, ranks)
+        slow = contended_compute(model, L, kind, moved, g)
+        lost += g[0] * (1 - slowdown(c.block_fwd, slow.block_fwd)[0])
+        total += g[0]
+    parts = [
+        (dense, *fsdp._unit(model, L, dense, "dense"), False),
+        (sparse, *fsdp._unit(model, L, sparse, "expert"), True),
+    ]
+    f_slow, _ = fsdp._beside_units(model, L, c, rows, parts)
+    assert f_slow[0] == pytest.approx(c.block_fwd[0] / (1 - lost / total), rel=1e-12)
+    # all on dp's 20 channels and 16 ranks (the defect) would slow it more
+    moved = collective_hbm_bytes("all-gather", (dense + sparse) * 2, 16)
+    slow = contended_compute(model, L, "dp", moved, np.array([total]))
+    assert f_slow[0] < slow.block_fwd[0]

@@ -129,6 +129,18 @@ def slowdown(compute, contended):
         return np.where(contended > 0, compute / contended, 1.0)
 
 
+def mean_rate(rates, seconds):
+    """The rate compute runs at beside collectives on several groups one after another, each
+    group's `rates` for its network `seconds`: the mean weighted by the seconds, as the
+    compute each loses adds up (contended_tail and compute_end are linear in both); 1 where
+    none runs. Lists of arrays, one a group."""
+    seconds = [np.where(np.isfinite(s), s, 0.0) for s in seconds]
+    lost = sum(s * (1.0 - r) for r, s in zip(rates, seconds, strict=True))
+    total = sum(seconds)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(total > 0, 1.0 - lost / total, 1.0)
+
+
 def beside_sync(model, L, c):
     """The `slowed` that step.dpsync.sync takes: the rate a stage's backward (beside the
     gradients' reductions) or forward (beside the parameters' gathers) of layouts

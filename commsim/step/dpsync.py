@@ -46,7 +46,7 @@ from commsim.compression import parse_compressor
 from commsim.specs import GPUSpec
 from commsim.step.activations import RECOMPUTE, replays_core
 from commsim.step.buckets import MIB, STAGE_KINDS, BucketPlan, stage_buckets, stage_layer_range
-from commsim.step.contention import collective_hbm_bytes, contended_tail
+from commsim.step.contention import collective_hbm_bytes, contended_tail, mean_rate
 from commsim.step.dualpipe import phase_leads
 from commsim.step.groups import Groups, _group_rows
 from commsim.step.layouts import RANK_ORDERS, Layouts
@@ -411,8 +411,7 @@ def _rates(L: Layouts, plans: list[SyncPlan], inverse, on, ahead, slowed):
     decodes share the compute stream: the closed form of step.contention does not hold).
     Dense buckets run on the data-parallel group (dp x cp ranks), expert ones on the expert-
     data-parallel group (edp ranks, its own NCCL channels): the rate is the mean of the two
-    groups' rates weighted by their network seconds, as the compute lost beside each adds
-    up (step.contention.contended_tail is linear in the rate and the network seconds)."""
+    groups' rates weighted by their network seconds (step.contention.mean_rate)."""
     rates = np.ones(len(L)), np.ones(len(L))
     if slowed is None:
         return rates
@@ -421,7 +420,7 @@ def _rates(L: Layouts, plans: list[SyncPlan], inverse, on, ahead, slowed):
         rows = np.nonzero(rows)[0]
         if not rows.size:
             continue
-        lost, total = np.zeros(rows.size), np.zeros(rows.size)
+        parts, seconds = [], []
         for expert, kind in ((False, "dp"), (True, "edp")):
             network, grads = (x[inverse[rows]] for x in _group_part(plans, part, expert))
             ranks = L.edp[rows] if expert else L.dp[rows] * L.cp[rows]
@@ -434,11 +433,9 @@ def _rates(L: Layouts, plans: list[SyncPlan], inverse, on, ahead, slowed):
                     collective_hbm_bytes("all-reduce", grads, ranks),
                     collective_hbm_bytes("reduce-scatter", grads, ranks),
                 )
-            seconds = np.where(np.isfinite(network), network, 0.0)
-            lost += seconds * (1.0 - slowed(rows, part, moved, network, kind))
-            total += seconds
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rate[rows] = np.where(total > 0, 1.0 - lost / total, 1.0)
+            parts.append(slowed(rows, part, moved, network, kind))
+            seconds.append(network)
+        rate[rows] = mean_rate(parts, seconds)
     return rates
 
 

@@ -17,7 +17,13 @@ from collections import Counter
 
 import numpy as np
 
-from commsim.step.contention import collective_hbm_bytes, contended_compute, exposed
+from commsim.step.contention import (
+    collective_hbm_bytes,
+    contended_compute,
+    exposed,
+    mean_rate,
+    slowdown,
+)
 from commsim.step.eager import KERNELS
 from commsim.step.memory import FP32_BYTES
 from commsim.step.sync import PARAM_WIRE_BYTES
@@ -108,27 +114,41 @@ def _per_unit(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:
     g, r = g_dense + g_sparse, r_dense + r_sparse
     g_first = g + np.where(ends > 0, _unit(model, Z, ends, "dense")[0], 0.0)
     f, b = c.block_fwd[rows], c.block_bwd[rows]
-    f_slow, b_slow = _beside_units(model, Z, dense + sparse, g, g + r)
+    parts = [(dense, g_dense, r_dense, False)]
+    parts += [(sparse, g_sparse, r_sparse, True)] if sh.expert_params else []
+    f_slow, b_slow = _beside_units(model, Z, c, rows, parts)
     net = k * (2 * g + r) + 2 * (g_first - g)
     hidden = 2 * g_first + (k - 1) * (exposed(f, f_slow, g) + exposed(b, b_slow, g + r)) + r
     return net, np.where(Z.overlap, np.minimum(hidden, net), net)
 
 
-def _beside_units(model, Z, params, forward_comm, backward_comm):
+def _beside_units(model, Z, c, rows, parts):
     """A block's forward and backward seconds beside its neighbour's collectives
-    (step.contention): the forward beside a unit's all-gather, the backward beside a gather,
-    a reduce-scatter and FSDP's copies around it (reduce_copy_bytes), on the sharding group;
-    the block's own times where the model prices compute at one efficiency."""
-    shard = np.where(Z.fsdp_shard > 0, Z.fsdp_shard, Z.dp) * Z.cp
-    kinds = np.where(Z.fsdp_shard > 0, "shard", "dp")
-    gather = collective_hbm_bytes("all-gather", params * PARAM_WIRE_BYTES, shard)
-    scatter = collective_hbm_bytes("reduce-scatter", params * Z.grad_bytes, shard)
-    scatter = scatter + params * reduce_copy_bytes(Z.kernels, Z.grad_bytes, shard, Z.micro_batches)
-    fwd = contended_compute(model, Z, kinds, gather, forward_comm)
-    bwd = contended_compute(model, Z, kinds, gather + scatter, backward_comm)
-    if fwd is None or bwd is None:
-        return None, None
-    return fwd.block_fwd, bwd.block_bwd
+    (step.contention): the forward beside a unit's all-gathers, the backward beside its
+    gathers, reduce-scatters and FSDP's copies around them (reduce_copy_bytes); `parts` the
+    unit's dense and expert parameters, (parameters, gather seconds, reduce-scatter seconds,
+    expert), each on its own groups (the sharding group; the expert-data-parallel one), the
+    rates beside them weighted by their seconds (mean_rate); the block's own times where
+    the model prices compute at one efficiency."""
+    f, b = c.block_fwd[rows], c.block_bwd[rows]
+    rates: tuple[list, list] = ([], [])
+    seconds: tuple[list, list] = ([], [])
+    for params, gather_s, scatter_s, expert in parts:
+        shard = Z.edp if expert else np.where(Z.fsdp_shard > 0, Z.fsdp_shard, Z.dp) * Z.cp
+        kinds = "edp" if expert else np.where(Z.fsdp_shard > 0, "shard", "dp")
+        gather = collective_hbm_bytes("all-gather", params * PARAM_WIRE_BYTES, shard)
+        scatter = collective_hbm_bytes("reduce-scatter", params * Z.grad_bytes, shard)
+        copies = reduce_copy_bytes(Z.kernels, Z.grad_bytes, shard, Z.micro_batches)
+        scatter = scatter + params * copies
+        fwd = contended_compute(model, Z, kinds, gather, gather_s)
+        bwd = contended_compute(model, Z, kinds, gather + scatter, gather_s + scatter_s)
+        if fwd is None or bwd is None:
+            return None, None
+        rates[0].append(slowdown(f, fwd.block_fwd))
+        rates[1].append(slowdown(b, bwd.block_bwd))
+        seconds[0].append(np.broadcast_to(gather_s, f.shape))
+        seconds[1].append(np.broadcast_to(gather_s + scatter_s, f.shape))
+    return f / mean_rate(rates[0], seconds[0]), b / mean_rate(rates[1], seconds[1])
 
 
 def _per_parameter(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:
