@@ -377,10 +377,12 @@ class Strategy(Spec):
 
     @property
     def data_parallel_only(self) -> bool:
-        """Plain DDP: what the per-bucket timeline models in full detail."""
+        """Plain DDP: what the per-bucket timeline models in full detail (no recompute_modules
+        either: Megatron-core's, whose replays that timeline does not lay out)."""
         layout = (self.tp, self.pp, self.ep, self.cp, self.zero, self.recompute, self.interleave)
         split = (self.first_stage_layers, self.last_stage_layers, self.etp or 1)
-        return layout == (1, 1, 1, 1, 0, "none", 1) and split == (None, None, 1)
+        plain = layout == (1, 1, 1, 1, 0, "none", 1) and split == (None, None, 1)
+        return plain and not self.recompute_modules
 
     @property
     def expert_tp(self) -> int:

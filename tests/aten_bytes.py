@@ -6,7 +6,8 @@ from __future__ import annotations
 
 def aten_bytes(step) -> float:
     """Bytes the ATen ops run by step() read and write, as the dispatcher sees them: each op's
-    distinct input tensors once, plus the tensors it mutates or returns (scalars left out)."""
+    distinct input tensors once (an out= tensor is not read), plus the tensors it mutates or
+    returns (scalars left out)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
@@ -28,7 +29,10 @@ def aten_bytes(step) -> float:
             ]
             out = func(*args, **kwargs)
             written = sized(tree_leaves(mutated)) | sized(tree_leaves(out))
-            Count.total += sum(sized(tree_leaves((args, kwargs))).values())
+            # an out= argument (keyword-only, written) is written, not read
+            outs = [a.name for a in func._schema.arguments if a.kwarg_only and a.alias_info]
+            read = [v for k, v in named.items() if k not in outs]
+            Count.total += sum(sized(tree_leaves(read)).values())
             Count.total += sum(written.values())
             return out
 

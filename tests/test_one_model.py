@@ -208,7 +208,13 @@ def test_the_search_prices_the_memory_savers_as_predict_does():
     layouts = enumerate_layouts(setup)
     found = search(step_model(setup), layouts)
     assert (layouts.moment_bytes == 2).all() and layouts.fp8[found.fitting].any()
+    # the same recompute_modules (never plain DDP: no comm hooks searched), no other saver
     plain_setup = _setup(TOY_MOE, "dgx-h100-ib", 8, 16)
+    modules = {"recompute_modules": savers["recompute_modules"]}
+    sc = plain_setup.scenario.model_copy(
+        update={"strategy": plain_setup.scenario.strategy.model_copy(update=modules)}
+    )
+    plain_setup = type(setup)(sc, setup.source, setup.cluster, setup.gpu, setup.workload)
     plain = search(step_model(plain_setup), enumerate_layouts(plain_setup))
     assert len(plain.layouts) == len(layouts)  # the same layouts, in the same order
     assert (found.breakdown.memory < plain.breakdown.memory).all()  # bf16 moments: every one

@@ -237,7 +237,8 @@ def enumerate_layouts(
     rows = []
     for shape in model_parallel_shapes(setup, pins):
         dp, tp, pp, ep, b, m, v, first, last, cp, etp = shape
-        plain = tp == pp == ep == v == cp == 1 and etp == 0
+        # recompute_modules is never plain DDP (Layouts.plain): the model grid prices it
+        plain = tp == pp == ep == v == cp == 1 and etp == 0 and not base.recompute_modules
         for sync in model_sync:
             if plain and sync[0] == 0 and sync[1] == 0:
                 continue  # plain DDP: the DDP grid below

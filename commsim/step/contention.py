@@ -129,14 +129,27 @@ def slowdown(compute, contended):
         return np.where(contended > 0, compute / contended, 1.0)
 
 
+def mean_rate(rates, seconds):
+    """The rate compute runs at beside collectives on several groups one after another, each
+    group's `rates` for its network `seconds`: the mean weighted by the seconds, as the
+    compute each loses adds up (contended_tail and compute_end are linear in both); 1 where
+    none runs. Lists of arrays, one a group."""
+    seconds = [np.where(np.isfinite(s), s, 0.0) for s in seconds]
+    lost = sum(s * (1.0 - r) for r, s in zip(rates, seconds, strict=True))
+    total = sum(seconds)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(total > 0, 1.0 - lost / total, 1.0)
+
+
 def beside_sync(model, L, c):
     """The `slowed` that step.dpsync.sync takes: the rate a stage's backward (beside the
     gradients' reductions) or forward (beside the parameters' gathers) of layouts
-    L.take(rows) runs at beside HBM bytes `moved` over `seconds` on the data-parallel group:
-    its blocks' (a stage picked by contended times could be another stage)."""
+    L.take(rows) runs at beside HBM bytes `moved` over `seconds` on the groups of `kind`
+    (the data-parallel "dp", or the expert buckets' "edp"): its blocks' (a stage picked by
+    contended times could be another stage)."""
 
-    def slowed(rows, part, moved, seconds):
-        slow = contended_compute(model, L.take(rows), "dp", moved, seconds)
+    def slowed(rows, part, moved, seconds, kind="dp"):
+        slow = contended_compute(model, L.take(rows), kind, moved, seconds)
         if part == "reduce":
             return slowdown(c.block_bwd[rows], None if slow is None else slow.block_bwd)
         return slowdown(c.block_fwd[rows], None if slow is None else slow.block_fwd)

@@ -24,12 +24,19 @@ pipeline_parallel/schedules.py at NVIDIA/Megatron-LM d98e8a64dd):
   default, and DeepSpeed's stage 1-2, whose step() gathers after the optimizer,
   stage_1_and_2.py all_gather_dp_groups) the gathers run one by one after the optimizer.
 The stage priced is the one with the most parameters, at the first stage's times (the
-latest launches; Megatron aligns the others to them). Llama 3's FSDP (arXiv:2407.21783
+latest launches; Megatron aligns the others to them). Under DualPipe a rank holds two stages
+(step.dualpipe), so the rank with the most parameters is priced, its two stages' buckets as
+two chunks: the far stage's (phase 1) launch ahead of the near one's by the phase-0 backward
+ops DualPipe's order runs after them, and are needed that many forwards after the step's
+first (dualpipe.phase_leads), on the data-parallel groups of the rank; summing the two
+copies' gradients across their ranks (the 2 dp ranks the memory model shards over;
+deepseek-ai/DualPipe's example adds them by hand) is not priced. Llama 3's FSDP (arXiv:2407.21783
 Sec. 3.3.2: ZeRO-2-like, no reshard after forward) is priced the same way.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +46,8 @@ from commsim.compression import parse_compressor
 from commsim.specs import GPUSpec
 from commsim.step.activations import RECOMPUTE, replays_core
 from commsim.step.buckets import MIB, STAGE_KINDS, BucketPlan, stage_buckets, stage_layer_range
-from commsim.step.contention import collective_hbm_bytes, contended_tail
+from commsim.step.contention import collective_hbm_bytes, contended_tail, mean_rate
+from commsim.step.dualpipe import phase_leads
 from commsim.step.groups import Groups, _group_rows
 from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.shape import Shape, expert_shards, slowest, stage_layers
@@ -121,6 +129,31 @@ def chunk_leads(chunk: np.ndarray, ready: np.ndarray, v: int) -> np.ndarray:
     return 1.0 - ready if v == 1 else chunk.astype(float)
 
 
+def _chunk_parts(kind: int, blocks: int, far: int, v: int) -> list[tuple[str, int, int]]:
+    """(STAGE_KINDS name, blocks, chunk) of each model chunk of the priced rank, in launch
+    order: a stage's v chunks, the last first; a DualPipe rank's two stages (priced_rank's
+    kinds past STAGE_KINDS: an end rank's first and last, a middle rank's two middle ones),
+    chunk 1 the far stage (phase 1: its gradients are done first, step.dualpipe.phase_leads)
+    and chunk 0 the near one."""
+    if kind >= len(STAGE_KINDS):
+        near, far_kind = (("first", "last"), ("middle", "middle"))[kind - len(STAGE_KINDS)]
+        return [(far_kind, far, 1), (near, blocks, 0)]
+    stage = STAGE_KINDS[kind]
+    counts = chunk_blocks(stage, blocks, v)
+    return [(chunk_kind(stage, c, v), counts[c], c) for c in reversed(range(v))]
+
+
+@functools.lru_cache(maxsize=64)
+def dualpipe_leads(pp: int, middle: int) -> tuple[int, int]:
+    """(after, before) of step.dualpipe.phase_leads, in stage backward and forward ops: for
+    the end ranks (middle 0), or the middle ranks' least (middle 1: the last to finish their
+    far stage, the first to need it)."""
+    if not middle:
+        return phase_leads(pp, 0)
+    leads = [phase_leads(pp, r) for r in range(1, pp - 1)]
+    return min(a for a, _ in leads), min(b for _, b in leads)
+
+
 class DataParallel:
     """The ZeRO 0-2 data-parallel sync of one workload's layouts on one cluster."""
 
@@ -135,21 +168,17 @@ class DataParallel:
         on the stage with the most parameters. Exposed: with overlap, the reductions' tail
         after the backward (sync.Tail at x_reduce) and the gathers' wait before the forward
         (at x_gather), a comm hook's encodes stretching the backward, and what the compute
-        loses beside them; without, the whole serial sync. `slowed(rows, kind, bytes, seconds)`
-        gives the rate the backward ("reduce") or forward ("gather") of layouts L.take(rows)
-        runs at beside their sync (step.contention; None: full speed). ZeRO-3 rows are left
-        at 0 (step.fsdp prices them) but for their optimizer's parameters."""
+        loses beside them; without, the whole serial sync. `slowed(rows, part, bytes,
+        seconds, kind)` gives the rate the backward ("reduce") or forward ("gather") of layouts
+        L.take(rows) runs at beside their collectives on the groups of `kind` ("dp", "edp")
+        (step.contention; None: full speed). ZeRO-3 rows are left at 0 (step.fsdp prices
+        them) but for their optimizer's parameters."""
         sh = self.shape
-        ends = (sh.pre_params + sh.post_params, sh.pre_params, sh.post_params)
-        which, held, params = slowest(
-            *stage_layers(sh.blocks, L.pp, L.first_layers, L.last_layers),
-            sh.block_params,
-            L.pp == 1,
-            *ends,
-        )
-        kind = np.where(L.pp == 1, 0, which + 1)  # STAGE_KINDS
-        inverse, firsts = _group_rows(_sync_columns(L, kind, held))
-        plans = [self._sync_plan(L, int(i), int(kind[i]), int(held[i])) for i in firsts]
+        kind, held, far, params = self.priced_rank(L)
+        inverse, firsts = _group_rows(_sync_columns(L, kind, held, far))
+        plans = [
+            self._sync_plan(L, int(i), int(kind[i]), int(held[i]), int(far[i])) for i in firsts
+        ]
         network = np.array([p.reduce.network + p.gather.network for p in plans])[inverse]
         encode = np.array([p.reduce.encode for p in plans])[inverse]
         codec = np.array([p.reduce.codec for p in plans])[inverse]
@@ -166,29 +195,48 @@ class DataParallel:
         sync_exposed = encode + exposed
         # ZeRO shards optimizer states over dp (and cp), expert ones over the expert-data-
         # parallel ranks holding the same expert shard (step.shape.expert_shards); hybrid
-        # sharding over its shard groups
-        etp = L.expert_tp
-        sparse = held * sh.expert_params / (etp * L.ep)
-        dense = (params - held * sh.expert_params) / L.tp
+        # sharding over its shard groups; DualPipe's over both copies' holders (step.memory)
+        etp, blocks = L.expert_tp, held + far
+        sparse = blocks * sh.expert_params / (etp * L.ep)
+        dense = (params - blocks * sh.expert_params) / L.tp
         zeroed = L.zero >= 1
         shard = np.where((L.zero == 3) & (L.fsdp_shard > 0), L.fsdp_shard, L.dp) * L.cp
+        shard = shard * np.where(L.schedule == 1, 2, 1)
         local = dense / np.where(zeroed, shard, 1)
         local = local + sparse / np.where(zeroed, expert_shards(shard, L.tp, L.ep, etp), 1)
         return network, sync_exposed, codec, local, r_reduce
 
     def sync_plan(self, L: Layouts, i: int) -> SyncPlan:
         """Layout i's data-parallel sync (for drawing its buckets)."""
-        sh = self.shape
-        stages = stage_layers(sh.blocks, L.pp[i], L.first_layers[i], L.last_layers[i])
-        ends = (sh.pre_params + sh.post_params, sh.pre_params, sh.post_params)
-        which, held, _ = slowest(*stages, sh.block_params, L.pp[i] == 1, *ends)
-        kind = 0 if L.pp[i] == 1 else int(which) + 1
-        return self._sync_plan(L, i, kind, int(held))
+        kind, held, far, _ = self.priced_rank(L.take(np.array([i])))
+        return self._sync_plan(L, i, int(kind[0]), int(held[0]), int(far[0]))
 
-    def _sync_plan(self, L: Layouts, i: int, kind: int, blocks: int) -> SyncPlan:
-        """The sync of layout i's stage (STAGE_KINDS[kind], `blocks` blocks in its model
-        chunks), cached: a search meets each a few hundred times."""
-        key = (kind, blocks, *_sync_key(L, i))
+    def priced_rank(self, L: Layouts):
+        """(kind, blocks, far blocks, parameters) of the rank each layout's sync is priced
+        on: the stage with the most parameters (kind a STAGE_KINDS index, far 0); under
+        DualPipe the rank holding the most of them, whose two stages' gradients it syncs
+        (step.dualpipe: rank r holds stage r and stage pp - 1 - r): an end rank's first and
+        last stage (kind "ends", blocks the first's, far the last's) or a middle rank's two
+        middle stages ("middles")."""
+        sh = self.shape
+        first, mid, last = stage_layers(sh.blocks, L.pp, L.first_layers, L.last_layers)
+        ends = (sh.pre_params + sh.post_params, sh.pre_params, sh.post_params)
+        which, held, params = slowest(first, mid, last, sh.block_params, L.pp == 1, *ends)
+        kind = np.where(L.pp == 1, 0, which + 1)
+        at_ends = (first + last) * sh.block_params + sh.pre_params + sh.post_params
+        middles = 2 * mid * sh.block_params
+        dual = L.schedule == 1
+        mid_rank = dual & (L.pp > 2) & (middles > at_ends)
+        kind = np.where(dual, len(STAGE_KINDS) + mid_rank, kind)
+        held = np.where(dual, np.where(mid_rank, mid, first), held)
+        far = np.where(dual, np.where(mid_rank, mid, last), 0.0)
+        return kind, held, far, np.where(dual, np.where(mid_rank, middles, at_ends), params)
+
+    def _sync_plan(self, L: Layouts, i: int, kind: int, blocks: int, far: int = 0) -> SyncPlan:
+        """The sync of layout i's priced rank (priced_rank: kind, `blocks` blocks in its
+        model chunks, `far` in a DualPipe rank's second stage), cached: a search meets each
+        a few hundred times."""
+        key = (kind, blocks, far, *_sync_key(L, i))
         if key in self._sync:
             return self._sync[key]
         r = L.row(i)
@@ -196,17 +244,14 @@ class DataParallel:
         chunks: list[BucketPlan] = []
         ids: list[np.ndarray] = []
         if r["zero"] != 3:  # ZeRO-3 syncs per unit (step.fsdp)
-            stage = STAGE_KINDS[kind]
-            counts = chunk_blocks(stage, blocks, v)
             weights = self.layer_weights(r["recompute"], int(L.recompute_parts[i]))
-            for c in reversed(range(v)):  # the last chunk finishes its backward first
-                part = chunk_kind(stage, c, v)
-                if not self._holds_layers(part, counts[c]):
+            for part, count, c in _chunk_parts(kind, blocks, far, v):
+                if not self._holds_layers(part, count):
                     continue
                 plan = stage_buckets(
                     self.workload,
                     part,
-                    counts[c],
+                    count,
                     r["tp"],
                     r["ep"],
                     g,
@@ -222,7 +267,10 @@ class DataParallel:
         expert = np.concatenate([c.expert for c in chunks]) if chunks else np.zeros(0, bool)
         ready = np.concatenate([c.ready for c in chunks]) if chunks else np.zeros(0)
         costs, params = self.bucket_costs(r, nbytes, expert, g)
-        leads = chunk_leads(chunk, ready, v)
+        leads = needs = chunk_leads(chunk, ready, v)
+        if kind >= len(STAGE_KINDS):  # DualPipe: its far stage's sync runs ahead
+            after, before = dualpipe_leads(r["pp"], kind - len(STAGE_KINDS))
+            leads, needs = leads + after * chunk, needs + before * chunk
         reduce = BucketCosts(costs.network - params, costs.encode, costs.decode)
         no_codec = np.zeros(len(params))
         self._sync[key] = plan = SyncPlan(
@@ -232,7 +280,7 @@ class DataParallel:
             costs=costs,
             params=params,
             reduce=tail_of_leads(reduce, leads),
-            gather=tail_of_leads(BucketCosts(params, no_codec, no_codec), leads)
+            gather=tail_of_leads(BucketCosts(params, no_codec, no_codec), needs)
             if params.any()
             else NO_TAIL,
             serial=serial_time(costs),
@@ -345,9 +393,10 @@ def _sync_key(L: Layouts, i: int) -> tuple:
     return tuple(values)
 
 
-def _sync_columns(L: Layouts, kind: np.ndarray, held: np.ndarray) -> list[np.ndarray]:
-    """The columns _SYNC_KEY names, as integer codes, with the stage's kind and blocks."""
-    cols = [kind, held.astype(np.int64)]
+def _sync_columns(L: Layouts, kind, held, far) -> list[np.ndarray]:
+    """The columns _SYNC_KEY names, as integer codes, with the priced rank's kind and blocks
+    (DualPipe's far stage's too)."""
+    cols = [kind, held.astype(np.int64), far.astype(np.int64)]
     for name in _SYNC_KEY:
         col = getattr(L, name)
         if col.dtype.kind == "f":
@@ -359,30 +408,46 @@ def _sync_columns(L: Layouts, kind: np.ndarray, held: np.ndarray) -> list[np.nda
 def _rates(L: Layouts, plans: list[SyncPlan], inverse, on, ahead, slowed):
     """The rate each layout's backward runs at beside its reductions and its forward beside
     its parameter gathers (1 without `slowed`, or under a comm hook, whose encodes and
-    decodes share the compute stream: the closed form of step.contention does not hold)."""
+    decodes share the compute stream: the closed form of step.contention does not hold).
+    Dense buckets run on the data-parallel group (dp x cp ranks), expert ones on the expert-
+    data-parallel group (edp ranks, its own NCCL channels): the rate is the mean of the two
+    groups' rates weighted by their network seconds (step.contention.mean_rate)."""
     rates = np.ones(len(L)), np.ones(len(L))
     if slowed is None:
         return rates
     hooked = L.compression != 0  # code 0 is "none"
-    ranks = L.dp * L.cp
     for rate, part, rows in zip(rates, ("reduce", "gather"), (on & ~hooked, ahead), strict=True):
         rows = np.nonzero(rows)[0]
         if not rows.size:
             continue
-        network = np.array([getattr(p, part).network for p in plans])[inverse[rows]]
-        grads = np.array([p.buckets.bytes.sum() for p in plans])[inverse[rows]]
-        if part == "gather":  # bf16 parameters of the buckets' gradients
-            moved = collective_hbm_bytes(
-                "all-gather", grads / L.grad_bytes[rows] * PARAM_WIRE_BYTES, ranks[rows]
-            )
-        else:
-            moved = np.where(
-                L.zero[rows] == 0,
-                collective_hbm_bytes("all-reduce", grads, ranks[rows]),
-                collective_hbm_bytes("reduce-scatter", grads, ranks[rows]),
-            )
-        rate[rows] = slowed(rows, part, moved, network)
+        parts, seconds = [], []
+        for expert, kind in ((False, "dp"), (True, "edp")):
+            network, grads = (x[inverse[rows]] for x in _group_part(plans, part, expert))
+            ranks = L.edp[rows] if expert else L.dp[rows] * L.cp[rows]
+            if part == "gather":  # bf16 parameters of the buckets' gradients
+                params = grads / L.grad_bytes[rows] * PARAM_WIRE_BYTES
+                moved = collective_hbm_bytes("all-gather", params, ranks)
+            else:
+                moved = np.where(
+                    L.zero[rows] == 0,
+                    collective_hbm_bytes("all-reduce", grads, ranks),
+                    collective_hbm_bytes("reduce-scatter", grads, ranks),
+                )
+            parts.append(slowed(rows, part, moved, network, kind))
+            seconds.append(network)
+        rate[rows] = mean_rate(parts, seconds)
     return rates
+
+
+def _group_part(plans: list[SyncPlan], part: str, expert: bool):
+    """(network seconds, gradient bytes) of each plan's `part` ("reduce" or "gather") of its
+    dense buckets (expert False) or its expert ones."""
+    network, grads = np.zeros(len(plans)), np.zeros(len(plans))
+    for k, p in enumerate(plans):
+        mine = p.buckets.expert == expert
+        seconds = p.params if part == "gather" else p.costs.network - p.params
+        network[k], grads[k] = seconds[mine].sum(), p.buckets.bytes[mine].sum()
+    return network, grads
 
 
 def _tail(plans: list[SyncPlan], part: str, inverse, x, rate) -> np.ndarray:

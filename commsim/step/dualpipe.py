@@ -81,6 +81,28 @@ def order(pp: int, m: int, rank: int) -> list[tuple]:
     return ops + [("W",)] * (near + 1)  # 8: nW
 
 
+def phase_leads(pp: int, rank: int) -> tuple[int, int]:
+    """(after, before) of a rank's data-parallel sync in `order`: after, the phase-0
+    backward ops (whole or weight-deferred) it runs once its phase-1 stage's gradients are
+    all computed (by its last phase-1 backward, or the W of a deferred one), the W ops among
+    them left out (a lower bound, exact on the end ranks, where as many W as deferred B
+    follow); before, the phase-0 forwards it runs before its first phase-1 forward. The
+    tail of `order` does not depend on m (taken at its least, 2 pp)."""
+    ops = order(pp, 2 * pp, rank)
+    waiting: list[int] = []  # phases of the deferred weight gradients, oldest first
+    last = 0  # the op that completes the phase-1 gradients
+    for i, op in enumerate(ops):
+        if op[0] == "W":
+            last = i if waiting.pop(0) == 1 else last
+        elif op[0] == "B" and op[2]:
+            waiting.append(op[1])
+        elif op[0] != "F" and op[1 if op[0] == "B" else 2] == 1:
+            last = i
+    after = sum(op[0] in ("B", "FB") for op in ops[last + 1 :])
+    before = [op[1] for op in ops if op[0] in ("F", "FB")].index(1)
+    return after, before
+
+
 @dataclass(frozen=True)
 class Durations:
     """Seconds of a stage's forward and whole backward (each with its collectives), of the

@@ -17,8 +17,15 @@ from collections import Counter
 
 import numpy as np
 
-from commsim.step.contention import collective_hbm_bytes, contended_compute, exposed
+from commsim.step.contention import (
+    collective_hbm_bytes,
+    contended_compute,
+    exposed,
+    mean_rate,
+    slowdown,
+)
 from commsim.step.eager import KERNELS
+from commsim.step.memory import FP32_BYTES
 from commsim.step.sync import PARAM_WIRE_BYTES
 
 # DeepSpeed's stage3_param_persistence_threshold default (deepspeed/runtime/zero/constants.py,
@@ -41,12 +48,39 @@ def fsdp1_pre_reduce_bytes(kernels, grad_bytes) -> np.ndarray:
     the reduce dtype where it differs (grad.to: read 2, write the gradient's width), then
     _reduce_grad's _div_if_needed divides the whole padded gradient in place by the
     pre-divide factor (above 1 on 2 or more ranks: read and write it); 14 in fp32. Left out:
-    the post-divide and accumulation on the shard (1 / n of that), and FSDP2's copy into its
-    reduce-scatter buffer (torchtitan), not yet counted from its code."""
+    the post-divide and accumulation on the shard (1 / n of that)."""
     grad_bytes = np.asarray(grad_bytes, dtype=float)
     cast = np.where(grad_bytes > PARAM_WIRE_BYTES, PARAM_WIRE_BYTES + grad_bytes, 0.0)
     fsdp1 = np.asarray(kernels) == KERNELS.index("llm-foundry")
     return np.where(fsdp1, cast + 2 * grad_bytes, 0.0)
+
+
+def fsdp2_reduce_bytes(kernels, grad_bytes, ranks, micro_batches) -> np.ndarray:
+    """HBM bytes a parameter of a unit that FSDP2 (torchtitan's fully_shard) moves around each
+    reduce-scatter, a micro-batch's mean, on its reduce-scatter stream beside the compute
+    (torch of Dec 2024, torch/distributed/_composable/fsdp/_fsdp_collectives.py
+    foreach_reduce): foreach_reduce_scatter_copy_in's torch._chunk_cat copies every bf16
+    unsharded gradient into one buffer of the reduce dtype (read 2, write its width; no
+    pre-divide in fp32 or bf16: _fsdp_param_group.py _init_grad_divide_factors leaves it to
+    NCCL's AVG); then, on the 1 / n shard, _to_dtype_if_needed casts the output to the fp32
+    parameters' dtype where it differs (read the reduce width, write 4) and the view-out
+    sets it as the sharded gradient on the first micro-batch, adds it on the others
+    (`sharded_param.grad += `: read 4 + 4, write 4). 6 bytes in fp32 on one micro-batch."""
+    g = np.asarray(grad_bytes, dtype=float)
+    n = np.maximum(np.asarray(ranks, dtype=float), 1.0)
+    m = np.maximum(np.asarray(micro_batches, dtype=float), 1.0)
+    copy_in = PARAM_WIRE_BYTES + g
+    cast = np.where(g != FP32_BYTES, g + FP32_BYTES, 0.0)
+    accumulate = 3 * FP32_BYTES * (m - 1) / m
+    titan = np.isin(kernels, [KERNELS.index("torchtitan"), KERNELS.index("torchtitan-compile")])
+    return np.where(titan, copy_in + (cast + accumulate) / n, 0.0)
+
+
+def reduce_copy_bytes(kernels, grad_bytes, ranks, micro_batches) -> np.ndarray:
+    """HBM bytes a unit's parameter moves beside the backward around its reduce-scatter, by
+    the stack's FSDP: FSDP1's cast and divide (llm-foundry), FSDP2's copies (torchtitan)."""
+    fsdp2 = fsdp2_reduce_bytes(kernels, grad_bytes, ranks, micro_batches)
+    return fsdp1_pre_reduce_bytes(kernels, grad_bytes) + fsdp2
 
 
 def fsdp_per_micro_batch(model, L, c) -> tuple[np.ndarray, np.ndarray]:
@@ -80,27 +114,41 @@ def _per_unit(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:
     g, r = g_dense + g_sparse, r_dense + r_sparse
     g_first = g + np.where(ends > 0, _unit(model, Z, ends, "dense")[0], 0.0)
     f, b = c.block_fwd[rows], c.block_bwd[rows]
-    f_slow, b_slow = _beside_units(model, Z, dense + sparse, g, g + r)
+    parts = [(dense, g_dense, r_dense, False)]
+    parts += [(sparse, g_sparse, r_sparse, True)] if sh.expert_params else []
+    f_slow, b_slow = _beside_units(model, Z, c, rows, parts)
     net = k * (2 * g + r) + 2 * (g_first - g)
     hidden = 2 * g_first + (k - 1) * (exposed(f, f_slow, g) + exposed(b, b_slow, g + r)) + r
     return net, np.where(Z.overlap, np.minimum(hidden, net), net)
 
 
-def _beside_units(model, Z, params, forward_comm, backward_comm):
+def _beside_units(model, Z, c, rows, parts):
     """A block's forward and backward seconds beside its neighbour's collectives
-    (step.contention): the forward beside a unit's all-gather, the backward beside a gather,
-    a reduce-scatter and FSDP1's cast before it, on the sharding group; the block's own times
-    where the model prices compute at one efficiency."""
-    shard = np.where(Z.fsdp_shard > 0, Z.fsdp_shard, Z.dp) * Z.cp
-    kinds = np.where(Z.fsdp_shard > 0, "shard", "dp")
-    gather = collective_hbm_bytes("all-gather", params * PARAM_WIRE_BYTES, shard)
-    scatter = collective_hbm_bytes("reduce-scatter", params * Z.grad_bytes, shard)
-    scatter = scatter + params * fsdp1_pre_reduce_bytes(Z.kernels, Z.grad_bytes)
-    fwd = contended_compute(model, Z, kinds, gather, forward_comm)
-    bwd = contended_compute(model, Z, kinds, gather + scatter, backward_comm)
-    if fwd is None or bwd is None:
-        return None, None
-    return fwd.block_fwd, bwd.block_bwd
+    (step.contention): the forward beside a unit's all-gathers, the backward beside its
+    gathers, reduce-scatters and FSDP's copies around them (reduce_copy_bytes); `parts` the
+    unit's dense and expert parameters, (parameters, gather seconds, reduce-scatter seconds,
+    expert), each on its own groups (the sharding group; the expert-data-parallel one), the
+    rates beside them weighted by their seconds (mean_rate); the block's own times where
+    the model prices compute at one efficiency."""
+    f, b = c.block_fwd[rows], c.block_bwd[rows]
+    rates: tuple[list, list] = ([], [])
+    seconds: tuple[list, list] = ([], [])
+    for params, gather_s, scatter_s, expert in parts:
+        shard = Z.edp if expert else np.where(Z.fsdp_shard > 0, Z.fsdp_shard, Z.dp) * Z.cp
+        kinds = "edp" if expert else np.where(Z.fsdp_shard > 0, "shard", "dp")
+        gather = collective_hbm_bytes("all-gather", params * PARAM_WIRE_BYTES, shard)
+        scatter = collective_hbm_bytes("reduce-scatter", params * Z.grad_bytes, shard)
+        copies = reduce_copy_bytes(Z.kernels, Z.grad_bytes, shard, Z.micro_batches)
+        scatter = scatter + params * copies
+        fwd = contended_compute(model, Z, kinds, gather, gather_s)
+        bwd = contended_compute(model, Z, kinds, gather + scatter, gather_s + scatter_s)
+        if fwd is None or bwd is None:
+            return None, None
+        rates[0].append(slowdown(f, fwd.block_fwd))
+        rates[1].append(slowdown(b, bwd.block_bwd))
+        seconds[0].append(np.broadcast_to(gather_s, f.shape))
+        seconds[1].append(np.broadcast_to(gather_s + scatter_s, f.shape))
+    return f / mean_rate(rates[0], seconds[0]), b / mean_rate(rates[1], seconds[1])
 
 
 def _per_parameter(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:

@@ -260,7 +260,8 @@ class Layouts:
 
     @property
     def plain(self) -> np.ndarray:
-        """Plain data parallelism: no model parallelism, ZeRO or recomputation (what DDP runs)."""
+        """Plain data parallelism: no model parallelism, ZeRO or recomputation, whole-layer or
+        of recompute_modules (what DDP runs; as Strategy.data_parallel_only)."""
         return (
             (self.tp == 1)
             & (self.pp == 1)
@@ -268,6 +269,7 @@ class Layouts:
             & (self.expert_tp == 1)
             & (self.zero == 0)
             & (self.recompute == 0)
+            & (self.recompute_parts == 0)
             & (self.interleave == 1)
             & (self.cp == 1)
         )
