@@ -432,8 +432,10 @@ class StepModel:
         return line[inverse, 0] + line[inverse, 1] * act
 
     def workspace(self, L: Layouts) -> np.ndarray:
-        """Bytes each layout holds outside its tensors (step.workspace)."""
-        return workspace_bytes(self.gpu, self.groups, L, self._nccl)
+        """Bytes each layout holds outside its tensors (step.workspace), the userbuffers of
+        a micro-batch's activations (tp_bytes' values) with tp_overlap."""
+        values = tp_bytes(L, self.shape) / ACT_BYTES
+        return workspace_bytes(self.gpu, self.groups, L, self._nccl, values)
 
     def memory(self, L: Layouts) -> np.ndarray:
         """Bytes per GPU on the fullest stage (step.memory) with the workspace; error feedback
