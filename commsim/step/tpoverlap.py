@@ -36,6 +36,7 @@ import numpy as np
 from commsim.step.block_gemms import attention_gemms, mlp_gemms
 from commsim.step.compute import Rates, gemm_seconds
 from commsim.step.contention import contended_rates
+from commsim.step.groups import _group_rows
 
 # One set of constants: Transformer Engine 2.x's defaults (initialize_ub, get_default_config,
 # v2.0 to v2.8), what --tp-comm-overlap runs without a per-model --tp-comm-overlap-cfg and so
@@ -147,7 +148,16 @@ def userbuffers(model, L, nbytes):
     """Per micro-batch (forward, backward) seconds per block of layouts L's tensor-parallel
     collectives under userbuffers on `model` (a StepModel), `nbytes` the bf16 bytes of a
     block's activations on the wire (model.tp_bytes); FP8 layouts gather FP8 inputs (TE's
-    all-gather buffers are FP8 under an FP8 recipe: fp8_buf), reduce-scatter bf16."""
+    all-gather buffers are FP8 under an FP8 recipe: fp8_buf), reduce-scatter bf16. Priced
+    once per distinct (algorithm, tp groups, micro-batch, precision): all it depends on."""
+    cols = [L.algorithm, L.placement, L.tp, L.dp, L.pp, L.cp, L.order, L.micro_batch, L.fp8]
+    inverse, firsts = _group_rows(cols)
+    fwd, bwd = _userbuffers(model, L.take(firsts), np.broadcast_to(nbytes, L.tp.shape)[firsts])
+    return fwd[inverse], bwd[inverse]
+
+
+def _userbuffers(model, L, nbytes):
+    """userbuffers' seconds on distinct layouts."""
     gpu, tp = model.gpu, L.tp.astype(float)
     ag_bytes = nbytes * np.where(L.fp8, 0.5, 1.0)
     price = model.groups.price
