@@ -201,3 +201,24 @@ def test_one_measured_efficiency_loses_nothing_to_chunks():
     fwd, _ = userbuffers(model, L, nbytes)
     rs_chunk = model.groups.price("reduce-scatter", "tp", L, nbytes / NUM_SPLITS)
     assert float(fwd[0]) == pytest.approx(2 * float(rs_chunk[0]), rel=1e-9)
+
+
+def test_a_batch_prices_each_layout_as_alone():
+    # userbuffers prices each distinct (groups, micro-batch, precision) once: a mixed batch
+    # gives each layout what it gives that layout alone
+    model = _gpt_on_one_node()
+    L = Layouts.build(
+        dp=np.array([2, 1, 2, 4, 1, 2]),
+        tp=np.array([4, 8, 4, 2, 8, 4]),
+        micro_batch=np.array([1, 1, 2, 1, 2, 1]),
+        micro_batches=8,
+        fp8=np.array([False, True, False, True, False, True]),
+        tp_overlap=True,
+        sequence_parallel=True,
+    )
+    fwd, bwd = userbuffers(model, L, tp_bytes(L, model.shape))
+    assert len(set(fwd.tolist())) == len(L)  # all distinct
+    for i in range(len(L)):
+        one = L.take(np.array([i]))
+        f, b = userbuffers(model, one, tp_bytes(one, model.shape))
+        assert (f[0], b[0]) == (fwd[i], bwd[i])
