@@ -39,8 +39,9 @@ from commsim.step.contention import contended_rates
 from commsim.step.groups import _group_rows
 
 # One set of constants: Transformer Engine 2.x's defaults (initialize_ub, get_default_config,
-# v2.0 to v2.8), what --tp-comm-overlap runs without a per-model --tp-comm-overlap-cfg and so
-# what a planner's layout of any model gets. NVIDIA's tuned configs (NeMo-Framework-Launcher
+# the same from v2.0 to v2.18; 1.9-1.13 had them with the SM margin off), what
+# --tp-comm-overlap runs without a per-model --tp-comm-overlap-cfg and so what a planner's
+# layout of any model gets. NVIDIA's tuned configs (NeMo-Framework-Launcher
 # conf/training/tp_overlap/*.yaml, NeMo 2.0 tp_overlap_configs/userbuffers.py) keep these
 # methods, 4 splits and the SM margin, with 8-24 SMs a pipeline and 2-24 a bulk overlap,
 # chosen per model and layout: no one value of theirs serves every case.

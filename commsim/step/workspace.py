@@ -57,7 +57,7 @@ NCCL_SIMPLE = 4 * MIB
 # allocates it outside PyTorch's allocator): the 6 all-gather ones (qkv_fprop, fc1_fprop,
 # proj_dgrad, fc2_dgrad, qkv_dgrad, fc1_dgrad) in FP8 (1 byte) under an FP8 recipe (fp8_buf),
 # else bf16; the 4 reduce-scatter ones (proj_fprop, fc2_fprop, qkv_wgrad, fc1_wgrad) in bf16.
-# TE 2.8's two "external" wgrad buffers are not counted (a lower bound)
+# the two "external" wgrad buffers of TE 2.8 on are not counted (a lower bound)
 UB_GATHER_BUFFERS, UB_SCATTER_BUFFERS = 6, 4
 # point-to-point connections (the pipeline's sends; all-to-all, which NCCL runs as sends
 # and receives to every peer): a Simple buffer per peer and channel, one channel a peer
