@@ -17,6 +17,7 @@ from commsim.planner.search import enumerate_layouts, search
 from commsim.report import labels
 from commsim.scenario import load_scenario, resolve
 from commsim.specs import ModelSpec
+from commsim.step.block_gemms import mlp_gemms
 from commsim.step.compute import Rates, _Block, _prices, gemm_seconds, tile_utilisation
 from commsim.step.groups import Groups
 from commsim.step.kernel_bytes import ELEMENTWISE, GROUPED_GEMM_STREAMS, PERMUTE_PASS, ROUTER_BYTES
@@ -155,7 +156,8 @@ def test_expert_flops_do_not_depend_on_the_fold(tp, ep, etp):
     # whatever the grid, a GPU's expert GEMMs do its own tokens' share: t / tp tokens x top
     # 2 x 3 matrices of 1024 x 512 x 2 FLOPs (an independent count from the workload's side)
     b = _block(tp, ep, etp)
-    shapes = b._mlp_gemms(512, b.etp * b.ep * 2 / (b.tp * 8), 8 / b.ep, b.etp)
+    rows = b.etp * b.ep * 2 / (b.tp * 8)
+    shapes = mlp_gemms(b.arch, b.tokens * rows, 512, b.etp, 8 / b.ep)
     flops = sum(2 * m * n * k * count for m, n, k, count in shapes)
     assert float(flops[0]) == pytest.approx(4096 / tp * 2 * 3 * 1024 * 512 * 2)
 

@@ -82,7 +82,9 @@ def test_predict_adds_the_workspace_and_search_agrees():
     tp_ring, dp_ring = 24 * CONNECTION, ws.nccl_bytes(model.groups, L)[0] - 24 * CONNECTION
     assert dp_ring > 0  # the two nodes' data-parallel pairs
     blas = 2 * 32 * MIB + 3 * 32 * MIB
-    assert p.memory.workspace == pytest.approx(400 * MIB + blas + tp_ring + dp_ring)
+    # userbuffers: Llama 3 8B's 8192 tokens x 4096 a buffer, 6 FP8 gathers, 4 bf16 scatters
+    ub = (6 * 1 + 4 * 2) * 8192 * 4096
+    assert p.memory.workspace == pytest.approx(400 * MIB + blas + tp_ring + dp_ring + ub)
     assert model.memory(L)[0] == pytest.approx(p.memory.total, rel=1e-12)
 
 
@@ -129,6 +131,17 @@ def test_plan_keeps_the_reserve_free():
         assert result.exit_code == 0, result.output
         fitting.append(json.loads(result.stdout)["fitting"])
     assert fitting[0] > 0 and fitting[1] == 0
+
+
+def test_userbuffers_by_hand():
+    # 2048 tokens x 12,288 (GPT-3's micro-batch): bf16 10 x 2 B, FP8 6 x 1 + 4 x 2 B a value
+    L = strategy_layouts(_setup(gpus=8, tp=8), [Strategy(tp=8, tp_overlap=True)] * 2)
+    L = L.take(np.array([0, 1]))
+    L.fp8[1] = True
+    values = 2048 * 12288
+    assert list(ws.userbuffers_bytes(L, values)) == [20 * values, 14 * values]
+    off = strategy_layouts(_setup(gpus=8, tp=8), [Strategy(tp=8)])
+    assert ws.userbuffers_bytes(off, values)[0] == 0.0
 
 
 def test_cpu_hosts_hold_no_cuda_workspace():

@@ -34,6 +34,7 @@ import numpy as np
 
 from commsim.specs import GPUSpec
 from commsim.step.activations import RECOMPUTE, RECOMPUTE_MODULES
+from commsim.step.block_gemms import attention_gemms, mla_up_gemms, mlp_gemms
 from commsim.step.eager import Prices, fsdp2_copy_out, stack_prices
 from commsim.step.kernel_bytes import (
     ACT,
@@ -265,7 +266,8 @@ class _Block:
         """(forward, backward, attention core forward, linear layers' GEMM forward) seconds
         of the mean block."""
         c, moe_share = self.arch, self.moe_share
-        attn, dense = self._attention_gemms(), self._mlp_gemms(c.ffn_hidden, 1.0, 1.0)
+        attn = attention_gemms(c, self.tokens, self.tp)
+        dense = mlp_gemms(c, self.tokens, c.ffn_hidden, self.tp)
         (attn_f, attn_cast), (dense_f, dense_cast) = self._gemms(attn), self._gemms(dense)
         moe_f, moe_cast, moe_bytes, moved = self._moe() if moe_share else (0.0,) * 4
         mlp_f = (1 - moe_share) * dense_f + moe_share * moe_f
@@ -302,7 +304,7 @@ class _Block:
         norm = 2 * t / self.split * c.hidden * (self.prices.norm[0] + cast)
         up = 0.0
         if c.mla:
-            gemm, gemm_cast = self._gemms(self._mla_up_gemms())
+            gemm, gemm_cast = self._gemms(mla_up_gemms(c, t, self.tp))
             rotary = self.prices.rotary[0] * self._rotary_width() * t / self.tp
             up = gemm + (gemm_cast + rotary) / mem
         act = 0.0
@@ -310,7 +312,7 @@ class _Block:
             width = c.moe_ffn_hidden or c.ffn_hidden
             copies = t / self.tp * c.top_k * c.capacity_factor  # as _moe counts them
             act = self.moe_share * copies * width * (self.prices.act[0] + cast)
-        gemm, gemm_cast = self._gemms(self._mlp_gemms(c.ffn_hidden, 1.0, 1.0))
+        gemm, gemm_cast = self._gemms(mlp_gemms(c, t, c.ffn_hidden, self.tp))
         dense_act = t / self.tp * c.ffn_hidden * self.prices.act[0]  # as _elementwise
         mlp = (1 - self.moe_share) * (gemm + (gemm_cast + dense_act) / mem)
         gemm, gemm_cast, shared_act = self._shared_experts()
@@ -349,39 +351,11 @@ class _Block:
         forward's casts of the inputs are kept for the backward."""
         return sum(np.where(self.fp8, FP8_CAST * m * n * count, 0.0) for m, n, _, count in shapes)
 
-    def _attention_gemms(self):
-        """Attention's projections: fused QKV and the output (or MLA's latents)."""
-        c, t, tp = self.arch, self.tokens, self.tp
-        h, hd = c.hidden, c.head_width
-        if c.mla:
-            q_up, kv_up = self._mla_up_gemms()
-            q = [(t, c.q_lora_rank, h, 1.0), q_up] if c.q_lora_rank else [q_up]
-            kv = [(t, c.kv_lora_rank + c.rope_head_dim, h, 1.0), kv_up]
-            return q + kv + [(t, h, c.heads * (c.v_head_dim or hd) / tp, 1.0)]
-        qw, kvw = c.heads * hd, c.kv_heads * hd
-        return [(t, (qw + 2 * kvw) / tp, h, 1.0), (t, h, qw / tp, 1.0)]
-
-    def _mla_up_gemms(self):
-        """MLA's up-projections: Q's from its latent (from h without q_lora_rank) and the
-        keys' and values' from theirs, split over tp."""
-        c, t, tp, hd = self.arch, self.tokens, self.tp, self.arch.head_width
-        qk, vd = hd + c.rope_head_dim, c.v_head_dim or hd
-        q_in = c.q_lora_rank or c.hidden
-        kv = (t, c.heads * (hd + vd) / tp, c.kv_lora_rank, 1.0)
-        return [(t, c.heads * qk / tp, q_in, 1.0), kv]
-
     def _rotary_width(self) -> int:
         """Values a token's rotary embedding rotates: Q's and K's heads (0: learned
         positions)."""
         c = self.arch
         return 0 if c.style.learned_positions else (c.heads + c.kv_heads) * c.head_width
-
-    def _mlp_gemms(self, width, rows_scale, count, split=None):
-        """An MLP of `width` split over tp (or `split` ranks): up (and gate, fused), down."""
-        c, t = self.arch, self.tokens * rows_scale
-        split = self.tp if split is None else split
-        up = (2 if c.gated_mlp else 1) * width / split
-        return [(t, up, c.hidden, count), (t, c.hidden, width / split, count)]
 
     def _moe(self):
         """(seconds, cast bytes, element-wise HBM bytes, permuted HBM bytes) of an MoE MLP
@@ -400,7 +374,7 @@ class _Block:
         rows = self.etp * self.ep * routed / (self.tp * c.experts)  # per local expert, per token
         router = gemm_seconds(t / self.tp, c.experts, c.hidden, self.rates.gemm, self.rates.sms)
         shared_f, shared_cast, shared_act = self._shared_experts()
-        experts = self._mlp_gemms(width, rows, local, self.etp)
+        experts = mlp_gemms(c, t * rows, width, self.etp, local)
         expert_f, expert_cast = self._gemms(experts, np.minimum(local, GROUPED_GEMM_STREAMS))
         copies = t / self.tp * routed  # routed copies of the GPU's tokens
         act = (3 if c.gated_mlp else 2) * width * ACT  # the activation of a row of width
@@ -416,7 +390,7 @@ class _Block:
         forward: a dense MLP of shared_experts x the expert width over tp, on every token."""
         c = self.arch
         width = (c.moe_ffn_hidden or c.ffn_hidden) * c.shared_experts
-        seconds, cast = self._gemms(self._mlp_gemms(width, 1.0, 1.0) if width else [])
+        seconds, cast = self._gemms(mlp_gemms(c, self.tokens, width, self.tp) if width else [])
         act = (3 if c.gated_mlp else 2) * width * ACT * self.tokens / self.tp
         return seconds, cast, act
 

@@ -42,6 +42,7 @@ from commsim.step.memory import MEMORY_RESERVE, memory_per_gpu_batch, usable_byt
 from commsim.step.optimizer import adam_step_time
 from commsim.step.pipeline import schedule_group
 from commsim.step.shape import Shape, slowest, stage_layers
+from commsim.step.tpoverlap import userbuffers
 from commsim.step.workspace import workspace_bytes
 from commsim.topology.build import Cluster
 from commsim.workload.model import BACKWARD_FACTOR, Workload
@@ -352,12 +353,17 @@ class StepModel:
         backward, 2 more when a full recompute replays the forward; with sequence
         parallelism each is a reduce-scatter + all-gather of the same volume (Korthikanti
         Sec. 4.2.2). With tp_overlap (Transformer Engine's userbuffers, Megatron-core
-        --tp-comm-overlap) they run under the block's compute: only what exceeds it shows."""
-        ar = self.groups.price("all-reduce", "tp", L, tp_bytes(L, self.shape))
+        --tp-comm-overlap) each runs under its GEMM, chunked: what the pair takes beyond the
+        GEMM alone (step.tpoverlap), again where a full recompute replays the forward."""
+        nbytes = tp_bytes(L, self.shape)
+        ar = self.groups.price("all-reduce", "tp", L, nbytes)
+        full = np.where(L.recompute == 2, 1.0, 0.0)
         fwd = self.shape.tp_collectives * ar
-        bwd = fwd * np.where(L.recompute == 2, 2.0, 1.0)
-        fwd = np.where(L.tp_overlap, np.maximum(fwd - c.block_fwd, 0.0), fwd)
-        bwd = np.where(L.tp_overlap, np.maximum(bwd - c.block_bwd, 0.0), bwd)
+        bwd = fwd * (1.0 + full)
+        if L.tp_overlap.any() and self.workload.arch is not None:
+            ub_f, ub_b = userbuffers(self, L, nbytes)
+            fwd = np.where(L.tp_overlap, ub_f, fwd)
+            bwd = np.where(L.tp_overlap, ub_b + full * ub_f, bwd)
         return c.blocks * fwd, c.blocks * bwd
 
     def _context_parallel(self, L: Layouts, c: Compute):
@@ -426,8 +432,10 @@ class StepModel:
         return line[inverse, 0] + line[inverse, 1] * act
 
     def workspace(self, L: Layouts) -> np.ndarray:
-        """Bytes each layout holds outside its tensors (step.workspace)."""
-        return workspace_bytes(self.gpu, self.groups, L, self._nccl)
+        """Bytes each layout holds outside its tensors (step.workspace), the userbuffers of
+        a micro-batch's activations (tp_bytes' values) with tp_overlap."""
+        values = tp_bytes(L, self.shape) / ACT_BYTES
+        return workspace_bytes(self.gpu, self.groups, L, self._nccl, values)
 
     def memory(self, L: Layouts) -> np.ndarray:
         """Bytes per GPU on the fullest stage (step.memory) with the workspace; error feedback

@@ -116,7 +116,7 @@ def _op_replay_flops(w: Workload) -> float:
 
 
 def _mla_up_flops(w: Workload) -> float:
-    """Forward FLOPs per sample of MLA's up-projections (compute._Block._mla_up_gemms): Q's
+    """Forward FLOPs per sample of MLA's up-projections (step.block_gemms.mla_up_gemms): Q's
     from its latent (from h without q_lora_rank), the keys' and values' from theirs."""
     c = w.arch
     if c is None or not c.mla:
@@ -128,7 +128,7 @@ def _mla_up_flops(w: Workload) -> float:
 
 
 def _mlp_flops(w: Workload) -> float:
-    """Forward FLOPs per sample of the dense blocks' MLP GEMMs (compute._Block._mlp_gemms),
+    """Forward FLOPs per sample of the dense blocks' MLP GEMMs (step.block_gemms.mlp_gemms),
     a mean block's: up (and gate) and down projections on the dense share of blocks."""
     c = w.arch
     if c is None:

@@ -51,6 +51,14 @@ TE_BYTES, TE_BYTES_SM90, TE_UB_STREAMS = 4 * MIB, 32 * MIB, 3
 NCCL_LL = 8 * 512 * 8 * 16
 NCCL_LL128 = 120 * 640 * 8 * 8
 NCCL_SIMPLE = 4 * MIB
+# Userbuffers (tp_overlap): one registered buffer per overlapped GEMM of a block, each of
+# Megatron's input_shape, (seq_length x micro_batch / cp) x hidden (megatron/training/
+# initialize.py, _initialize_tp_communicators; TE initialize_ub, add_ub; comm_gemm_overlap.cpp
+# allocates it outside PyTorch's allocator): the 6 all-gather ones (qkv_fprop, fc1_fprop,
+# proj_dgrad, fc2_dgrad, qkv_dgrad, fc1_dgrad) in FP8 (1 byte) under an FP8 recipe (fp8_buf),
+# else bf16; the 4 reduce-scatter ones (proj_fprop, fc2_fprop, qkv_wgrad, fc1_wgrad) in bf16.
+# the two "external" wgrad buffers of TE 2.8 on are not counted (a lower bound)
+UB_GATHER_BUFFERS, UB_SCATTER_BUFFERS = 6, 4
 # point-to-point connections (the pipeline's sends; all-to-all, which NCCL runs as sends
 # and receives to every peer): a Simple buffer per peer and channel, one channel a peer
 # (NCCL_MIN_P2P_NCHANNELS = 1; NCCL may run more, so a lower bound)
@@ -64,6 +72,14 @@ def blas_bytes(gpu: GPUSpec, te: np.ndarray, tp_overlap: np.ndarray) -> np.ndarr
     te_one = TE_BYTES_SM90 if cc >= 9.0 else TE_BYTES
     te_streams = np.where(tp_overlap, TE_UB_STREAMS, 1)
     return torch + np.where(te | tp_overlap, te_one * te_streams, 0)
+
+
+def userbuffers_bytes(L: Layouts, elements) -> np.ndarray:
+    """Transformer Engine's userbuffers of each tp_overlap layout, `elements` the values of
+    one (a micro-batch's tokens on a context-parallel rank x hidden); 0 without overlap."""
+    gather = np.where(L.fp8, 1, 2)
+    per_element = UB_GATHER_BUFFERS * gather + UB_SCATTER_BUFFERS * 2
+    return np.where(L.tp_overlap, per_element * np.asarray(elements, dtype=float), 0.0)
 
 
 def ring_bytes(channels: int) -> int:
@@ -108,10 +124,12 @@ def nccl_bytes(groups: Groups, L: Layouts, cache: dict | None = None) -> np.ndar
 
 
 def workspace_bytes(
-    gpu: GPUSpec, groups: Groups, L: Layouts, cache: dict | None = None
+    gpu: GPUSpec, groups: Groups, L: Layouts, cache: dict | None = None, ub_elements=0.0
 ) -> np.ndarray:
     """Bytes each layout holds outside the caching allocator's tensors: the CUDA context,
-    the cuBLAS workspaces and NCCL's buffers (`cache`: nccl_bytes'); none on CPU hosts."""
+    the cuBLAS workspaces, NCCL's buffers (`cache`: nccl_bytes') and with tp_overlap the
+    userbuffers (`ub_elements` values each: userbuffers_bytes); none on CPU hosts."""
     if groups.cluster.spec.on_cpu:
         return np.zeros(len(L))
-    return CONTEXT_BYTES + blas_bytes(gpu, L.fp8, L.tp_overlap) + nccl_bytes(groups, L, cache)
+    ub = userbuffers_bytes(L, ub_elements)
+    return CONTEXT_BYTES + blas_bytes(gpu, L.fp8, L.tp_overlap) + nccl_bytes(groups, L, cache) + ub
