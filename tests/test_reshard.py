@@ -202,3 +202,36 @@ def test_predict_false_is_faster_and_heavier():
     assert kept.step_time_s < freed.step_time_s
     assert kept.memory.total > freed.memory.total
 
+
+def test_search_adds_false_where_it_applies_and_a_pin_holds_it():
+    """The planner prices each ZeRO-3 single-stage layout with its units resharded (the
+    stack's) and kept; every other layout as before; a pin of false keeps those rows only."""
+    from commsim.planner.search import enumerate_layouts
+
+    setup = _setup()
+    L = enumerate_layouts(setup)
+    fsdp = (L.zero == 3) & (L.pp == 1)
+    assert fsdp.any() and (~fsdp).any()
+    assert set(L.reshard[fsdp].tolist()) == {ALWAYS, NEVER}
+    assert (L.reshard[~fsdp] == ALWAYS).all()
+    assert (L.reshard == NEVER).sum() == (fsdp & (L.reshard == ALWAYS)).sum()
+    pinned = enumerate_layouts(setup, {"reshard_after_forward": False})
+    assert len(pinned) == (L.reshard == NEVER).sum()
+    assert (pinned.zero == 3).all() and (pinned.pp == 1).all() and (pinned.reshard == NEVER).all()
+    assert pinned.strategy(0, setup.scenario.strategy).reshard_after_forward is False
+
+
+def test_labels():
+    from commsim.report.labels import layout_label, reshard_label
+    from commsim.specs import Strategy
+
+    def label(value):
+        s = Strategy(zero=3, reshard_after_forward=value).model_dump()
+        return layout_label({"strategy": s, "layout": {"dp": 8, "micro_batch": 1}})
+
+    assert [label(v) for v in (True, False, "all-but-last")] == [
+        "dp8 z3 mb1",
+        "dp8 z3nr mb1",
+        "dp8 z3nl mb1",
+    ]
+    assert reshard_label({"reshard_after_forward": False}) == "units kept from forward to backward"
