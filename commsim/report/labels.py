@@ -53,7 +53,9 @@ def describe_strategy(strategy: dict[str, Any]) -> str:
 
 
 def _hybrid(s: dict[str, Any]) -> str:
-    return f" sharded over {s['fsdp_shard']}" if s.get("fsdp_shard") else ""
+    kept = s.get("reshard_after_forward", True) is not True
+    shard = f" sharded over {s['fsdp_shard']}" if s.get("fsdp_shard") else ""
+    return shard + (f" ({reshard_label(s)})" if kept else "")
 
 
 def _schedule(s: dict[str, Any]) -> str:
