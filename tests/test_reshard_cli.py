@@ -32,3 +32,10 @@ def test_plan_pins_it():
     assert out.exit_code == 0, out.output
     candidates = json.loads(out.stdout)["candidates"]
     assert candidates and all(not c["strategy"]["reshard_after_forward"] for c in candidates)
+
+
+def test_plan_refuses_a_group_size_in_one_line():
+    bad = CliRunner().invoke(app, ["plan", *BASE, "--reshard-after-forward", "8"])
+    assert bad.exit_code == 2
+    lines = bad.output.strip().splitlines()
+    assert len(lines) == 1 and "--reshard-after-forward 8" in lines[0], bad.output
