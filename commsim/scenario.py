@@ -166,6 +166,7 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
         raise SpecError(
             src, "strategy.states", f"fsdp describes ZeRO-3's shards; zero is {strategy.zero}"
         )
+    _check_reshard(strategy, src)
     _check_schedule(setup, strategy)  # before the plain-DDP shortcut: pp 1 is plain
     if strategy.etp is not None and not w.moe:  # before the plain-DDP shortcut: etp 1 is plain
         raise SpecError(
@@ -274,6 +275,7 @@ def check_pins(w: Workload, strategy: Strategy, pins: set[str], src: str) -> Non
     check_model_axes(w, Strategy(**(stack | pinned)), src)
     _check_param_gather(strategy, pinned.get("zero", 1), pinned.get("overlap", True), src)
     _check_recompute_modules(w, strategy, src)
+    _check_reshard(strategy, src, pinned=False)
 
 
 def _check_recompute_modules(w: Workload, strategy: Strategy, src: str) -> None:
@@ -374,6 +376,25 @@ def _check_kernels(setup: Setup, strategy: Strategy) -> None:
             f"{strategy.zero3_issue!r} is how DeepSpeed's ZeRO-3 over all data-parallel ranks "
             "issued its collectives: it needs zero 3 and no fsdp_shard",
         )
+
+
+def _check_reshard(strategy: Strategy, src: str, pinned: bool = True) -> None:
+    """reshard_after_forward other than true: FSDP units (zero 3, issued per unit) without a
+    pipeline, whose schedules decide when units reshard (not modelled); an int (FSDP2's
+    reshard to a smaller group) is not priced. `pinned` false (a search's base strategy):
+    the int only, the search placing the rest."""
+    value = strategy.reshard_after_forward
+    problem = ""
+    if not isinstance(value, bool) and isinstance(value, int):
+        problem = f"{value}: resharding to a smaller group is not priced (give true or false)"
+    elif value is True or not pinned:
+        return
+    elif strategy.zero != 3 or strategy.zero3_issue != "unit":
+        problem = f"{value}: applies to FSDP units (zero 3, zero3_issue unit)"
+    elif strategy.pp > 1:
+        problem = f"{value}: with pp > 1 the pipeline schedule decides when units reshard"
+    if problem:
+        raise SpecError(src, "strategy.reshard_after_forward", problem)
 
 
 def _check_model_parallel(setup: Setup, strategy: Strategy) -> None:

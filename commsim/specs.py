@@ -367,6 +367,13 @@ class Strategy(Spec):
     # under compute (FSDP, DeepSpeed >= 0.6); "parameter", DeepSpeed before 0.6 (2021): one
     # synchronised gather per parameter, one reduce-scatter per gradient, none overlapped
     zero3_issue: Zero3Issue = "unit"
+    # FSDP's reshard_after_forward (step.fsdp): true frees a unit's gathered parameters after
+    # its forward and gathers them again for its backward; false keeps them until then (FSDP2
+    # fully_shard(reshard_after_forward=False), FSDP1 SHARD_GRAD_OP): no backward gathers, the
+    # units held between the passes (step.memory); "all-but-last", torchtitan's default without
+    # a pipeline (parallelize_llama.py apply_fsdp). An int, FSDP2's reshard to a smaller
+    # group, is refused (scenario.check_layout)
+    reshard_after_forward: bool | int | Literal["all-but-last"] = True
     order: RankOrder = "tp-cp-ep-dp-pp"  # how ranks map to GPUs, fastest-varying first
 
     @property

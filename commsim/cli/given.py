@@ -14,7 +14,7 @@ LAYOUT_FLAGS = (  # the search's dimensions: a flag pins one
     *("bucket_mb", "algorithm", "placement", "overlap", "compression", "error_feedback"),
     *("tp", "pp", "ep", "etp", "zero", "recompute", "interleave", "first_stage_layers"),
     *("last_stage_layers", "cp", "order", "fsdp_shard", "precision", "tp_overlap", "ep_overlap"),
-    "pipeline_schedule",
+    *("pipeline_schedule", "reshard_after_forward"),
 )
 STACK_FLAGS = ("flash_attention", "overlap_param_gather", "sequence_parallel", "kernels")
 NCCL_FLAGS = ("nccl_version", "nccl_algo", "nccl_proto")

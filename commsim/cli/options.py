@@ -148,6 +148,13 @@ OrderOpt = Annotated[
     str | None,
     typer.Option(help="Rank order, fastest first: tp-cp-ep-dp-pp (Megatron) or tp-cp-ep-pp-dp."),
 ]
+ReshardOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="FSDP units after the forward: true (reshard, gather again for the backward), "
+        "false (keep them until the backward) or all-but-last (torchtitan's default)."
+    ),
+]
 FsdpShardOpt = Annotated[
     int | None, typer.Option(help="Hybrid sharding: ZeRO-3 over groups of this many dp ranks.")
 ]

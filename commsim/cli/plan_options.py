@@ -108,6 +108,10 @@ OnlyOrderOpt = Annotated[
 OnlyFsdpShardOpt = Annotated[
     int | None, typer.Option(help="Search only ZeRO-3 hybrid-sharded over this many dp ranks.")
 ]
+OnlyReshardOpt = Annotated[
+    str | None,
+    typer.Option(help="Search only this FSDP reshard_after_forward: true, false, all-but-last."),
+]
 TopOpt = Annotated[int, typer.Option(help="Rows to show (at least 1).")]
 SweepPlotOpt = Annotated[
     str | None,

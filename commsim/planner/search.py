@@ -36,8 +36,10 @@ from commsim.step.layouts import (
     NORM_BACKWARDS,
     PIPELINE_SCHEDULES,
     RANK_ORDERS,
+    RESHARDS,
     ZERO3_ISSUES,
     Layouts,
+    reshard_code,
 )
 from commsim.step.memory import RECOMPUTE
 from commsim.step.model import StepBreakdown, StepModel
@@ -265,6 +267,7 @@ def enumerate_layouts(
     fp8 = bool(setup.gpu.fp8_flops) and bool(Shape.of(setup.workload).blocks)
     cols = _with_kernels(cols, pins, fp8, base.sequence_parallel)
     cols = _with_schedules(cols, pins.get("pipeline_schedule"), base.pipeline_schedule)
+    cols = _with_reshard(cols, pins, base)
     if not base.sequence_parallel and setup.workload.moe:  # MoE with tp > 1 needs SP
         cols = {k: v[cols["tp"] == 1] for k, v in cols.items()}
     return Layouts.build(
@@ -325,6 +328,22 @@ def _branch(cols: dict[str, np.ndarray], name: str, where: np.ndarray, value, de
     n = len(next(iter(cols.values())))
     out = {k: np.concatenate([v, v[where]]) for k, v in cols.items()}
     out[name] = np.concatenate([np.full(n, default), np.full(int(where.sum()), value)])
+    return out
+
+
+def _with_reshard(cols: dict[str, np.ndarray], pins: dict[str, Any], base: Strategy) -> dict:
+    """FSDP units' reshard_after_forward where it applies (zero 3 issued per unit, pp 1:
+    scenario._check_reshard): the stack's (base's) and false beside it; elsewhere true. A
+    pin other than true keeps the rows it applies to only."""
+    n = len(cols["dp"])
+    where = (cols["zero"] == 3) & (cols["pp"] == 1) & (base.zero3_issue == "unit")
+    if "reshard_after_forward" in pins:
+        code = reshard_code(pins["reshard_after_forward"])
+        keep = where if code else np.ones(n, dtype=bool)
+        return {k: v[keep] for k, v in cols.items()} | {"reshard": np.full(keep.sum(), code)}
+    stack, never = reshard_code(base.reshard_after_forward), RESHARDS.index(False)
+    out = _branch(cols, "reshard", where & (stack != never), never, 0)
+    out["reshard"][:n] = np.where(where, stack, 0)
     return out
 
 

@@ -53,7 +53,9 @@ def describe_strategy(strategy: dict[str, Any]) -> str:
 
 
 def _hybrid(s: dict[str, Any]) -> str:
-    return f" sharded over {s['fsdp_shard']}" if s.get("fsdp_shard") else ""
+    kept = s.get("reshard_after_forward", True) is not True
+    shard = f" sharded over {s['fsdp_shard']}" if s.get("fsdp_shard") else ""
+    return shard + (f" ({reshard_label(s)})" if kept else "")
 
 
 def _schedule(s: dict[str, Any]) -> str:
@@ -78,7 +80,8 @@ def split_label(s: dict[str, Any]) -> str:
 
 def layout_label(c: dict[str, Any]) -> str:
     """A layout in a few characters: dp64 tp8 cp2 pp16 v2 z1 sel mb1 (z3/8: ZeRO-3 sharded
-    over 8 ranks, replicated across; pp>dp: the pipeline inside each data-parallel replica;
+    over 8 ranks, replicated across; z3nr: no reshard after forward, z3nl: all but the last
+    block reshard; pp>dp: the pipeline inside each data-parallel replica;
     fp8: FP8 GEMMs; dualpipe: DeepSeek-V3's schedule)."""
     s, lay = c["strategy"], c["layout"]
     parts = [f"dp{lay['dp']}"]
@@ -89,12 +92,21 @@ def layout_label(c: dict[str, Any]) -> str:
     parts += [_etp(s, "").replace(" ", "")] if _etp(s, "") else []
     parts += [f"v{s['interleave']}"] if s["interleave"] > 1 else []
     parts += ["dualpipe"] if s.get("pipeline_schedule") == "dualpipe" else []
-    zero = f"z{s['zero']}" + (f"/{s['fsdp_shard']}" if s.get("fsdp_shard") else "")
+    kept = {False: "nr", "all-but-last": "nl"}.get(s.get("reshard_after_forward", True), "")
+    zero = f"z{s['zero']}{kept}" + (f"/{s['fsdp_shard']}" if s.get("fsdp_shard") else "")
     parts += [zero] if s["zero"] else []
     parts += [s["recompute"][:3]] if s["recompute"] != "none" else []
     parts += ["pp>dp"] if s.get("order", "tp-cp-ep-dp-pp") != "tp-cp-ep-dp-pp" else []
     parts += ["fp8"] if s.get("precision") == "fp8" else []
     return " ".join([*parts, f"mb{lay['micro_batch']}"])
+
+
+def reshard_label(s: dict[str, Any]) -> str:
+    """FSDP's reshard_after_forward in words (Strategy.reshard_after_forward)."""
+    value = s.get("reshard_after_forward", True)
+    if value == "all-but-last":
+        return "all but the last unit reshard after forward"
+    return "reshard after forward" if value else "units kept from forward to backward"
 
 
 # The dimensions a plan explains: label, the strategy keys that change together, the value.
@@ -107,6 +119,7 @@ _DIMENSIONS = (
     ("rank order", ("order",), lambda s: s.get("order", "tp-cp-ep-dp-pp")),
     ("hybrid sharding", ("fsdp_shard",), lambda s: f"shard over {s.get('fsdp_shard') or 'all'}"),
     ("ZeRO stage", ("zero",), lambda s: f"ZeRO {s['zero']}"),
+    ("reshard after forward", ("reshard_after_forward",), reshard_label),
     ("recomputation", ("recompute",), lambda s: s["recompute"]),
     ("interleaving", ("interleave",), lambda s: f"v {s['interleave']}"),
     ("pipeline schedule", ("pipeline_schedule",), lambda s: s.get("pipeline_schedule", "1f1b")),

@@ -165,8 +165,9 @@ def stage_times(workload: Workload, gpu: GPUSpec, L, rates: Rates | None = None)
     pre_fwd, pre_bwd, post_fwd, post_bwd, head = _ends(arch, rates, tokens, tp, split, prices)
     bwd, pre_bwd, post_bwd = bwd + adds.block, pre_bwd + adds.pre, post_bwd + adds.post
     fwd, pre_fwd, post_fwd = fwd + copies.block, pre_fwd + copies.pre, post_fwd + copies.post
-    # a full recompute replays the forward, its copy the backward's (step.model.compute)
-    again = L.recompute != RECOMPUTE.index("full")
+    # a full recompute replays the forward, its copy the backward's (step.model.compute);
+    # units kept from the forward (reshard_after_forward false) are not gathered again
+    again = (L.recompute != RECOMPUTE.index("full")) & (L.reshard != 1)
     bwd = bwd + again * copies.block
     pre_bwd, post_bwd = pre_bwd + again * copies.pre, post_bwd + again * copies.post
     replay = block.module_replay(L.recompute_parts)

@@ -91,7 +91,8 @@ def fsdp_per_micro_batch(model, L, c) -> tuple[np.ndarray, np.ndarray]:
     backward b each (the end layers' parameters join the first unit):
         forward:  g_first + (k - 1) max(0, g - f)
         backward: g_first + (k - 1) max(0, g + r - b) + r
-    and everything (k (2 g + r)) without overlap."""
+    and everything (k (2 g + r)) without overlap; reshard_after_forward (_backward_gathers)
+    takes gathers out of the backward."""
     network, exposed = np.zeros(len(L)), np.zeros(len(L))
     for issue, price in ((0, _per_unit), (1, _per_parameter)):
         rows = np.nonzero((L.zero == 3) & (L.zero3_issue == issue))[0]
@@ -117,9 +118,24 @@ def _per_unit(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:
     parts = [(dense, g_dense, r_dense, False)]
     parts += [(sparse, g_sparse, r_sparse, True)] if sh.expert_params else []
     f_slow, b_slow = _beside_units(model, Z, c, rows, parts)
-    net = k * (2 * g + r) + 2 * (g_first - g)
-    hidden = 2 * g_first + (k - 1) * (exposed(f, f_slow, g) + exposed(b, b_slow, g + r)) + r
+    first_b, later_b = _backward_gathers(Z.reshard, g, g_first)
+    net = k * (g + r) + (g_first - g) + first_b + (k - 1) * later_b
+    ahead = (k - 1) * (exposed(f, f_slow, g) + exposed(b, b_slow, later_b + r))
+    hidden = g_first + first_b + ahead + r
     return net, np.where(Z.overlap, np.minimum(hidden, net), net)
+
+
+def _backward_gathers(reshard, g, g_first):
+    """(the backward's first unit's gather seconds, each later unit's) by
+    reshard_after_forward (layouts.RESHARDS). True: every unit is gathered again, the first
+    with the end layers (g_first, on the critical path). False: none (FSDP2 keeps the
+    unsharded parameters and "avoids the all-gather in backward", pytorch 012c62d
+    fully_shard.py; FSDP1's _runtime_utils.py _post_forward_reshard frees them only under
+    FULL_SHARD and HYBRID_SHARD, not SHARD_GRAD_OP, and never the root's). "all-but-last"
+    (torchtitan 004b314 parallelize_llama.py apply_fsdp without pp; the root module, the
+    end layers, never reshards: FSDP2 _fsdp_state.py _lazy_init): the backward starts on the
+    kept last block, the k - 1 others gathered under their neighbour's backward."""
+    return np.where(reshard == 0, g_first, 0.0), np.where(reshard == 1, 0.0, g)
 
 
 def _beside_units(model, Z, c, rows, parts):
@@ -131,6 +147,7 @@ def _beside_units(model, Z, c, rows, parts):
     rates beside them weighted by their seconds (mean_rate); the block's own times where
     the model prices compute at one efficiency."""
     f, b = c.block_fwd[rows], c.block_bwd[rows]
+    regathers = np.where(Z.reshard == 1, 0.0, 1.0)  # backward gathers (_backward_gathers)
     rates: tuple[list, list] = ([], [])
     seconds: tuple[list, list] = ([], [])
     for params, gather_s, scatter_s, expert in parts:
@@ -141,13 +158,14 @@ def _beside_units(model, Z, c, rows, parts):
         copies = reduce_copy_bytes(Z.kernels, Z.grad_bytes, shard, Z.micro_batches)
         scatter = scatter + params * copies
         fwd = contended_compute(model, Z, kinds, gather, gather_s)
-        bwd = contended_compute(model, Z, kinds, gather + scatter, gather_s + scatter_s)
+        back_s = regathers * gather_s + scatter_s
+        bwd = contended_compute(model, Z, kinds, regathers * gather + scatter, back_s)
         if fwd is None or bwd is None:
             return None, None
         rates[0].append(slowdown(f, fwd.block_fwd))
         rates[1].append(slowdown(b, bwd.block_bwd))
         seconds[0].append(np.broadcast_to(gather_s, f.shape))
-        seconds[1].append(np.broadcast_to(gather_s + scatter_s, f.shape))
+        seconds[1].append(np.broadcast_to(back_s, f.shape))
     return f / mean_rate(rates[0], seconds[0]), b / mean_rate(rates[1], seconds[1])
 
 

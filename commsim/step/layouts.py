@@ -37,6 +37,8 @@ GRAD_ACCUMULATIONS: tuple[str, ...] = get_args(GradAccumulation)
 NORM_BACKWARDS: tuple[str, ...] = get_args(NormBackward)
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+# Strategy.reshard_after_forward as a code: true, false, "all-but-last" (step.fsdp)
+RESHARDS: tuple[bool | str, ...] = (True, False, "all-but-last")
 _GRAD_BYTES = np.array([DTYPE_BYTES[d] for d in GRAD_DTYPES])
 _DEFAULTS: dict[str, Any] = {
     "dp": 1,
@@ -79,6 +81,7 @@ _DEFAULTS: dict[str, Any] = {
     "fp8_param": False,
     "fp8_cache": False,
     "schedule": 0,
+    "reshard": 0,
 }
 
 
@@ -127,6 +130,7 @@ class Layouts:
     fp8_param: np.ndarray  # FP8 primary weights (Strategy.fp8_param)
     fp8_cache: np.ndarray  # DeepSeek-V3's low-precision activation caching (Strategy.fp8_cache)
     schedule: np.ndarray  # code into PIPELINE_SCHEDULES (Strategy.pipeline_schedule)
+    reshard: np.ndarray  # code into RESHARDS (Strategy.reshard_after_forward)
     compressions: tuple[str, ...] = field(default=("none",))
 
     def __len__(self) -> int:
@@ -200,6 +204,7 @@ class Layouts:
             fp8_param=col(lambda s: s.fp8_param),
             fp8_cache=col(lambda s: s.fp8_cache),
             schedule=col(lambda s: PIPELINE_SCHEDULES.index(s.pipeline_schedule)),
+            reshard=col(lambda s: reshard_code(s.reshard_after_forward)),
         )
 
     def take(self, index: np.ndarray) -> Layouts:
@@ -220,6 +225,7 @@ class Layouts:
         out["norm_backward"] = NORM_BACKWARDS[out["norm_backward"]]
         out["schedule"] = PIPELINE_SCHEDULES[out["schedule"]]
         out["kernels"] = KERNELS[out["kernels"]]
+        out["reshard"] = RESHARDS[out["reshard"]]
         return out
 
     def strategy(self, i: int, base: Strategy) -> Strategy:
@@ -240,6 +246,7 @@ class Layouts:
             "fp8_param": r["fp8_param"],
             "fp8_cache": r["fp8_cache"],
             "pipeline_schedule": r["schedule"],
+            "reshard_after_forward": r["reshard"],
         }
         return base.model_copy(update=update)
 
@@ -273,6 +280,14 @@ class Layouts:
             & (self.interleave == 1)
             & (self.cp == 1)
         )
+
+
+def reshard_code(value: bool | int | str) -> int:
+    """Strategy.reshard_after_forward's code in RESHARDS (an int, a group to reshard to, has
+    none: scenario.check_layout refuses it)."""
+    if isinstance(value, bool) or value == "all-but-last":
+        return RESHARDS.index(value)
+    raise ValueError(f"reshard_after_forward {value!r}: true, false or all-but-last")
 
 
 _STRATEGY_FIELDS = (

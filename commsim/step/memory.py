@@ -81,6 +81,7 @@ class ParallelLayout:
     fp8_cache: bool = False  # DeepSeek-V3's low-precision activation caching (activations)
     workspace: float = 0.0  # bytes outside the tensors: context, cuBLAS, NCCL (step.workspace)
     dualpipe: bool = False  # DeepSeek-V3's DualPipe: two stages a rank (_dualpipe_ranks)
+    reshard: int = 0  # code of layouts.RESHARDS: 1 keeps ZeRO-3 units gathered (_components)
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -300,6 +301,10 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         buffers = _buffers(
             zero, c["bucket_mb"], c["grad_bytes"], largest, params, c["residual"], c["workspace"]
         )
+        # reshard_after_forward false (pp 1, scenario): every unit and the root's end layers
+        # held gathered from the forward to the backward, two of them the buffers' own
+        kept = np.maximum(params - 2 * largest, 0.0) * PARAM_BYTES
+        buffers = buffers + np.where((zero == 3) & (c["reshard"] == 1), kept, 0.0)
         weights, *rest = (d + x for d, x in zip(dense, sparse, strict=True))
         weights = weights + copy * held * (block - shape.block[1])  # the blocks' GEMMs
         stages.append((weights, *rest, acts, buffers))
@@ -407,6 +412,7 @@ def memory_per_gpu_batch(
     fp8_cache=False,
     workspace=0.0,
     dualpipe=False,
+    reshard=0,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -441,6 +447,7 @@ def memory_per_gpu_batch(
         fp8_cache=fp8_cache,
         workspace=workspace,
         dualpipe=dualpipe,
+        reshard=reshard,
     )
     return sum(_components(workload, c, schedule))
 
@@ -483,6 +490,7 @@ def memory_per_gpu(
         fp8_cache=layout.fp8_cache,
         workspace=layout.workspace,
         dualpipe=layout.dualpipe,
+        reshard=layout.reshard,
     )
     parts = (float(x) for x in _components(workload, c, schedule))
     return MemoryBreakdown(*parts, workspace=layout.workspace)

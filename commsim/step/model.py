@@ -468,6 +468,7 @@ class StepModel:
             fp8_param=L.fp8_param,
             fp8_cache=L.fp8_cache,
             dualpipe=L.schedule == 1,
+            reshard=L.reshard,
             residual_bytes=np.where(L.error_feedback & (L.compression != 0), L.grad_bytes, 0),
             workspace=self.workspace(L),
         )
