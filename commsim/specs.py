@@ -13,6 +13,7 @@ from pydantic import (
     AfterValidator,
     BeforeValidator,
     Field,
+    field_validator,
     model_validator,
 )
 
@@ -375,6 +376,20 @@ class Strategy(Spec):
     # group, is refused (scenario.check_layout)
     reshard_after_forward: bool | int | Literal["all-but-last"] = True
     order: RankOrder = "tp-cp-ep-dp-pp"  # how ranks map to GPUs, fastest-varying first
+
+    @field_validator("reshard_after_forward", mode="before")
+    @classmethod
+    def _reshard_value(cls, value: Any) -> Any:
+        """true, false, all-but-last or a group size, as a flag or a YAML value gives them;
+        anything else named with the values it may take, not as a failed boolean."""
+        text = str(value).lower()
+        if isinstance(value, bool) or text == "all-but-last":
+            return value
+        if text in ("true", "false"):
+            return text == "true"
+        if isinstance(value, int) or text.isdigit():
+            return int(text)
+        raise ValueError(f"should be true, false or all-but-last, got {value!r}")
 
     @property
     def split_layers(self) -> tuple[int, int]:

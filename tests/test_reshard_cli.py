@@ -39,3 +39,12 @@ def test_plan_refuses_a_group_size_in_one_line():
     assert bad.exit_code == 2
     lines = bad.output.strip().splitlines()
     assert len(lines) == 1 and "--reshard-after-forward 8" in lines[0], bad.output
+
+
+def test_a_value_it_does_not_know_is_named_with_the_values_it_takes():
+    bad = CliRunner().invoke(app, ["predict", *BASE, "--reshard-after-forward", "maybe"])
+    assert bad.exit_code == 2
+    lines = bad.output.strip().splitlines()
+    assert len(lines) == 1, bad.output
+    assert "--reshard-after-forward maybe" in lines[0]
+    assert "true, false or all-but-last" in lines[0] and "boolean" not in lines[0]
