@@ -65,6 +65,11 @@ def test_transfers_by_hand():
     _, bwd = transfers(4, 1.5, 3.0, 4.0)
     assert float(bwd) == pytest.approx(4.5)
     assert [float(x) for x in transfers(1, 1.5, 3.0, 4.0)] == [0.0, 0.0]
+    # beside the gather the core takes 8 s (2 a step), beside a send 8 too: forward, step 0
+    # at half speed for the gather's 1.5 s, 0.75 s lost; backward 2.5 s steps (5 slowed):
+    # 0.75 s lost to the gather, 1 s to each 2 s send but the last, shown whole: 5.75 s
+    fwd, bwd = transfers(4, 1.5, 2.0, 4.0, (8.0, 8.0))
+    assert (float(fwd), float(bwd)) == pytest.approx((0.75, 0.75 + 3 * 1.0 + 2.0))
     # the merges at the HBM rate on top
     fwd, bwd = torch_ring_attention(4, 1.5, 2.0, 4.0, 100.0, 300.0, 100.0)
     assert (float(fwd), float(bwd)) == pytest.approx((1.5, 5.0))

@@ -97,20 +97,21 @@ def contended_tail(network, tail, rate):
         return np.where(np.isfinite(tail), (1.0 - rate) * (network - tail) + tail, tail)
 
 
-def contended_compute(model, L, kinds, moved, seconds):
+def contended_compute(model, L, kinds, moved, seconds, p2p: bool = False):
     """The step model's per-micro-batch Compute of layouts L beside collectives that move
     `moved` HBM bytes (collective_hbm_bytes) in `seconds` on each layout's groups of its kind
-    (`kinds`: one group kind, or one per layout), or None where the model prices compute at
-    one measured efficiency (a calibrated rate holds whatever contention its runs had).
-    Collectives under gloo run on the CPU and take neither (their copies to and from the
-    host, 2 S over PCIe, are left out)."""
+    (`kinds`: one group kind, or one per layout; `p2p`: sends and receives, on NCCL's p2p
+    channels), or None where the model prices compute at one measured efficiency (a
+    calibrated rate holds whatever contention its runs had). Collectives under gloo run on
+    the CPU and take neither (their copies to and from the host, 2 S over PCIe, are left
+    out)."""
     if model.efficiency is None:
         seconds = np.asarray(seconds, dtype=float)
         kinds = np.broadcast_to(np.asarray(kinds), seconds.shape)
         channels, gpu = np.zeros(seconds.shape), np.zeros(seconds.shape, dtype=bool)
         for kind in np.unique(kinds):
             mine = kinds == kind
-            sms, on_gpu = model.groups.channels(str(kind), L)
+            sms, on_gpu = model.groups.channels(str(kind), L, p2p)
             channels[mine], gpu[mine] = sms[mine], on_gpu[mine]
         busy = (seconds > 0) & np.isfinite(seconds) & gpu
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -35,7 +35,7 @@ from commsim.step.contention import (
 from commsim.step.context import merge_bytes, replays_attention, ring_attention
 from commsim.step.dpsync import DataParallel
 from commsim.step.dualpipe import bubble as dualpipe_bubble
-from commsim.step.eager import KERNELS, torchtitan
+from commsim.step.eager import torchtitan
 from commsim.step.fsdp import fsdp_per_micro_batch
 from commsim.step.groups import Groups, _group_rows
 from commsim.step.layouts import Layouts
@@ -43,8 +43,7 @@ from commsim.step.memory import MEMORY_RESERVE, memory_per_gpu_batch, usable_byt
 from commsim.step.optimizer import adam_step_time
 from commsim.step.pipeline import schedule_group
 from commsim.step.shape import Shape, slowest, stage_layers
-from commsim.step.torch_ring import gather_bytes, grad_send_bytes, torch_ring_attention
-from commsim.step.torch_ring import merge_bytes as torch_merge_bytes
+from commsim.step.torch_ring import torch_ring
 from commsim.step.workspace import workspace_bytes
 from commsim.topology.build import Cluster
 from commsim.workload.model import BACKWARD_FACTOR, Workload
@@ -372,31 +371,20 @@ class StepModel:
         if arch is None:
             zero = np.zeros(len(L))
             return zero, zero
-        step = self.groups.price("send-recv", "cp", L, cp_bytes(L, self.shape, arch))
+        nbytes = cp_bytes(L, self.shape, arch)
+        step = self.groups.price("send-recv", "cp", L, nbytes)
         merge_f, merge_b = cp_merge_bytes(L, self.shape, arch)
         hbm = self.gpu.stream_bandwidth
-        fwd, bwd = ring_attention(L.cp, step, c.core_fwd, merge_f, merge_b, hbm)
+        moved = collective_hbm_bytes("send-recv", nbytes, L.cp)  # the sends' SMs and HBM
+        slow = contended_compute(self, L, "cp", moved, step, p2p=True) if (L.cp > 1).any() else None
+        slow = None if slow is None else slow.core_fwd
+        fwd, bwd = ring_attention(L.cp, step, c.core_fwd, merge_f, merge_b, hbm, slow)
         titan = torchtitan(L.kernels)
         if (titan & (L.cp > 1)).any():  # PyTorch's context_parallel (step.torch_ring)
-            torch_f, torch_b = self._torch_ring(L, c)
+            torch_f, torch_b = torch_ring(self, L, c)
             fwd, bwd = np.where(titan, torch_f, fwd), np.where(titan, torch_b, bwd)
         again = replays_attention(L.recompute, L.recompute_parts)
         return c.blocks * fwd, c.blocks * (bwd + np.where(again, fwd, 0))
-
-    def _torch_ring(self, L: Layouts, c: Compute):
-        """Seconds a layer of PyTorch's experimental ring attention adds per micro-batch,
-        forward and backward (step.torch_ring): K and V repeated to every query head (as many
-        elements as this rank's queries, b s / cp x heads / tp x head width), all-gathered
-        once each way, dK and dV sent round the ring in fp32, the merges eager or compiled."""
-        arch = self.workload.arch
-        queries = L.micro_batch * self.shape.seq_len / L.cp * arch.heads * arch.head_width / L.tp
-        gather = self.groups.price("all-gather", "cp", L, gather_bytes(L.cp, queries))
-        send = self.groups.price("send-recv", "cp", L, grad_send_bytes(queries))
-        compiled = L.kernels == KERNELS.index("torchtitan-compile")
-        rows, share = queries / arch.head_width, arch.kv_heads / arch.heads
-        merge = torch_merge_bytes(L.cp, queries, rows, compiled, share)
-        hbm = self.gpu.stream_bandwidth
-        return torch_ring_attention(L.cp, gather, send, c.core_fwd, *merge, hbm)
 
     def _expert_parallel(self, L: Layouts, c: Compute):
         """Seconds of the expert layers' collectives per micro-batch, forward and backward:

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from commsim.step.eager import total
+from commsim.step.contention import collective_hbm_bytes, contended_compute, exposed
+from commsim.step.eager import KERNELS, total
 from commsim.step.kernel_bytes import ATTENTION_BACKWARD
 
 KV_WIRE = 2  # bf16 K and V in the all-gather
@@ -120,22 +121,53 @@ def grad_send_bytes(queries) -> np.ndarray:
     return 2.0 * np.asarray(queries, dtype=float) * GRAD_WIRE
 
 
-def transfers(cp, gather, send, core):
+def transfers(cp, gather, send, core, slowed=(None, None)):
     """Seconds of a layer's transfers the attention does not hide, forward and backward:
     the all-gather (`gather` seconds) beyond step 0's SDPA (1/cp of the core's forward `core`;
     backward ATTENTION_BACKWARD x), and the cp dK/dV sends (`send` seconds each), each but the
-    last beyond the next step's SDPA backward, the last whole."""
+    last beyond the next step's SDPA backward, the last whole. `slowed`: the core's forward
+    seconds beside the all-gather and beside a send (the SMs and HBM their NCCL kernels
+    leave, step.contention; None: its own), at which a step runs while its transfer lasts."""
     cp = np.asarray(cp, dtype=float)
-    share, back = core / cp, ATTENTION_BACKWARD * core / cp
-    fwd = np.maximum(gather - share, 0.0)
-    bwd = np.maximum(gather - back, 0.0) + (cp - 1.0) * np.maximum(send - back, 0.0) + send
+    back = ATTENTION_BACKWARD / cp
+    by_gather, by_send = (core if s is None else s for s in slowed)
+    fwd = exposed(core / cp, by_gather / cp, gather)
+    bwd = exposed(back * core, back * by_gather, gather) + send
+    bwd = bwd + (cp - 1.0) * exposed(back * core, back * by_send, send)
     on = cp > 1
     return np.where(on, fwd, 0.0), np.where(on, bwd, 0.0)
 
 
-def torch_ring_attention(cp, gather, send, core, merge_fwd, merge_bwd, hbm: float):
+def torch_ring_attention(
+    cp, gather, send, core, merge_fwd, merge_bwd, hbm: float, slowed=(None, None)
+):
     """Seconds a layer of PyTorch's ring attention adds per micro-batch, forward and
-    backward: its transfers not hidden (`transfers`) and its merges' HBM bytes at `hbm`
-    bytes/s."""
-    fwd, bwd = transfers(cp, gather, send, core)
+    backward: its transfers not hidden (`transfers`, `slowed` as there) and its merges' HBM
+    bytes at `hbm` bytes/s."""
+    fwd, bwd = transfers(cp, gather, send, core, slowed)
     return fwd + merge_fwd / hbm, bwd + merge_bwd / hbm
+
+
+def torch_ring(model, L, c):
+    """Seconds a layer of PyTorch's ring attention adds per micro-batch on the step model's
+    layouts L (its Compute `c`), forward and backward: K and V repeated to every query head
+    (as many elements as this rank's queries, b s / cp x heads / tp x head width), the
+    all-gather and the sends priced on the cp groups, the attention beside each on the SMs
+    and HBM its NCCL kernel leaves (p2p channels for the sends), the merges eager or
+    compiled (Strategy.kernels)."""
+    arch = model.workload.arch
+    queries = L.micro_batch * model.shape.seq_len / L.cp * arch.heads * arch.head_width / L.tp
+    slowed, times = [], []
+    for op, nbytes in (
+        ("all-gather", gather_bytes(L.cp, queries)),
+        ("send-recv", grad_send_bytes(queries)),
+    ):
+        times.append(model.groups.price(op, "cp", L, nbytes))
+        moved = collective_hbm_bytes(op, nbytes, L.cp)
+        slow = contended_compute(model, L, "cp", moved, times[-1], p2p=op == "send-recv")
+        slowed.append(None if slow is None else slow.core_fwd)
+    compiled = L.kernels == KERNELS.index("torchtitan-compile")
+    rows, share = queries / arch.head_width, arch.kv_heads / arch.heads
+    merge = merge_bytes(L.cp, queries, rows, compiled, share)
+    hbm = model.gpu.stream_bandwidth
+    return torch_ring_attention(L.cp, *times, c.core_fwd, *merge, hbm, tuple(slowed))
