@@ -14,6 +14,7 @@ from commsim import catalog
 from commsim.collectives import nccl
 from commsim.collectives.nccl.topo import Machine
 from commsim.specs import ModelSpec
+from commsim.step.contention import contended_attention, contended_compute
 from commsim.step.context import ring_attention
 from commsim.step.groups import _key_columns
 from commsim.step.layouts import Layouts
@@ -112,7 +113,7 @@ def test_the_step_model_slows_each_steps_attention_beside_its_send(monkeypatch):
     )
     got = hm.evaluate(L).row(0)["cp_comm"]
     # the same ring with the attention at its own speed throughout
-    monkeypatch.setattr(step_model, "contended_compute", lambda *a, **k: None)
+    monkeypatch.setattr(step_model, "contended_attention", lambda *a, **k: None)
     free = hm.evaluate(L).row(0)["cp_comm"]
     assert got > free > 0.0
     # at most every step's attention at (132 - channels) / 132 of its speed (the H100's SMs)
@@ -122,3 +123,17 @@ def test_the_step_model_slows_each_steps_attention_beside_its_send(monkeypatch):
     lost = channels[0] / 132 * float(step[0]) * (1 + 2)  # forward and backward (2 transfers)
     assert got - free <= 4 * 7 * lost * (1 + 1e-9)  # 4 blocks, cp - 1 steps
     assert float(c.core_fwd[0]) > 0
+
+
+def test_the_attentions_shortcut_is_the_contended_roofline():
+    """contended_attention (the core over the SMs' share) against the whole roofline priced
+    again at the contended rates (contended_compute), HBM traffic and all."""
+    hm = _model()
+    L = Layouts.build(dp=np.array([8, 4, 2]), cp=np.array([2, 4, 8]), micro_batches=2)
+    seconds = np.array([1e-3, 2e-3, 0.0])  # the last: nothing running beside it
+    core = hm.compute(L).core_fwd
+    whole = contended_compute(hm, L, "cp", np.array([3e9, 5e9, 0.0]), seconds, p2p=True)
+    short = contended_attention(hm, L, "cp", seconds, core, p2p=True)
+    assert short == pytest.approx(whole.core_fwd, rel=1e-12)
+    assert short[0] > core[0] and short[2] == core[2]
+    assert contended_attention(_model(efficiency=0.5), L, "cp", seconds, core) is None

@@ -28,6 +28,7 @@ from commsim.step.compute import Rates, StageTimes, stage_times
 from commsim.step.contention import (
     beside_sync,
     collective_hbm_bytes,
+    contended_attention,
     contended_compute,
     exposed,
     slowdown,
@@ -375,9 +376,7 @@ class StepModel:
         step = self.groups.price("send-recv", "cp", L, nbytes)
         merge_f, merge_b = cp_merge_bytes(L, self.shape, arch)
         hbm = self.gpu.stream_bandwidth
-        moved = collective_hbm_bytes("send-recv", nbytes, L.cp)  # the sends' SMs and HBM
-        slow = contended_compute(self, L, "cp", moved, step, p2p=True) if (L.cp > 1).any() else None
-        slow = None if slow is None else slow.core_fwd
+        slow = contended_attention(self, L, "cp", step, c.core_fwd, p2p=True)
         fwd, bwd = ring_attention(L.cp, step, c.core_fwd, merge_f, merge_b, hbm, slow)
         titan = torchtitan(L.kernels)
         if (titan & (L.cp > 1)).any():  # PyTorch's context_parallel (step.torch_ring)

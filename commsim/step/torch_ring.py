@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from commsim.step.contention import collective_hbm_bytes, contended_compute, exposed
+from commsim.step.contention import contended_attention, exposed
 from commsim.step.eager import KERNELS, total
 from commsim.step.kernel_bytes import ATTENTION_BACKWARD
 
@@ -126,7 +126,7 @@ def transfers(cp, gather, send, core, slowed=(None, None)):
     the all-gather (`gather` seconds) beyond step 0's SDPA (1/cp of the core's forward `core`;
     backward ATTENTION_BACKWARD x), and the cp dK/dV sends (`send` seconds each), each but the
     last beyond the next step's SDPA backward, the last whole. `slowed`: the core's forward
-    seconds beside the all-gather and beside a send (the SMs and HBM their NCCL kernels
+    seconds beside the all-gather and beside a send (on the SMs their NCCL kernels
     leave, step.contention; None: its own), at which a step runs while its transfer lasts."""
     cp = np.asarray(cp, dtype=float)
     back = ATTENTION_BACKWARD / cp
@@ -153,8 +153,8 @@ def torch_ring(model, L, c):
     layouts L (its Compute `c`), forward and backward: K and V repeated to every query head
     (as many elements as this rank's queries, b s / cp x heads / tp x head width), the
     all-gather and the sends priced on the cp groups, the attention beside each on the SMs
-    and HBM its NCCL kernel leaves (p2p channels for the sends), the merges eager or
-    compiled (Strategy.kernels)."""
+    its NCCL kernel leaves (p2p channels for the sends), the merges eager or compiled
+    (Strategy.kernels)."""
     arch = model.workload.arch
     queries = L.micro_batch * model.shape.seq_len / L.cp * arch.heads * arch.head_width / L.tp
     slowed, times = [], []
@@ -163,9 +163,7 @@ def torch_ring(model, L, c):
         ("send-recv", grad_send_bytes(queries)),
     ):
         times.append(model.groups.price(op, "cp", L, nbytes))
-        moved = collective_hbm_bytes(op, nbytes, L.cp)
-        slow = contended_compute(model, L, "cp", moved, times[-1], p2p=op == "send-recv")
-        slowed.append(None if slow is None else slow.core_fwd)
+        slowed.append(contended_attention(model, L, "cp", times[-1], c.core_fwd, op == "send-recv"))
     compiled = L.kernels == KERNELS.index("torchtitan-compile")
     rows, share = queries / arch.head_width, arch.kv_heads / arch.heads
     merge = merge_bytes(L.cp, queries, rows, compiled, share)
