@@ -37,12 +37,20 @@ class Traffic(TorchDispatchMode):
         if func.is_view or name in NO_KERNEL:
             return out
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if name not in GATHERS:
-            storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in tensors}
-            self.bytes += sum(s.nbytes() for s in storages.values())
         written = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        self.bytes += sum(t.numel() * t.element_size() for t in written)
+        self.bytes += self.read(name, tensors) + self.written(name, written)
         return out
+
+    def read(self, name: str, tensors) -> int:
+        """Bytes an op reads of its input tensors: each distinct storage once, whole."""
+        if name in GATHERS:
+            return 0
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in tensors}
+        return sum(s.nbytes() for s in storages.values())
+
+    def written(self, name: str, outputs) -> int:
+        """Bytes an op writes: its outputs."""
+        return sum(t.numel() * t.element_size() for t in outputs)
 
 
 def _per_element(make, forward, elements: int) -> tuple[float, float]:

@@ -56,8 +56,8 @@ def contended_rates(rates: Rates, sms_taken, hbm_taken) -> Rates:
     of SMs left), FlashAttention's many waves slow with that share, and memory-bound
     kernels get the bandwidth the collective leaves, or at worst half of it (max-min fair
     shares of a saturated HBM)."""
-    sms = np.maximum(rates.sms - np.asarray(sms_taken, dtype=float), 1.0)
-    share = sms / rates.sms
+    share = sm_share(rates.sms, sms_taken)
+    sms = share * rates.sms
     memory = np.maximum(rates.memory - np.asarray(hbm_taken, dtype=float), rates.memory / 2)
     return replace(
         rates,
@@ -67,6 +67,12 @@ def contended_rates(rates: Rates, sms_taken, hbm_taken) -> Rates:
         memory=memory,
         sms=sms,
     )
+
+
+def sm_share(sms, taken) -> np.ndarray:
+    """The share of a GPU's `sms` SMs compute keeps beside a kernel holding `taken` of them
+    (one at least): what GEMM waves and FlashAttention's rate scale by."""
+    return np.maximum(sms - np.asarray(taken, dtype=float), 1.0) / sms
 
 
 def compute_end(compute, contended, comm):
@@ -97,27 +103,45 @@ def contended_tail(network, tail, rate):
         return np.where(np.isfinite(tail), (1.0 - rate) * (network - tail) + tail, tail)
 
 
-def contended_compute(model, L, kinds, moved, seconds):
+def contended_compute(model, L, kinds, moved, seconds, p2p: bool = False):
     """The step model's per-micro-batch Compute of layouts L beside collectives that move
     `moved` HBM bytes (collective_hbm_bytes) in `seconds` on each layout's groups of its kind
-    (`kinds`: one group kind, or one per layout), or None where the model prices compute at
-    one measured efficiency (a calibrated rate holds whatever contention its runs had).
-    Collectives under gloo run on the CPU and take neither (their copies to and from the
-    host, 2 S over PCIe, are left out)."""
+    (`kinds`: one group kind, or one per layout; `p2p`: sends and receives, on NCCL's p2p
+    channels), or None where the model prices compute at one measured efficiency (a
+    calibrated rate holds whatever contention its runs had). Collectives under gloo run on
+    the CPU and take neither (their copies to and from the host, 2 S over PCIe, are left
+    out)."""
     if model.efficiency is None:
-        seconds = np.asarray(seconds, dtype=float)
-        kinds = np.broadcast_to(np.asarray(kinds), seconds.shape)
-        channels, gpu = np.zeros(seconds.shape), np.zeros(seconds.shape, dtype=bool)
-        for kind in np.unique(kinds):
-            mine = kinds == kind
-            sms, on_gpu = model.groups.channels(str(kind), L)
-            channels[mine], gpu[mine] = sms[mine], on_gpu[mine]
-        busy = (seconds > 0) & np.isfinite(seconds) & gpu
+        channels, busy = _channels(model, L, kinds, seconds, p2p)
         with np.errstate(divide="ignore", invalid="ignore"):
             rate = np.where(busy, np.asarray(moved, dtype=float) / seconds, 0.0)
-        channels = np.where(busy, channels, 0.0)
         return model.compute(L, contended_rates(Rates.of(model.gpu), channels, rate))
     return None
+
+
+def contended_attention(model, L, kind, seconds, core, p2p: bool = False):
+    """The attention core's `core` seconds beside a collective of `seconds` on each layout's
+    groups of `kind` (`p2p` as contended_compute's): FlashAttention's rate scales with the
+    SMs it keeps and no HBM share touches it (contended_rates), so only the SMs count; None
+    where the model prices compute at one measured efficiency."""
+    if model.efficiency is None:
+        channels, _ = _channels(model, L, kind, seconds, p2p)
+        return core / sm_share(model.gpu.sm_count, channels)
+    return None
+
+
+def _channels(model, L, kinds, seconds, p2p: bool):
+    """(SMs a collective of `seconds` holds on each layout's groups of its kind, whether it
+    runs on the GPU and takes time: step.groups.channels)."""
+    seconds = np.asarray(seconds, dtype=float)
+    kinds = np.broadcast_to(np.asarray(kinds), seconds.shape)
+    channels, gpu = np.zeros(seconds.shape), np.zeros(seconds.shape, dtype=bool)
+    for kind in np.unique(kinds):
+        mine = kinds == kind
+        sms, on_gpu = model.groups.channels(str(kind), L, p2p)
+        channels[mine], gpu[mine] = sms[mine], on_gpu[mine]
+    busy = (seconds > 0) & np.isfinite(seconds) & gpu
+    return np.where(busy, channels, 0.0), busy
 
 
 def slowdown(compute, contended):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from commsim.step.activations import replays_core
+from commsim.step.contention import exposed
 from commsim.step.kernel_bytes import ATTENTION_BACKWARD
 
 MERGE_INIT = 2 + 4  # forward, step 0: read its bf16 output, write the fp32 accumulator
@@ -56,12 +57,15 @@ def replays_attention(recompute, parts) -> np.ndarray:
     return replays_core(recompute, parts) | (np.asarray(recompute) == 2)
 
 
-def ring_attention(cp, step, core, merge_fwd, merge_bwd, hbm: float):
+def ring_attention(cp, step, core, merge_fwd, merge_bwd, hbm: float, contended=None):
     """Seconds a layer of ring attention adds per micro-batch, forward and backward: the
     K/V transfers a step's attention cannot hide (cp - 1 of them, `step` seconds each, the
-    core's forward `core` seconds for the whole chunk pair) and the merges' HBM bytes at
-    `hbm` bytes/s."""
+    core's forward `core` seconds for the whole chunk pair; `contended` its seconds on the
+    SMs the transfer's NCCL kernel leaves, step.contention: a step's attention runs that slow
+    while its transfer lasts) and the merges' HBM bytes at `hbm` bytes/s."""
     share = core / cp
-    fwd = (cp - 1) * np.maximum(step - share, 0.0) + merge_fwd / hbm
-    bwd = (cp - 1) * np.maximum(2.0 * step - ATTENTION_BACKWARD * share, 0.0) + merge_bwd / hbm
+    slow = share if contended is None else contended / cp
+    fwd = (cp - 1) * exposed(share, slow, step) + merge_fwd / hbm
+    back = ATTENTION_BACKWARD
+    bwd = (cp - 1) * exposed(back * share, back * slow, 2.0 * step) + merge_bwd / hbm
     return fwd, bwd

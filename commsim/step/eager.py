@@ -100,8 +100,12 @@ def fsdp2_copy_out(kernels: np.ndarray, zero: np.ndarray) -> np.ndarray:
     """Bytes a held parameter of FSDP2's copy-out, per gather, for each layout: torchtitan's
     stacks (its FSDP is FSDP2) with ZeRO-3; FSDP1 (llm-foundry's Composer) gathers straight
     into the flat parameter and views it, no copy."""
-    titan = np.isin(kernels, [KERNELS.index("torchtitan"), KERNELS.index("torchtitan-compile")])
-    return np.where(titan & (zero == 3), FSDP2_COPY_OUT, 0.0)
+    return np.where(torchtitan(kernels) & (zero == 3), FSDP2_COPY_OUT, 0.0)
+
+
+def torchtitan(kernels: np.ndarray) -> np.ndarray:
+    """True where a layout's stack (codes into KERNELS) is torchtitan's, eager or compiled."""
+    return np.isin(kernels, [KERNELS.index("torchtitan"), KERNELS.index("torchtitan-compile")])
 
 
 def total(ops) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from commsim.collectives import nccl
 from commsim.collectives.algorithms import ALGORITHMS as OP_ALGORITHMS
 from commsim.collectives.group import GroupCost
 from commsim.step.layouts import ALGORITHMS, RANK_ORDERS, Layouts
@@ -148,11 +149,11 @@ class Groups:
                 out[rows] = self.cost(*key).time(op, name, nbytes[rows])
         return out
 
-    def channels(self, kind: str, L: Layouts) -> tuple[np.ndarray, np.ndarray]:
+    def channels(self, kind: str, L: Layouts, p2p: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(SMs, whether on the GPU) of a collective on each layout's groups of `kind`: one
         CTA per channel its NCCL communicator runs large messages on (enqueue.cc launches
-        nChannels blocks; nccl.topo's comm_channels); gloo's run on the CPU (False), and
-        groups of one run nothing."""
+        nChannels blocks; nccl.topo's comm_channels; `p2p`: a send/recv's, nccl.topo's
+        p2p_channels); gloo's run on the CPU (False), and groups of one run nothing."""
         cols = _key_columns(kind, L)
         inverse, firsts = _group_rows(cols)
         counts, gpu = np.zeros(len(firsts)), np.zeros(len(firsts), dtype=bool)
@@ -160,7 +161,11 @@ class Groups:
             pl, t, d, p, e, s, c, g, o, et = (int(col[i]) for col in cols)
             cost = self.cost(pl, kind, t, d, p, e, s, c, g, o, et)
             if cost is not None and cost.backend == "nccl":
-                counts[k], gpu[k] = cost.comm().graphs.comm_channels, True
+                comm = cost.comm()
+                channels = comm.graphs.comm_channels
+                if p2p:
+                    channels = nccl.p2p_channels(comm.m, channels, comm.ranks, comm.nodes)
+                counts[k], gpu[k] = channels, True
         return counts[inverse], gpu[inverse]
 
 

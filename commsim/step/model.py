@@ -28,6 +28,7 @@ from commsim.step.compute import Rates, StageTimes, stage_times
 from commsim.step.contention import (
     beside_sync,
     collective_hbm_bytes,
+    contended_attention,
     contended_compute,
     exposed,
     slowdown,
@@ -35,6 +36,7 @@ from commsim.step.contention import (
 from commsim.step.context import merge_bytes, replays_attention, ring_attention
 from commsim.step.dpsync import DataParallel
 from commsim.step.dualpipe import bubble as dualpipe_bubble
+from commsim.step.eager import torchtitan
 from commsim.step.fsdp import fsdp_per_micro_batch
 from commsim.step.groups import Groups, _group_rows
 from commsim.step.layouts import Layouts
@@ -42,6 +44,7 @@ from commsim.step.memory import MEMORY_RESERVE, memory_per_gpu_batch, usable_byt
 from commsim.step.optimizer import adam_step_time
 from commsim.step.pipeline import schedule_group
 from commsim.step.shape import Shape, slowest, stage_layers
+from commsim.step.torch_ring import torch_ring
 from commsim.step.tpoverlap import userbuffers
 from commsim.step.workspace import workspace_bytes
 from commsim.topology.build import Cluster
@@ -375,10 +378,16 @@ class StepModel:
         if arch is None:
             zero = np.zeros(len(L))
             return zero, zero
-        step = self.groups.price("send-recv", "cp", L, cp_bytes(L, self.shape, arch))
+        nbytes = cp_bytes(L, self.shape, arch)
+        step = self.groups.price("send-recv", "cp", L, nbytes)
         merge_f, merge_b = cp_merge_bytes(L, self.shape, arch)
         hbm = self.gpu.stream_bandwidth
-        fwd, bwd = ring_attention(L.cp, step, c.core_fwd, merge_f, merge_b, hbm)
+        slow = contended_attention(self, L, "cp", step, c.core_fwd, p2p=True)
+        fwd, bwd = ring_attention(L.cp, step, c.core_fwd, merge_f, merge_b, hbm, slow)
+        titan = torchtitan(L.kernels)
+        if (titan & (L.cp > 1)).any():  # PyTorch's context_parallel (step.torch_ring)
+            torch_f, torch_b = torch_ring(self, L, c)
+            fwd, bwd = np.where(titan, torch_f, fwd), np.where(titan, torch_b, bwd)
         again = replays_attention(L.recompute, L.recompute_parts)
         return c.blocks * fwd, c.blocks * (bwd + np.where(again, fwd, 0))
 

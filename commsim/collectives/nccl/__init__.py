@@ -22,7 +22,7 @@ from commsim.collectives.nccl.tables import (
     parse_version,
     tables,
 )
-from commsim.collectives.nccl.topo import Graph, Graphs, Machine, search
+from commsim.collectives.nccl.topo import Graph, Graphs, Machine, p2p_channels, search
 
 if TYPE_CHECKING:
     from commsim.specs import ClusterSpec
@@ -43,6 +43,7 @@ __all__ = [
     "Machine",
     "Tables",
     "comm_model",
+    "p2p_channels",
     "parse_version",
     "search",
     "tables",

@@ -32,6 +32,7 @@ communicator (NVIDIA/nccl#1752 shows channels 0..15).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -243,3 +244,37 @@ def search(m: Machine, ppn: int, nodes: int) -> Graphs:
     # and HGX boards)
     ll128 = m.cc >= 70 and m.nvlink and (not inter or 2 * m.nics >= m.gpus_per_node)
     return Graphs(ring, tree, nvls, collnet, comm, nvls_channels, m.nvlink, ll128)
+
+
+P2P_PER_CHANNEL_NET_BW = 14.0  # paths.cc NCCL_P2P_PER_CHANNEL_NET_BW default, GB/s a channel
+P2P_PER_BATCH = 8  # device.h NCCL_MAX_DEV_WORK_P2P_PER_BATCH
+
+
+def _pow2_up(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def p2p_channels(m: Machine, comm_channels: int, ranks: int, nodes: int) -> int:
+    """Channels, one CTA (so one SM) each, NCCL's p2p kernel runs a large send to one peer
+    and receive from another on (2.30.7 src/graph/paths.cc ncclTopoComputeP2pChannelsPerPeer
+    and ncclTopoComputeP2pChannels; enqueue.cc scheduleP2pTasksToPlan spreads a large
+    operation over p2pnChannelsPerPeer of them): the fewest any peer allows, 2 x the NVLink
+    links to a peer on NVLink (path bw / the per-link rate), 2 over PCIe, and to a peer on
+    another node max(the GPU's NICs, their GB/s / 14), rounded up to a power of 2; at most
+    the communicator's p2p channels (its channels, rounded up to a power of 2) and, across
+    nodes, halved while it times ceil(ranks / 8) exceeds them."""
+    if m.nvlink:
+        per_link = NVLINK_PER_LINK.get(m.cc, NVLINK_PER_LINK[min(m.cc, 100) // 10 * 10])
+        per_peer = 2 * max(1, int(m.gpu_bw / per_link))
+    else:
+        per_peer = 2
+    if nodes > 1:  # ncclTopoGetLocalNetCountByBw: the NICs nearest the GPU (one if shared)
+        nics = max(1, m.nics // m.gpus_per_node)
+        per_peer = min(per_peer, max(nics, math.ceil(nics * m.nic_bw / P2P_PER_CHANNEL_NET_BW)))
+    per_peer = _pow2_up(per_peer)
+    p2p = _pow2_up(min(comm_channels, MAX_CHANNELS))
+    if nodes <= 1:
+        return min(p2p, per_peer)
+    while per_peer * math.ceil(ranks / P2P_PER_BATCH) > p2p and per_peer > 1:
+        per_peer //= 2
+    return per_peer

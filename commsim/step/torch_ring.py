@@ -1,0 +1,171 @@
+"""Context parallelism as PyTorch's experimental `context_parallel` ran it for torchtitan in
+Dec 2024 (Strategy.kernels torchtitan / torchtitan-compile, cp > 1), in place of Transformer
+Engine's ring (step.context). Read in torch/distributed/tensor/experimental/_attention.py of
+that era (torch 1963fc8, 2024-12-23, the nightly torchtitan's H100 benchmarks name; read at
+stored copies of the file from late 2024 on, pytorch/pytorch f2127dbd and 0123248a alike in
+all below) and torchtitan 9dec370:
+
+- Sharding: `_ContextParallelOptions.enable_load_balance = True` and `_RoundRobinLoadBalancer`
+  give rank r chunks r and 2 cp - 1 - r, so every ring step is 1/cp of a rank's attention,
+  as in TE. The last rank takes its whole queries at every step (`i <= rank`), the others
+  half of them at some (`partial`); its merges move the most bytes, so it is priced.
+- K and V: torchtitan's Llama repeats them to every query head before SDPA (model.py
+  repeat_kv), so the ring carries `heads` wide K and V, as many elements as the queries.
+- Rotation: torchtitan's default `context_parallel_rotate_method` "allgather"
+  (config_manager.py): `_AllGatherRotater` all-gathers cat(K, V) once a layer, issued before
+  step 0's SDPA and waited on before step 1's: what outlasts step 0 shows. The backward
+  gathers K and V again so, and passes dK and dV round the ring in fp32 (`dkv_rotater`, an
+  all-to-all permute; `convert_to_f32`): the send after step i is waited on under step
+  i + 1's backward, the last one after the loop, whole.
+- Merging: `_SDPAMerger` in fp32 eager ops, and the backward's fp32 gradient buffers
+  (inventories below). Under torch.compile the SDPA's DTensor dispatch, ring loop and all,
+  is traced into the block's graph (torch's test_ring_attention_compile): Inductor fuses the
+  element-wise work into few kernels (one read of each input, one write of each output; the
+  merges of all steps into one after the last SDPA) and drops the concatenations no
+  collective reads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from commsim.step.contention import contended_attention, exposed
+from commsim.step.eager import KERNELS, total
+from commsim.step.kernel_bytes import ATTENTION_BACKWARD
+
+KV_WIRE = 2  # bf16 K and V in the all-gather
+GRAD_WIRE = 4  # fp32 dK and dV round the ring (accum_dtype float32)
+
+# Eager, (read, write) bytes a query element (K and V each as many elements) on the last rank.
+# Forward, once: key.contiguous() and value.contiguous() (the transposed repeat_kv output)
+EAGER_FORWARD_ONCE = ((4, 4),)
+# each step but the last: torch.cat([key.flatten(), value.flatten()]) for the rotater (the
+# all-gather rotater gathers the first only, but the cat runs every step)
+EAGER_CAT = ((4, 4),)
+EAGER_MERGE_FIRST = ((2, 4),)  # step 0: out.to(float32), kept
+EAGER_MERGE_STEP = (
+    (2, 4),  # the step's out.to(float32)
+    (8, 4),  # out - block_out
+    (4, 4),  # sigmoid(block_lse - lse) * that (the row-sized sigmoid in MERGE_ROWS)
+    (8, 4),  # out - that
+)
+EAGER_MERGE_LAST = ((4, 2),)  # results(): out.to(bf16)
+# bytes a row (a query's logsumexp, fp32) of each later step's merge
+EAGER_MERGE_ROWS = (
+    (8, 4),  # block_lse - lse
+    (4, 4),  # sigmoid
+    (4, 0),  # read by the product with (out - block_out)
+    (8, 4),  # lse - block_lse
+    (4, 4),  # logsigmoid
+    (8, 4),  # lse - that
+)
+# Backward, once: zeros_like(q, k, v) in fp32, K and V made contiguous, and at the end
+# grad_query.to(bf16) and the received dK, dV .to(bf16)
+EAGER_BACKWARD_ONCE = ((0, 12), (4, 4), (4, 2), (8, 4))
+EAGER_GRAD_FIRST = (
+    (12, 8),  # grad_key += grad_key_, grad_value += grad_value_ (fp32 += bf16)
+    (8, 8),  # their flatten(): a copy, zeros_like kept the transposed K's strides
+    (8, 8),  # torch.cat of dK and dV (fp32) for the send
+    (6, 4),  # grad_query += grad_query_
+)
+EAGER_GRAD_STEP = (
+    (6, 4),  # _partial_update: chunks[0] += the step's dK, dV (half of each)
+    (8, 8),  # its torch.cat(chunks): dK and dV copied whole
+    (8, 8),  # torch.cat of dK and dV for the send
+    (6, 4),  # grad_query += grad_query_
+)
+# Compiled (Inductor's kernels for this loop, torch 2.13 on CPU, tests/test_torch_ring_torch):
+# forward, the all-gather's cat(K, V) written by a kernel of its own from the grouped K and V
+# (read 2 + 2 bytes a grouped element: kv_heads / heads of a query's); the merges one kernel
+# after the last SDPA, reading each step's bf16 output and logsumexp, writing one of each
+FUSED_CAT, FUSED_GROUPED = ((0, 4),), 4
+FUSED_STEP, FUSED_OUT, FUSED_ROW_STEP, FUSED_ROW_OUT = 2, 2, 4, 4
+# backward, once: K and V read, written contiguous and as the cat; step 0's dK, dV into the
+# fp32 send buffer; the last received dK, dV to bf16
+FUSED_BACKWARD_ONCE = ((4, 8), (4, 8), (8, 4))
+# each later step: the step's dK, dV added into half of the received buffer as the send
+# buffer is written, the other half copied; dQ as the forward's output, one kernel at the end
+FUSED_GRAD_STEP = ((6, 4), (4, 4))
+
+
+def merge_bytes(cp, queries, rows, compiled, kv_share=1.0) -> tuple[np.ndarray, np.ndarray]:
+    """HBM bytes of a layer's ring on the last rank beyond its SDPA calls, forward and
+    backward, for `queries` query elements (b s/cp x heads/tp x head width; K and V each as
+    many), `rows` of them (queries / head width), eager or `compiled` (`kv_share`: kv_heads /
+    heads); zero where cp is 1."""
+    cp = np.asarray(cp, dtype=float)
+    later = cp - 1.0
+    eager_f = total(EAGER_FORWARD_ONCE + EAGER_MERGE_FIRST + EAGER_MERGE_LAST) * queries
+    eager_f = eager_f + later * (total(EAGER_CAT + EAGER_MERGE_STEP) * queries)
+    eager_f = eager_f + later * total(EAGER_MERGE_ROWS) * rows
+    eager_b = total(EAGER_BACKWARD_ONCE + EAGER_GRAD_FIRST) * queries
+    eager_b = eager_b + later * total(EAGER_CAT + EAGER_GRAD_STEP) * queries
+    merged = FUSED_STEP * cp + FUSED_OUT  # the forward's output, and dQ alike
+    cat = total(FUSED_CAT) + FUSED_GROUPED * kv_share
+    fused_f = (cat + merged) * queries + (FUSED_ROW_STEP * cp + FUSED_ROW_OUT) * rows
+    fused_b = (total(FUSED_BACKWARD_ONCE) + later * total(FUSED_GRAD_STEP) + merged) * queries
+    on = cp > 1
+    fwd = np.where(compiled, fused_f, eager_f)
+    bwd = np.where(compiled, fused_b, eager_b)
+    return np.where(on, fwd, 0.0), np.where(on, bwd, 0.0)
+
+
+def gather_bytes(cp, queries) -> np.ndarray:
+    """Bytes of the all-gather of cat(K, V) (its output, as collectives are priced): cp ranks'
+    K and V of `queries` elements each, bf16."""
+    return np.asarray(cp, dtype=float) * 2.0 * queries * KV_WIRE
+
+
+def grad_send_bytes(queries) -> np.ndarray:
+    """Bytes of one backward ring step's send: this rank's running dK and dV, fp32."""
+    return 2.0 * np.asarray(queries, dtype=float) * GRAD_WIRE
+
+
+def transfers(cp, gather, send, core, slowed=(None, None)):
+    """Seconds of a layer's transfers the attention does not hide, forward and backward:
+    the all-gather (`gather` seconds) beyond step 0's SDPA (1/cp of the core's forward `core`;
+    backward ATTENTION_BACKWARD x), and the cp dK/dV sends (`send` seconds each), each but the
+    last beyond the next step's SDPA backward, the last whole. `slowed`: the core's forward
+    seconds beside the all-gather and beside a send (on the SMs their NCCL kernels
+    leave, step.contention; None: its own), at which a step runs while its transfer lasts."""
+    cp = np.asarray(cp, dtype=float)
+    back = ATTENTION_BACKWARD / cp
+    by_gather, by_send = (core if s is None else s for s in slowed)
+    fwd = exposed(core / cp, by_gather / cp, gather)
+    bwd = exposed(back * core, back * by_gather, gather) + send
+    bwd = bwd + (cp - 1.0) * exposed(back * core, back * by_send, send)
+    on = cp > 1
+    return np.where(on, fwd, 0.0), np.where(on, bwd, 0.0)
+
+
+def torch_ring_attention(
+    cp, gather, send, core, merge_fwd, merge_bwd, hbm: float, slowed=(None, None)
+):
+    """Seconds a layer of PyTorch's ring attention adds per micro-batch, forward and
+    backward: its transfers not hidden (`transfers`, `slowed` as there) and its merges' HBM
+    bytes at `hbm` bytes/s."""
+    fwd, bwd = transfers(cp, gather, send, core, slowed)
+    return fwd + merge_fwd / hbm, bwd + merge_bwd / hbm
+
+
+def torch_ring(model, L, c):
+    """Seconds a layer of PyTorch's ring attention adds per micro-batch on the step model's
+    layouts L (its Compute `c`), forward and backward: K and V repeated to every query head
+    (as many elements as this rank's queries, b s / cp x heads / tp x head width), the
+    all-gather and the sends priced on the cp groups, the attention beside each on the SMs
+    its NCCL kernel leaves (p2p channels for the sends), the merges eager or compiled
+    (Strategy.kernels)."""
+    arch = model.workload.arch
+    queries = L.micro_batch * model.shape.seq_len / L.cp * arch.heads * arch.head_width / L.tp
+    slowed, times = [], []
+    for op, nbytes in (
+        ("all-gather", gather_bytes(L.cp, queries)),
+        ("send-recv", grad_send_bytes(queries)),
+    ):
+        times.append(model.groups.price(op, "cp", L, nbytes))
+        slowed.append(contended_attention(model, L, "cp", times[-1], c.core_fwd, op == "send-recv"))
+    compiled = L.kernels == KERNELS.index("torchtitan-compile")
+    rows, share = queries / arch.head_width, arch.kv_heads / arch.heads
+    merge = merge_bytes(L.cp, queries, rows, compiled, share)
+    hbm = model.gpu.stream_bandwidth
+    return torch_ring_attention(L.cp, *times, c.core_fwd, *merge, hbm, tuple(slowed))
