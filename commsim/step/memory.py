@@ -22,6 +22,7 @@ import numpy as np
 from commsim.specs import GPUSpec
 from commsim.step.activations import RECOMPUTE, ActivationWidths, activation_bytes_per_layer
 from commsim.step.dualpipe import in_flight as dualpipe_in_flight
+from commsim.step.dualpipe import ranks as dualpipe_ranks
 from commsim.step.inflight import in_flight
 from commsim.step.shape import expert_shards, stage_layers
 from commsim.workload.model import Workload
@@ -80,7 +81,7 @@ class ParallelLayout:
     fp8_param: bool = False  # FP8 primary weights: no FP8 weight copy beside them
     fp8_cache: bool = False  # DeepSeek-V3's low-precision activation caching (activations)
     workspace: float = 0.0  # bytes outside the tensors: context, cuBLAS, NCCL (step.workspace)
-    dualpipe: bool = False  # DeepSeek-V3's DualPipe: two stages a rank (_dualpipe_ranks)
+    dualpipe: bool = False  # DeepSeek-V3's DualPipe: two stages a rank (dualpipe.ranks)
     reshard: int = 0  # code of layouts.RESHARDS: 1 keeps ZeRO-3 units gathered (_components)
 
     def __post_init__(self) -> None:
@@ -281,7 +282,7 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     dual = c["dualpipe"]
     dp = np.where(dual, 2, 1) * dp  # DualPipe: both copies' holders share a ZeRO shard
     # the first stage, the second (the most loaded middle one: most in flight), the last
-    for rank, layers, extra, on_last, exists in _dualpipe_ranks(
+    for rank, layers, extra, on_last, exists in dualpipe_ranks(
         dual,
         (0, k_first, first, pp == 1, True),
         (np.minimum(1, pp - 1), k_mid, 0.0, False, pp > 2),
@@ -311,21 +312,6 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     totals = np.stack([sum(stage) for stage in stages])
     worst = np.argmax(totals, axis=0)  # ties go to the first stage, as before
     return tuple(np.choose(worst, parts) for parts in zip(*stages, strict=True))
-
-
-def _dualpipe_ranks(dual, first, middle, last) -> list[tuple]:
-    """The (rank, layers, end-layer parameters, holds the loss, exists) of the first, a middle
-    and the last rank. DualPipe (step.dualpipe) puts stage i and stage pp - 1 - i on rank i:
-    an end rank holds the first and the last stage (the embedding, the head and the loss),
-    a middle one two middle stages; every parameter is held twice over the pipeline (Table
-    2: "Parameter 2x"), its ZeRO shards spread over both copies' data-parallel ranks."""
-    layers, params = first[1] + last[1], first[2] + last[2]
-    pair = (np.where(dual, layers, first[1]), np.where(dual, params, first[2]))
-    return [
-        (first[0], *pair, first[3] | dual, first[4]),
-        (middle[0], np.where(dual, 2 * middle[1], middle[1]), *middle[2:]),
-        (last[0], np.where(dual, layers, last[1]), np.where(dual, params, last[2]), *last[3:]),
-    ]
 
 
 def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
