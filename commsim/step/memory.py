@@ -306,6 +306,10 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         # held gathered from the forward to the backward, two of them the buffers' own
         kept = np.maximum(params - 2 * largest, 0.0) * PARAM_BYTES
         buffers = buffers + np.where((zero == 3) & (c["reshard"] == 1), kept, 0.0)
+        # PyTorch's FSDP never reshards the root (the end layers) after the forward
+        # (step.fsdp._backward_gathers): held beside the two units computing and prefetching
+        root = np.maximum(ends + 2 * block - 2 * largest, 0.0) * PARAM_BYTES
+        buffers = buffers + np.where((zero == 3) & c["fsdp_states"] & (c["reshard"] != 1), root, 0)
         weights, *rest = (d + x for d, x in zip(dense, sparse, strict=True))
         weights = weights + copy * held * (block - shape.block[1])  # the blocks' GEMMs
         stages.append((weights, *rest, acts, buffers))
