@@ -25,6 +25,7 @@ from commsim.step.dualpipe import in_flight as dualpipe_in_flight
 from commsim.step.dualpipe import ranks as dualpipe_ranks
 from commsim.step.inflight import in_flight
 from commsim.step.shape import expert_shards, stage_layers
+from commsim.step.torch_ring import gather_bytes
 from commsim.workload.model import Workload
 
 PARAM_BYTES = 2  # fp16/bf16 weights (ZeRO Sec. 3.1)
@@ -83,6 +84,7 @@ class ParallelLayout:
     workspace: float = 0.0  # bytes outside the tensors: context, cuBLAS, NCCL (step.workspace)
     dualpipe: bool = False  # DeepSeek-V3's DualPipe: two stages a rank (dualpipe.ranks)
     reshard: int = 0  # code of layouts.RESHARDS: 1 keeps ZeRO-3 units gathered (_components)
+    kv_gather: bool = False  # PyTorch's all-gather ring attention (step.torch_ring), cp > 1
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -144,6 +146,7 @@ class _Shape:
     blocks: int
     hidden: int
     heads: int
+    queries: int  # a token's query elements (heads x head width)
     vocab: int
     block: tuple[float, float]  # parameters of one block (split over tp, replicated; mean)
     expert: float  # of block[0]: the experts' MLPs (split over tp and ep; mean over blocks)
@@ -180,6 +183,7 @@ def _transformer_shape(workload: Workload) -> _Shape | None:
         blocks=len(block_at),
         hidden=h,
         heads=workload.heads,
+        queries=workload.arch.heads * workload.arch.head_width if workload.arch else h,
         vocab=vocab,
         block=(body[0] / len(blocks), body[1] / len(blocks)),
         expert=workload.expert_params,
@@ -310,6 +314,10 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         # (step.fsdp._backward_gathers): held beside the two units computing and prefetching
         root = np.maximum(ends + 2 * block - 2 * largest, 0.0) * PARAM_BYTES
         buffers = buffers + np.where((zero == 3) & c["fsdp_states"] & (c["reshard"] != 1), root, 0)
+        # PyTorch's ring gathers one layer's K and V of every cp rank and holds them while
+        # that layer's attention runs, and again in its backward (a new rotater each pass)
+        ring = gather_bytes(c["cp"], c["micro_batch"] * held_seq * shape.queries / t)
+        buffers = buffers + np.where(c["kv_gather"] & (c["cp"] > 1), ring, 0.0)
         weights, *rest = (d + x for d, x in zip(dense, sparse, strict=True))
         weights = weights + copy * held * (block - shape.block[1])  # the blocks' GEMMs
         stages.append((weights, *rest, acts, buffers))
@@ -403,6 +411,7 @@ def memory_per_gpu_batch(
     workspace=0.0,
     dualpipe=False,
     reshard=0,
+    kv_gather=False,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -438,6 +447,7 @@ def memory_per_gpu_batch(
         workspace=workspace,
         dualpipe=dualpipe,
         reshard=reshard,
+        kv_gather=kv_gather,
     )
     return sum(_components(workload, c, schedule))
 
@@ -481,6 +491,7 @@ def memory_per_gpu(
         workspace=layout.workspace,
         dualpipe=layout.dualpipe,
         reshard=layout.reshard,
+        kv_gather=layout.kv_gather,
     )
     parts = (float(x) for x in _components(workload, c, schedule))
     return MemoryBreakdown(*parts, workspace=layout.workspace)
