@@ -47,9 +47,12 @@ def _stub(blocks: int):
     )
 
 
-def _priced(blocks, reshard, overlap, f=1e-3, b=2e-3):
-    """(network, exposed) seconds a micro-batch of the stub at 4 ranks, fp16 gradients."""
-    L = Layouts.build(zero=3, dp=4, grad_dtype=1, reshard=reshard, overlap=overlap)
+def _priced(blocks, reshard, overlap, f=1e-3, b=2e-3, fsdp_states=False):
+    """(network, exposed) seconds a micro-batch of the stub at 4 ranks, fp16 gradients, its
+    shards DeepSpeed's (states zero) or PyTorch FSDP's (`fsdp_states`)."""
+    L = Layouts.build(
+        zero=3, dp=4, grad_dtype=1, reshard=reshard, overlap=overlap, fsdp_states=fsdp_states
+    )
     n = len(L)
     c = SimpleNamespace(blocks=np.full(n, float(blocks)), block_fwd=np.full(n, f))
     c.block_bwd = np.full(n, b)
@@ -96,12 +99,13 @@ def test_true_is_the_formula_before(blocks):
     assert exposed[1] == pytest.approx(min(hidden, net[0]), rel=1e-12)
 
 
-def _replay(blocks: int, policy) -> tuple[float, int]:
+def _replay(blocks: int, policy, root_kept=False) -> tuple[float, int]:
     """(network seconds, most blocks held gathered) of one micro-batch replayed unit by
     unit, the rules as FSDP runs them: a unit not held is gathered before it computes; after
     its forward it is freed if its policy reshards (all-but-last: every block but the last;
-    the root, the end layers, resharded under true only, as step.fsdp assumes); after its
-    backward it is freed and its gradient reduce-scattered."""
+    the root, the end layers, resharded under true only, and never where `root_kept`, as
+    PyTorch's FSDP runs it); after its backward it is freed and its gradient
+    reduce-scattered."""
     reshards = {
         True: lambda i: True,
         False: lambda i: False,
@@ -121,7 +125,7 @@ def _replay(blocks: int, policy) -> tuple[float, int]:
         most = max(most, len(held - {"root"}))
         if reshards(i):
             held.discard(i)
-    if policy is True:
+    if policy is True and not root_kept:
         held.discard("root")
     need("root")  # the head's backward opens the backward pass
     for i in reversed(range(blocks)):
@@ -144,6 +148,28 @@ def test_against_a_replay_of_the_units(blocks):
     assert [most for _, most in replays] == [1, 1, blocks]
 
 
+def test_pytorch_fsdp_keeps_the_root_by_hand():
+    """PyTorch's FSDP (states fsdp) never reshards the root, the end layers, after the
+    forward: under true two blocks cost 4 G + E + 2 R = 13.60002 ms unoverlapped (DeepSpeed's
+    states, 15.20004 ms, gather them again), and overlapped the backward's first gather is
+    the block's alone: 12.20004 - 1.60002 = 10.60002 ms. all-but-last and false as before."""
+    policies = [ALWAYS, ALL_BUT_LAST, NEVER]
+    net, _ = _priced(2, policies, False, fsdp_states=True)
+    assert net == pytest.approx([4 * G + E + 2 * R, 3 * G + E + 2 * R, 2 * G + E + 2 * R])
+    assert net[0] == pytest.approx(13.60002e-3, rel=1e-12)
+    _, exposed = _priced(2, policies, True, fsdp_states=True)
+    assert exposed == pytest.approx([10.60002e-3, 9.10002e-3, 7.60002e-3], rel=1e-12)
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 3, 8])
+def test_pytorch_fsdp_against_a_replay(blocks):
+    """PyTorch FSDP's network seconds equal a replay whose root is never resharded."""
+    policies = [True, "all-but-last", False]
+    net, _ = _priced(blocks, [RESHARDS.index(p) for p in policies], False, fsdp_states=True)
+    replays = [_replay(blocks, p, root_kept=True)[0] for p in policies]
+    assert net == pytest.approx(replays, rel=1e-12)
+
+
 TOY = ModelSpec(name="toy", layers=6, hidden=1024, heads=8, vocab=32000, seq_len=512)
 
 
@@ -164,6 +190,26 @@ def test_kept_units_hold_zero2s_weights(micro_batches):
     assert zero2.params == pytest.approx(2 * w.layer_params.sum(), rel=1e-12)
     for part in ("params", "grads", "optimizer", "activations"):
         assert getattr(never, part) == getattr(always, part)
+
+
+def test_pytorch_fsdp_holds_the_root_through_the_backward():
+    """PyTorch's FSDP keeps the root's end layers (the embedding, the final norm, the head)
+    gathered from the forward through the backward: at a block's backward they are held
+    beside the two units gathered (computing, prefetching), bf16, where the buffers counted
+    two of the largest layer (here a block); false (every unit kept) as before."""
+    w = build_workload(TOY.model_copy(update=dict(hidden=4096, heads=32, layers=2)))
+    sizes = dict(zip((layer.name for layer in w.layers), w.layer_params, strict=True))
+    block = sizes["block.0"]
+    ends = sum(n for name, n in sizes.items() if not name.startswith("block."))
+    largest = max(sizes.values())
+    assert largest == block > ends
+    kw = dict(dp=8, micro_batch=1, zero=3)
+    for reshard, extra in ((ALWAYS, 2 * ends), (ALL_BUT_LAST, 2 * ends), (NEVER, 0.0)):
+        pytorch, deepspeed = (
+            memory_per_gpu(w, ParallelLayout(fsdp_states=s, reshard=reshard, **kw))
+            for s in (True, False)
+        )
+        assert pytorch.buffers - deepspeed.buffers == pytest.approx(extra, rel=1e-12)
 
 
 def test_all_but_last_holds_what_true_holds():

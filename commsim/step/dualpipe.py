@@ -183,3 +183,18 @@ def _parts(pp: int, r: int, op: tuple, count) -> list[tuple]:
             dep = ("B", direction, stage + 1, mb) if stage < pp - 1 else ("F", direction, stage, mb)
         parts.append((kind, phase, mb, (kind, direction, stage, mb), dep))
     return parts
+
+
+def ranks(dual, first, middle, last) -> list[tuple]:
+    """The (rank, layers, end-layer parameters, holds the loss, exists) of the first, a middle
+    and the last rank, as step.memory prices them. DualPipe puts stage i and pp - 1 - i on rank
+    i: an end rank holds the first and the last stage (the embedding, the head and the loss),
+    a middle one two middle stages; every parameter is held twice over the pipeline (Table
+    2: "Parameter 2x"), its ZeRO shards spread over both copies' data-parallel ranks."""
+    layers, params = first[1] + last[1], first[2] + last[2]
+    pair = (np.where(dual, layers, first[1]), np.where(dual, params, first[2]))
+    return [
+        (first[0], *pair, first[3] | dual, first[4]),
+        (middle[0], np.where(dual, 2 * middle[1], middle[1]), *middle[2:]),
+        (last[0], np.where(dual, layers, last[1]), np.where(dual, params, last[2]), *last[3:]),
+    ]

@@ -118,7 +118,7 @@ def _per_unit(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:
     parts = [(dense, g_dense, r_dense, False)]
     parts += [(sparse, g_sparse, r_sparse, True)] if sh.expert_params else []
     f_slow, b_slow = _beside_units(model, Z, c, rows, parts)
-    first_b, later_b = _backward_gathers(Z.reshard, g, g_first)
+    first_b, later_b = _backward_gathers(Z.reshard, g, np.where(Z.fsdp_states, g, g_first))
     net = k * (g + r) + (g_first - g) + first_b + (k - 1) * later_b
     ahead = (k - 1) * (exposed(f, f_slow, g) + exposed(b, b_slow, later_b + r))
     hidden = g_first + first_b + ahead + r
@@ -128,13 +128,17 @@ def _per_unit(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:
 def _backward_gathers(reshard, g, g_first):
     """(the backward's first unit's gather seconds, each later unit's) by
     reshard_after_forward (layouts.RESHARDS). True: every unit is gathered again, the first
-    with the end layers (g_first, on the critical path). False: none (FSDP2 keeps the
-    unsharded parameters and "avoids the all-gather in backward", pytorch 012c62d
-    fully_shard.py; FSDP1's _runtime_utils.py _post_forward_reshard frees them only under
-    FULL_SHARD and HYBRID_SHARD, not SHARD_GRAD_OP, and never the root's). "all-but-last"
-    (torchtitan 004b314 parallelize_llama.py apply_fsdp without pp; the root module, the
-    end layers, never reshards: FSDP2 _fsdp_state.py _lazy_init): the backward starts on the
-    kept last block, the k - 1 others gathered under their neighbour's backward."""
+    with the end layers where they were freed (g_first). PyTorch's FSDP never frees the root
+    module's (the end layers') after the forward, so its callers pass g there: FSDP2 sets the
+    root's post_forward_mesh_info to None in FSDPState._lazy_init (pytorch 005da465,
+    torch/distributed/_composable/fsdp/_fsdp_state.py), FSDP1's _post_forward_reshard frees
+    only `not state._is_root` handles (torch 2.1 fsdp/_runtime_utils.py). DeepSpeed's ZeRO-3
+    (states zero) has no root unit, only its persistence threshold: its end layers are
+    gathered again. False: none (FSDP2 keeps the unsharded parameters and "avoids the
+    all-gather in backward", pytorch 012c62d fully_shard.py; FSDP1's _post_forward_reshard
+    frees them only under FULL_SHARD and HYBRID_SHARD, not SHARD_GRAD_OP). "all-but-last"
+    (torchtitan 004b314 parallelize_llama.py apply_fsdp without pp): the backward starts on
+    the kept last block, the k - 1 others gathered under their neighbour's backward."""
     return np.where(reshard == 0, g_first, 0.0), np.where(reshard == 1, 0.0, g)
 
 

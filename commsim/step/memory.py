@@ -22,8 +22,10 @@ import numpy as np
 from commsim.specs import GPUSpec
 from commsim.step.activations import RECOMPUTE, ActivationWidths, activation_bytes_per_layer
 from commsim.step.dualpipe import in_flight as dualpipe_in_flight
+from commsim.step.dualpipe import ranks as dualpipe_ranks
 from commsim.step.inflight import in_flight
 from commsim.step.shape import expert_shards, stage_layers
+from commsim.step.torch_ring import gather_bytes
 from commsim.workload.model import Workload
 
 PARAM_BYTES = 2  # fp16/bf16 weights (ZeRO Sec. 3.1)
@@ -80,8 +82,9 @@ class ParallelLayout:
     fp8_param: bool = False  # FP8 primary weights: no FP8 weight copy beside them
     fp8_cache: bool = False  # DeepSeek-V3's low-precision activation caching (activations)
     workspace: float = 0.0  # bytes outside the tensors: context, cuBLAS, NCCL (step.workspace)
-    dualpipe: bool = False  # DeepSeek-V3's DualPipe: two stages a rank (_dualpipe_ranks)
+    dualpipe: bool = False  # DeepSeek-V3's DualPipe: two stages a rank (dualpipe.ranks)
     reshard: int = 0  # code of layouts.RESHARDS: 1 keeps ZeRO-3 units gathered (_components)
+    kv_gather: bool = False  # PyTorch's all-gather ring attention (step.torch_ring), cp > 1
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -143,6 +146,7 @@ class _Shape:
     blocks: int
     hidden: int
     heads: int
+    queries: int  # a token's query elements (heads x head width)
     vocab: int
     block: tuple[float, float]  # parameters of one block (split over tp, replicated; mean)
     expert: float  # of block[0]: the experts' MLPs (split over tp and ep; mean over blocks)
@@ -179,6 +183,7 @@ def _transformer_shape(workload: Workload) -> _Shape | None:
         blocks=len(block_at),
         hidden=h,
         heads=workload.heads,
+        queries=workload.arch.heads * workload.arch.head_width if workload.arch else h,
         vocab=vocab,
         block=(body[0] / len(blocks), body[1] / len(blocks)),
         expert=workload.expert_params,
@@ -281,7 +286,7 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     dual = c["dualpipe"]
     dp = np.where(dual, 2, 1) * dp  # DualPipe: both copies' holders share a ZeRO shard
     # the first stage, the second (the most loaded middle one: most in flight), the last
-    for rank, layers, extra, on_last, exists in _dualpipe_ranks(
+    for rank, layers, extra, on_last, exists in dualpipe_ranks(
         dual,
         (0, k_first, first, pp == 1, True),
         (np.minimum(1, pp - 1), k_mid, 0.0, False, pp > 2),
@@ -305,27 +310,20 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         # held gathered from the forward to the backward, two of them the buffers' own
         kept = np.maximum(params - 2 * largest, 0.0) * PARAM_BYTES
         buffers = buffers + np.where((zero == 3) & (c["reshard"] == 1), kept, 0.0)
+        # PyTorch's FSDP never reshards the root (the end layers) after the forward
+        # (step.fsdp._backward_gathers): held beside the two units computing and prefetching
+        root = np.maximum(ends + 2 * block - 2 * largest, 0.0) * PARAM_BYTES
+        buffers = buffers + np.where((zero == 3) & c["fsdp_states"] & (c["reshard"] != 1), root, 0)
+        # PyTorch's ring gathers one layer's K and V of every cp rank and holds them while
+        # that layer's attention runs, and again in its backward (a new rotater each pass)
+        ring = gather_bytes(c["cp"], c["micro_batch"] * held_seq * shape.queries / t)
+        buffers = buffers + np.where(c["kv_gather"] & (c["cp"] > 1), ring, 0.0)
         weights, *rest = (d + x for d, x in zip(dense, sparse, strict=True))
         weights = weights + copy * held * (block - shape.block[1])  # the blocks' GEMMs
         stages.append((weights, *rest, acts, buffers))
     totals = np.stack([sum(stage) for stage in stages])
     worst = np.argmax(totals, axis=0)  # ties go to the first stage, as before
     return tuple(np.choose(worst, parts) for parts in zip(*stages, strict=True))
-
-
-def _dualpipe_ranks(dual, first, middle, last) -> list[tuple]:
-    """The (rank, layers, end-layer parameters, holds the loss, exists) of the first, a middle
-    and the last rank. DualPipe (step.dualpipe) puts stage i and stage pp - 1 - i on rank i:
-    an end rank holds the first and the last stage (the embedding, the head and the loss),
-    a middle one two middle stages; every parameter is held twice over the pipeline (Table
-    2: "Parameter 2x"), its ZeRO shards spread over both copies' data-parallel ranks."""
-    layers, params = first[1] + last[1], first[2] + last[2]
-    pair = (np.where(dual, layers, first[1]), np.where(dual, params, first[2]))
-    return [
-        (first[0], *pair, first[3] | dual, first[4]),
-        (middle[0], np.where(dual, 2 * middle[1], middle[1]), *middle[2:]),
-        (last[0], np.where(dual, layers, last[1]), np.where(dual, params, last[2]), *last[3:]),
-    ]
 
 
 def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
@@ -413,6 +411,7 @@ def memory_per_gpu_batch(
     workspace=0.0,
     dualpipe=False,
     reshard=0,
+    kv_gather=False,
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
@@ -448,6 +447,7 @@ def memory_per_gpu_batch(
         workspace=workspace,
         dualpipe=dualpipe,
         reshard=reshard,
+        kv_gather=kv_gather,
     )
     return sum(_components(workload, c, schedule))
 
@@ -491,6 +491,7 @@ def memory_per_gpu(
         workspace=layout.workspace,
         dualpipe=layout.dualpipe,
         reshard=layout.reshard,
+        kv_gather=layout.kv_gather,
     )
     parts = (float(x) for x in _components(workload, c, schedule))
     return MemoryBreakdown(*parts, workspace=layout.workspace)

@@ -478,6 +478,7 @@ class StepModel:
             fp8_cache=L.fp8_cache,
             dualpipe=L.schedule == 1,
             reshard=L.reshard,
+            kv_gather=torchtitan(L.kernels) & (L.cp > 1),
             residual_bytes=np.where(L.error_feedback & (L.compression != 0), L.grad_bytes, 0),
             workspace=self.workspace(L),
         )

@@ -14,6 +14,7 @@ from commsim.scenario import Setup, check_layout
 from commsim.specs import SpecError, Strategy
 from commsim.step.activations import recompute_code
 from commsim.step.buckets import BucketPlan
+from commsim.step.eager import KERNELS, torchtitan
 from commsim.step.layouts import DTYPE_BYTES, Layouts, reshard_code
 from commsim.step.memory import MemoryBreakdown, ParallelLayout, memory_per_gpu
 from commsim.step.model import StepModel, state_grad_bytes
@@ -168,6 +169,7 @@ def layout_memory(
         fp8_cache=strategy.fp8_cache,
         dualpipe=strategy.pipeline_schedule == "dualpipe",
         reshard=reshard_code(strategy.reshard_after_forward),
+        kv_gather=bool(torchtitan(KERNELS.index(strategy.kernels))) and strategy.cp > 1,
         residual_bytes=DTYPE_BYTES[strategy.grad_dtype] if _residual(strategy) else 0,
         workspace=float(workspace[0]),
     )
