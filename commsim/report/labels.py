@@ -105,8 +105,10 @@ def reshard_label(s: dict[str, Any]) -> str:
     """FSDP's reshard_after_forward in words (Strategy.reshard_after_forward)."""
     value = s.get("reshard_after_forward", True)
     if value == "all-but-last":
-        return "all but the last unit reshard after forward"
-    return "reshard after forward" if value else "units kept from forward to backward"
+        return "all but the last unit resharded after the forward"
+    if value:
+        return "units resharded after the forward, gathered again for the backward"
+    return "units kept from forward to backward"
 
 
 # The dimensions a plan explains: label, the strategy keys that change together, the value.
