@@ -333,3 +333,20 @@ def test_compute_efficiency_flag_picks_the_roofline_or_one_rate(tmp_path):
     half = run_json("predict", *flags, "--compute-efficiency", "0.5")
     third = run_json("predict", *flags, "--compute-efficiency", "0.25")
     assert third["compute_s"] == pytest.approx(2 * half["compute_s"], rel=0.02)
+
+
+def test_grad_dtype_flag_sets_the_buffer_and_is_refused_where_fsdp_ignores_it():
+    """--grad-dtype bf16 halves the gradient buffer (NeMo's grad_sync_dtype); PyTorch FSDP
+    (states: fsdp) keeps fp32 shards, so there the flag is refused, not ignored."""
+    base = ["--model", "gpt2-xl", "--cluster", "aws-p4d", "--gpus", "16", "--global-batch", "64"]
+    runs = {
+        v: CliRunner().invoke(app, ["predict", *base, "--zero", "1", "--json", "--grad-dtype", v])
+        for v in ("fp32", "bf16")
+    }
+    grads = {v: json.loads(r.stdout)["memory"]["grads_bytes"] for v, r in runs.items()}
+    assert grads["bf16"] == pytest.approx(grads["fp32"] / 2)
+    bad = CliRunner().invoke(
+        app, ["predict", *base, "--zero", "3", "--fsdp", "--grad-dtype", "bf16"]
+    )
+    assert bad.exit_code == 2
+    assert len(bad.output.strip().splitlines()) == 1 and "--grad-dtype bf16" in bad.output

@@ -17,6 +17,7 @@ LAYOUT_FLAGS = (  # the search's dimensions: a flag pins one
     *("pipeline_schedule", "reshard_after_forward"),
 )
 STACK_FLAGS = ("flash_attention", "overlap_param_gather", "sequence_parallel", "kernels")
+STACK_FLAGS += ("grad_dtype",)
 NCCL_FLAGS = ("nccl_version", "nccl_algo", "nccl_proto")
 
 
@@ -44,6 +45,13 @@ def refuse_ignored(scenario: Any, given: dict[str, Any]) -> None:
             "prices the roofline's element-wise kernels, but this scenario computes every "
             f"FLOP at one compute_efficiency ({scenario.compute_efficiency:g}): give "
             "--compute-efficiency roofline",
+        )
+    if given.get("grad_dtype") is not None and strategy.zero == 3 and strategy.states == "fsdp":
+        raise SpecError(
+            f"--grad-dtype {_shown(given['grad_dtype'])}",
+            "",
+            "PyTorch FSDP keeps fp32 gradient shards (states: fsdp): the gradients' dtype is "
+            "its reduce dtype, not a buffer's",
         )
     if given.get("error_feedback") and strategy.compression == "none":
         raise SpecError(

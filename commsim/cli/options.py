@@ -172,6 +172,13 @@ ScheduleOpt = Annotated[
         "(DeepSeek-V3's: two stages a rank, even pp)."
     ),
 ]
+GradDtypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Gradients' dtype, their buffer and their reduction: fp32 (Megatron's and DDP's "
+        "default), bf16 (NeMo's grad_sync_dtype) or fp16."
+    ),
+]
 KernelsOpt = Annotated[
     str | None,
     typer.Option(
