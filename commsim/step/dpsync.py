@@ -48,7 +48,7 @@ from commsim.step.activations import RECOMPUTE, replays_core
 from commsim.step.buckets import MIB, STAGE_KINDS, BucketPlan, stage_buckets, stage_layer_range
 from commsim.step.contention import collective_hbm_bytes, contended_tail, mean_rate
 from commsim.step.dualpipe import phase_leads
-from commsim.step.groups import Groups, _group_rows
+from commsim.step.groups import Groups, group_rows
 from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.shape import Shape, expert_shards, slowest, stage_layers
 from commsim.step.sync import (
@@ -175,7 +175,7 @@ class DataParallel:
         them) but for their optimizer's parameters."""
         sh = self.shape
         kind, held, far, params = self.priced_rank(L)
-        inverse, firsts = _group_rows(_sync_columns(L, kind, held, far))
+        inverse, firsts = group_rows(_sync_columns(L, kind, held, far))
         plans = [
             self._sync_plan(L, int(i), int(kind[i]), int(held[i]), int(far[i])) for i in firsts
         ]

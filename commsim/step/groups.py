@@ -124,7 +124,7 @@ class Groups:
         priced by one multiply-add over all their layouts."""
         alg = L.algorithm if algorithm is None else np.broadcast_to(algorithm, L.dp.shape)
         cols = [alg, *_key_columns(kind, L)]
-        inverse, firsts = _group_rows(cols)
+        inverse, firsts = group_rows(cols)
         nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), L.dp.shape)
         line = np.zeros((len(firsts), 2))
         general = []
@@ -155,7 +155,7 @@ class Groups:
         nChannels blocks; nccl.topo's comm_channels; `p2p`: a send/recv's, nccl.topo's
         p2p_channels); gloo's run on the CPU (False), and groups of one run nothing."""
         cols = _key_columns(kind, L)
-        inverse, firsts = _group_rows(cols)
+        inverse, firsts = group_rows(cols)
         counts, gpu = np.zeros(len(firsts)), np.zeros(len(firsts), dtype=bool)
         for k, i in enumerate(firsts.tolist()):
             pl, t, d, p, e, s, c, g, o, et = (int(col[i]) for col in cols)
@@ -190,7 +190,7 @@ def concurrent_cost(cluster: Cluster, groups: np.ndarray, ps_shards: int = 1) ->
     return GroupCost(cluster, groups, ps_shards=min(ps_shards, groups.shape[1]))
 
 
-def _group_rows(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def group_rows(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(group index of each row, first row of each group) of rows equal in every column:
     the columns as one mixed-radix integer, then np.unique."""
     code = np.zeros(len(cols[0]), dtype=np.int64)

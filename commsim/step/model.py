@@ -38,7 +38,7 @@ from commsim.step.dpsync import DataParallel
 from commsim.step.dualpipe import bubble as dualpipe_bubble
 from commsim.step.eager import torchtitan
 from commsim.step.fsdp import fsdp_per_micro_batch
-from commsim.step.groups import Groups, _group_rows
+from commsim.step.groups import Groups, group_rows
 from commsim.step.layouts import Layouts
 from commsim.step.memory import MEMORY_RESERVE, memory_per_gpu_batch, usable_bytes
 from commsim.step.optimizer import adam_step_time
@@ -434,7 +434,7 @@ class StepModel:
         split the activation (scatter-gather optimisation)."""
         act = send_bytes(L, self.shape)
         cols = (L.placement, L.tp, L.dp, L.pp, L.cp, L.order)
-        inverse, firsts = _group_rows(list(cols))
+        inverse, firsts = group_rows(list(cols))
         line = np.array(
             [self.groups.send(*(int(col[i]) for col in cols)) for i in firsts.tolist()]
         ).reshape(-1, 2)

@@ -36,7 +36,7 @@ import numpy as np
 from commsim.step.block_gemms import attention_gemms, mlp_gemms
 from commsim.step.compute import Rates, gemm_seconds
 from commsim.step.contention import contended_rates
-from commsim.step.groups import _group_rows
+from commsim.step.groups import group_rows
 
 # One set of constants: Transformer Engine 2.x's defaults (initialize_ub, get_default_config,
 # the same from v2.0 to v2.18; 1.9-1.13 had them with the SM margin off), what
@@ -152,7 +152,7 @@ def userbuffers(model, L, nbytes):
     all-gather buffers are FP8 under an FP8 recipe: fp8_buf), reduce-scatter bf16. Priced
     once per distinct (algorithm, tp groups, micro-batch, precision): all it depends on."""
     cols = [L.algorithm, L.placement, L.tp, L.dp, L.pp, L.cp, L.order, L.micro_batch, L.fp8]
-    inverse, firsts = _group_rows(cols)
+    inverse, firsts = group_rows(cols)
     fwd, bwd = _userbuffers(model, L.take(firsts), np.broadcast_to(nbytes, L.tp.shape)[firsts])
     return fwd[inverse], bwd[inverse]
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from commsim.collectives import nccl
-from commsim.step.groups import Groups, _group_rows
+from commsim.step.groups import Groups, group_rows
 
 if TYPE_CHECKING:
     from commsim.specs import GPUSpec
@@ -107,7 +107,7 @@ def nccl_bytes(groups: Groups, L: Layouts, cache: dict | None = None) -> np.ndar
         return np.zeros(len(L))
     cache = {} if cache is None else cache
     cols = [L.placement, L.tp, L.dp, L.pp, L.ep, L.cp, L.order, L.expert_tp]
-    inverse, firsts = _group_rows(cols)
+    inverse, firsts = group_rows(cols)
     total = np.zeros(len(firsts))
     for i, row in enumerate(firsts.tolist()):
         placement, tp, dp, pp, ep, cp, order, etp = (int(c[row]) for c in cols)
