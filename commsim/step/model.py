@@ -327,6 +327,12 @@ class StepModel:
             self.shape.total_params, self.gpu, L.grad_bytes, L.moment_bytes, L.kernels
         )
 
+    def linear_flops(self, fp8) -> np.ndarray:
+        """FLOP/s a GPU runs the blocks' linear layers at under one efficiency: FP8 layouts
+        (`fp8`) at the FP8 peak's, the rest at the BF16 peak's."""
+        fp8_speedup = (self.gpu.fp8_flops or self.gpu.peak_flops) / self.gpu.peak_flops
+        return self.gpu.peak_flops * self.efficiency * np.where(fp8, fp8_speedup, 1.0)
+
     def _stage_times(self, L: Layouts, rates: Rates | None = None) -> StageTimes:
         """The roofline's per-block and end-layer times, or, with one efficiency, FLOPs /
         (peak x efficiency) for everything (a calibration profile's measured rate); FP8
@@ -335,8 +341,7 @@ class StepModel:
             return stage_times(self.workload, self.gpu, L, rates)
         sh = self.shape
         rate = L.tp * L.cp * self.gpu.peak_flops * self.efficiency / L.micro_batch
-        fp8_speedup = (self.gpu.fp8_flops or self.gpu.peak_flops) / self.gpu.peak_flops
-        linear_rate = rate * np.where(L.fp8, fp8_speedup, 1.0)
+        linear_rate = L.tp * L.cp * self.linear_flops(L.fp8) / L.micro_batch
         core = sh.attention_core_flops / rate
         linear = (sh.block_flops - sh.attention_core_flops) / linear_rate
         block = linear + core

@@ -101,14 +101,15 @@ class GemmClock:
         tiles fill waves together (tile_utilisation's `concurrent`), each chunk's tiles
         quantised on its own."""
         out, concurrent = 0.0, rows * cols
+        if self.flat is None:
+            r = contended_rates(self.rates, taken, 0.0) if taken else self.rates
+            rate = np.where(self.fp8, r.fp8, r.gemm)
         for m, n, k, count in shapes:
             m, n = m / rows, n / cols
             if self.flat is not None:
                 out = out + count * 2.0 * m * n * k / self.flat
-                continue
-            r = contended_rates(self.rates, taken, 0.0) if taken else self.rates
-            rate = np.where(self.fp8, r.fp8, r.gemm)
-            out = out + gemm_seconds(m, n, k, rate, r.sms, count, concurrent)
+            else:
+                out = out + gemm_seconds(m, n, k, rate, r.sms, count, concurrent)
         return out
 
 
@@ -171,9 +172,7 @@ def _userbuffers(model, L, nbytes):
     if model.efficiency is None:
         clock = GemmClock(Rates.of(gpu), L.fp8)
     else:  # the rate step.model prices the linear layers at under one efficiency
-        fp8_speedup = (gpu.fp8_flops or gpu.peak_flops) / gpu.peak_flops
-        flat = gpu.peak_flops * model.efficiency * np.where(L.fp8, fp8_speedup, 1.0)
-        clock = GemmClock(None, L.fp8, flat)
+        clock = GemmClock(None, L.fp8, model.linear_flops(L.fp8))
     tokens = L.micro_batch * model.shape.seq_len / L.cp
     fwd, bwd = block_overlap(model.workload.arch, model.shape, tokens, tp, clock, comm)
     return np.where(tp > 1, fwd, 0.0), np.where(tp > 1, bwd, 0.0)  # tp 1: no userbuffers
