@@ -10,13 +10,13 @@ from conftest import make_cluster
 
 from commsim import catalog
 from commsim.specs import ModelSpec
-from commsim.step.compute import TILE_M, TILE_N, Rates, gemm_seconds
 from commsim.step.contention import (
     collective_hbm_bytes,
     compute_end,
     contended_rates,
     exposed,
 )
+from commsim.step.gemm import TILE_M, TILE_N, Rates, gemm_seconds
 from commsim.step.layouts import Layouts
 from commsim.step.model import StepModel
 from commsim.workload.presets import build_workload

@@ -8,7 +8,8 @@ import pytest
 
 from commsim import catalog
 from commsim.specs import ModelSpec
-from commsim.step.compute import Rates, gemm_seconds, stage_times
+from commsim.step.compute import stage_times
+from commsim.step.gemm import Rates, gemm_seconds
 from commsim.step.kernel_bytes import ACT, GRAD_ADD, MASK
 from commsim.step.layouts import GRAD_ACCUMULATIONS, Layouts
 from commsim.workload.presets import build_workload

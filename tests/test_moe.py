@@ -18,7 +18,8 @@ from commsim.report import labels
 from commsim.scenario import load_scenario, resolve
 from commsim.specs import ModelSpec
 from commsim.step.block_gemms import mlp_gemms
-from commsim.step.compute import Rates, _Block, _prices, gemm_seconds, tile_utilisation
+from commsim.step.compute import _Block, _prices
+from commsim.step.gemm import Rates, gemm_seconds, tile_utilisation
 from commsim.step.groups import Groups
 from commsim.step.kernel_bytes import ELEMENTWISE, GROUPED_GEMM_STREAMS, PERMUTE_PASS, ROUTER_BYTES
 from commsim.step.layouts import RANK_ORDERS, Layouts

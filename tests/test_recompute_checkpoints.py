@@ -19,7 +19,7 @@ from commsim.step.activations import (
     activation_bytes_per_layer,
     recompute_code,
 )
-from commsim.step.compute import Rates
+from commsim.step.gemm import Rates
 from commsim.step.layouts import Layouts
 from commsim.step.model import StepModel
 from commsim.workload.presets import build_workload

@@ -10,7 +10,8 @@ from conftest import make_cluster
 from commsim import catalog
 from commsim.specs import ModelSpec
 from commsim.step.activations import recompute_code
-from commsim.step.compute import Rates, _Block, _prices, tile_utilisation
+from commsim.step.compute import _Block, _prices
+from commsim.step.gemm import Rates, tile_utilisation
 from commsim.step.kernel_bytes import ACT, ELEMENTWISE, FP8_CAST
 from commsim.step.layouts import Layouts
 from commsim.step.model import StepModel

@@ -14,7 +14,7 @@ from conftest import make_cluster
 
 from commsim import catalog
 from commsim.specs import ModelSpec
-from commsim.step.compute import TILE_M, TILE_N, Rates
+from commsim.step.gemm import TILE_M, TILE_N, Rates
 from commsim.step.layouts import Layouts
 from commsim.step.model import StepModel, tp_bytes
 from commsim.step.tpoverlap import (

@@ -5,15 +5,10 @@ A transformer block runs its linear layers as GEMMs, its attention core as Flash
 adds, the MLP's activation, rotary embeddings, MoE's token permutation) that is bound by
 HBM bandwidth. Each kernel class has its own rate:
 
-- GEMM: 2 M N K FLOPs at the GPU's best measured GEMM rate (catalog: MAMF / peak) times
-  the fraction of the GPU its output tiles keep busy. cuBLAS tiles the output in 256 x 128
-  blocks, one block per SM at a time (NVIDIA, "Matrix Multiplication Background User's
-  Guide", DU-09799-001, sec. 3): a dimension that is not a multiple of its tile wastes the
-  rest of the tile (tile quantization), and ceil(tiles / SMs) waves run where tiles / SMs
-  would do (wave quantization). Small GEMMs (tensor-parallel slices, a MoE expert's ~1,000
-  tokens) lose most there. FP8 (Transformer Engine) runs the blocks' linear layers at the
-  FP8 peak and rate, and pays a cast of each GEMM input forward and of each output's
-  gradient backward (FP8_CAST).
+- GEMM: step.gemm, the output tiles over the SMs at the best measured GEMM rate. Small
+  GEMMs (tensor-parallel slices, a MoE expert's ~1,000 tokens) lose most there. FP8
+  (Transformer Engine) runs the blocks' linear layers at the FP8 peak and rate, and pays a
+  cast of each GEMM input forward and of each output's gradient backward (FP8_CAST).
 - Attention core: the QK^T and AV FLOPs FlashAttention executes (causal: half of the s x s
   square; the model's FLOP count, Megatron's, keeps the whole square) at the GPU's
   FlashAttention rate; backward 2.5x forward (it recomputes the scores: 5 matmuls to 2,
@@ -36,6 +31,7 @@ from commsim.specs import GPUSpec
 from commsim.step.activations import RECOMPUTE, RECOMPUTE_MODULES
 from commsim.step.block_gemms import attention_gemms, mla_up_gemms, mlp_gemms
 from commsim.step.eager import Prices, fsdp2_copy_out, stack_prices
+from commsim.step.gemm import Rates, gemm_seconds
 from commsim.step.kernel_bytes import (
     ACT,
     ATTENTION_BACKWARD,
@@ -56,61 +52,6 @@ from commsim.step.kernel_bytes import (
 )
 from commsim.step.shape import Shape
 from commsim.workload.model import BACKWARD_FACTOR, Workload
-
-TILE_M, TILE_N = 256, 128  # cuBLAS's large output tile (NVIDIA GEMM guide, sec. 3.2)
-
-
-@dataclass(frozen=True)
-class Rates:
-    """A GPU's kernel rates (FLOP/s, bytes/s) for the roofline."""
-
-    gemm: float | np.ndarray  # BF16 GEMM FLOP/s at its best shapes
-    fp8: float | np.ndarray  # FP8 GEMM FLOP/s at its best shapes (0: no FP8)
-    attention: float | np.ndarray  # FlashAttention FLOP/s
-    memory: float | np.ndarray  # HBM bytes/s that streaming kernels reach
-    sms: int | np.ndarray  # SMs the kernels may use (fewer beside a collective: step.contention)
-
-    @classmethod
-    def of(cls, gpu: GPUSpec) -> Rates:
-        """The rates of a catalog GPU; a ValueError naming what the catalog lacks."""
-        missing = [
-            f
-            for f in ("sm_count", "gemm_efficiency", "attention_efficiency")
-            if getattr(gpu, f) is None
-        ]
-        if missing:
-            raise ValueError(
-                f"GPU {gpu.name!r} has no measured {', '.join(missing)} for the compute "
-                "roofline: set the scenario's compute_efficiency instead"
-            )
-        fp8 = (gpu.fp8_flops or 0.0) * (gpu.fp8_gemm_efficiency or 0.0)
-        return cls(
-            gemm=gpu.peak_flops * gpu.gemm_efficiency,
-            fp8=fp8,
-            attention=gpu.peak_flops * gpu.attention_efficiency,
-            memory=gpu.stream_bandwidth,
-            sms=int(gpu.sm_count),
-        )
-
-
-def tile_utilisation(m, n, sms: int, concurrent=1.0) -> np.ndarray:
-    """The share of the GPU a GEMM with an m x n output keeps doing useful work: its tiles'
-    useful area over their area, times tiles over the SMs that whole waves occupy; with
-    `concurrent` such GEMMs on the GPU at once (streams), their tiles fill the waves together."""
-    m, n = np.maximum(np.asarray(m, dtype=float), 1.0), np.maximum(np.asarray(n, dtype=float), 1)
-    tm, tn = np.ceil(m / TILE_M), np.ceil(n / TILE_N)
-    tiles = tm * tn * concurrent
-    waves = np.ceil(tiles / sms)
-    return (m * n) / (tm * tn * TILE_M * TILE_N) * tiles / (waves * sms)
-
-
-def gemm_seconds(m, n, k, rate, sms: int, count=1.0, concurrent=1.0) -> np.ndarray:
-    """Seconds of `count` GEMMs of (m x k) by (k x n) at `rate` (FLOP/s at the best shapes),
-    `concurrent` of them sharing the GPU at a time (tile_utilisation)."""
-    flops = 2.0 * np.asarray(m, float) * np.asarray(n, float) * np.asarray(k, float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = count * flops / (rate * tile_utilisation(m, n, sms, concurrent))
-    return np.where(flops > 0, out, 0.0)
 
 
 @dataclass(frozen=True)

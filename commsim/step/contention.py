@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from commsim.step.compute import Rates
+from commsim.step.gemm import Rates
 
 # HBM bytes a rank moves per byte of the op's size S on n ranks, from NCCL's ring schedules
 # (prims_simple.h: each received chunk lands in the receiver's FIFO buffer, one write, and its

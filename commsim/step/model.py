@@ -24,7 +24,7 @@ import numpy as np
 
 from commsim.specs import GPUSpec
 from commsim.step.activations import replays_core
-from commsim.step.compute import Rates, StageTimes, stage_times
+from commsim.step.compute import StageTimes, stage_times
 from commsim.step.contention import (
     beside_sync,
     collective_hbm_bytes,
@@ -38,6 +38,7 @@ from commsim.step.dpsync import DataParallel
 from commsim.step.dualpipe import bubble as dualpipe_bubble
 from commsim.step.eager import torchtitan
 from commsim.step.fsdp import fsdp_per_micro_batch
+from commsim.step.gemm import Rates
 from commsim.step.groups import Groups, group_rows
 from commsim.step.layouts import Layouts
 from commsim.step.memory import MEMORY_RESERVE, memory_per_gpu_batch, usable_bytes

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from commsim.step.block_gemms import attention_gemms, mlp_gemms
-from commsim.step.compute import Rates, gemm_seconds
 from commsim.step.contention import contended_rates
+from commsim.step.gemm import Rates, gemm_seconds
 from commsim.step.groups import group_rows
 
 # One set of constants: Transformer Engine 2.x's defaults (initialize_ub, get_default_config,
