@@ -11,11 +11,12 @@ from commsim.specs import GPUSpec, SpecError
 # H200 9.0, B200 10.0); NCCL's tuner picks its table rows by it (src/graph/tuning.cc).
 # Peak figures are dense (no structured sparsity) BF16/FP16 tensor-core FLOP/s, HBM size
 # and bandwidth, and NVLink bandwidth per direction (vendors quote the bidirectional sum).
-# Kernel figures: gemm_efficiency is the Maximum Achievable Matmul FLOPS (MAMF, the best
-# BF16 matmul over a sweep of large shapes) over peak, as measured in S. Bekman's "Machine
-# Learning Engineering" (github.com/stas00/ml-engineering, compute/accelerator/README.md,
-# "Maximum Achievable Matmul FLOPS comparison table", and its H200 -> B200 upgrade guide for
-# H200/B200 and FP8). attention_efficiency is FlashAttention's forward + backward FLOP/s
+# Kernel figures: gemm_efficiency is the share of peak a GEMM's math runs at: the Maximum
+# Achievable Matmul FLOPS (MAMF, the best BF16 matmul over a sweep of large shapes) as
+# measured in S. Bekman's "Machine Learning Engineering" (github.com/stas00/ml-engineering,
+# compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table", and its
+# H200 -> B200 upgrade guide for H200/B200 and FP8), less that GEMM's output write
+# (_math_share). attention_efficiency is FlashAttention's forward + backward FLOP/s
 # over peak on causal attention with 128-wide heads, as the stacks these GPUs train with run
 # it: FlashAttention-2 reaches 50-73% of the A100's peak (Dao 2023, arXiv:2307.08691);
 # on Hopper the same kernel reaches only 35% ("FlashAttention-2 achieves only 35%
@@ -36,6 +37,21 @@ from commsim.specs import GPUSpec, SpecError
 _FA2_AMPERE = 0.6
 _FA2_HOPPER = 0.35
 _STREAM_SOURCE = "; HBM: BabelStream Triad {} TB/s of {} (Azure AI-benchmarking-guide, {})"
+
+
+def _math_share(best: float, shape, out_bytes: int, stream: float, peak: float) -> float:
+    """The share of peak a GEMM's math runs at: a measured best GEMM (MAMF, `best` TFLOP/s at
+    its M x N x K `shape`, the table's "Best Shape") less the write of its output through HBM
+    (`out_bytes` an element at the measuring GPU's BabelStream `stream` TB/s; mamf-finder
+    writes its input dtype, 2 bytes BF16, 1 FP8), step.gemm.gemm_seconds solved for the rate:
+    a GEMM is its math, then its output. The search found that shape because its kernel's
+    tiles fill every SM, so no tile loss is taken out."""
+    m, n, k = shape
+    flops = 2.0 * m * n * k
+    math = flops / (best * 1e12) - m * n * out_bytes / (stream * 1e12)
+    return flops / math / (peak * 1e12)
+
+
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
@@ -59,7 +75,7 @@ GPUS: dict[str, GPUSpec] = {
             source="NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 1,555 GB/s, "
             "NVLink 600 GB/s bidirectional",
             sm_count=108,
-            gemm_efficiency=267.9 / 312,
+            gemm_efficiency=_math_share(267.9, (6912, 16384, 2048), 2, 1.70, 312),
             attention_efficiency=_FA2_AMPERE,
             kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
             "A100 SXM 267.9 of 312 TFLOPS (ml-engineering, CUDA 12.1)",
@@ -75,7 +91,7 @@ GPUS: dict[str, GPUSpec] = {
             source="NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16 dense, 2,039 GB/s, "
             "NVLink 600 GB/s bidirectional",
             sm_count=108,
-            gemm_efficiency=267.9 / 312,
+            gemm_efficiency=_math_share(267.9, (6912, 16384, 2048), 2, 1.70, 312),
             attention_efficiency=_FA2_AMPERE,
             hbm_efficiency=1.70 / 2.039,
             kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
@@ -94,8 +110,8 @@ GPUS: dict[str, GPUSpec] = {
             "sparsity), 80 GB, 3.35 TB/s, NVLink 900 GB/s bidirectional; FP8 1,979 dense",
             sm_count=132,
             fp8_flops=1979e12,
-            gemm_efficiency=792.1 / 989,
-            fp8_gemm_efficiency=1453.4 / 1979,
+            gemm_efficiency=_math_share(792.1, (6144, 17920, 2816), 2, 2.97, 989),
+            fp8_gemm_efficiency=_math_share(1453.4, (1280, 4096, 12032), 1, 4.15, 1979),
             attention_efficiency=_FA2_HOPPER,
             hbm_efficiency=2.97 / 3.35,
             kernel_source="132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5); "
@@ -115,13 +131,14 @@ GPUS: dict[str, GPUSpec] = {
             "NVLink 900 GB/s bidirectional; FP8 1,979 dense",
             sm_count=132,
             fp8_flops=1979e12,
-            gemm_efficiency=794.5 / 989,
-            fp8_gemm_efficiency=1453.4 / 1979,
+            gemm_efficiency=_math_share(792.1, (6144, 17920, 2816), 2, 2.97, 989),  # as H100
+            fp8_gemm_efficiency=_math_share(1453.4, (1280, 4096, 12032), 1, 4.15, 1979),
             attention_efficiency=_FA2_HOPPER,
             hbm_efficiency=4.15 / 4.8,
-            kernel_source="132 SMs (GH100, as H100 SXM5); MAMF H100/H200 SXM 794.5 of 989 "
-            "TFLOPS BF16 and H200 SXM 1,453.4 of 1,979 FP8 (ml-engineering)"
-            + _STREAM_SOURCE.format(4.15, 4.8, "ND H200 v5"),
+            kernel_source="132 SMs (GH100, as H100 SXM5); MAMF H100 SXM 792.1 of 989 TFLOPS "
+            "BF16 (the table's H200 is the same die: 794.5 at 2048x2048x13312 implies a math "
+            "rate 7% lower that OpenXLA's H100 GEMMs do not show) and H200 SXM 1,453.4 of 1,979 "
+            "FP8 (ml-engineering)" + _STREAM_SOURCE.format(4.15, 4.8, "ND H200 v5"),
             compute_capability=9.0,
             nvlink_links=18,  # NVLink 4: 18 links (H200 datasheet)
         ),
@@ -136,8 +153,8 @@ GPUS: dict[str, GPUSpec] = {
             "NVLink 5 1.8 TB/s bidirectional",
             sm_count=148,
             fp8_flops=4500e12,
-            gemm_efficiency=1745.0 / 2250,
-            fp8_gemm_efficiency=3432.5 / 4500,
+            gemm_efficiency=_math_share(1745.0, (1792, 16128, 3072), 2, 7.7, 2250),
+            fp8_gemm_efficiency=_math_share(3432.5, (15360, 4096, 3072), 1, 7.7, 4500),
             attention_efficiency=_FA2_HOPPER,
             kernel_source="148 SMs (NVIDIA Blackwell architecture technical brief, B200); MAMF "
             "B200 SXM 1,745.0 of 2,250 TFLOPS BF16 and 3,432.5 of 4,500 FP8 (ml-engineering)",

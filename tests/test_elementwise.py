@@ -10,13 +10,14 @@ from commsim import catalog
 from commsim.specs import ModelSpec
 from commsim.step.compute import stage_times
 from commsim.step.gemm import Rates, gemm_seconds
-from commsim.step.kernel_bytes import ACT, GRAD_ADD, MASK
+from commsim.step.kernel_bytes import ACT, FUSED_WGRAD, GRAD_ADD, MASK
 from commsim.step.layouts import GRAD_ACCUMULATIONS, Layouts
 from commsim.workload.presets import build_workload
 
 GPT = ModelSpec(name="toy", layers=4, hidden=512, heads=8, vocab=1000, seq_len=256)
 A100 = catalog.GPUS["a100-80gb"]
 HBM = 1.70e12  # its BabelStream Triad (catalog: hbm_efficiency), what the roofline runs at
+EPILOGUE = (FUSED_WGRAD - ACT) / HBM  # seconds an element a fused wgrad GEMM writes more
 
 
 def _block_fwd(model: ModelSpec, tp=2, sp=True):
@@ -58,14 +59,17 @@ def test_unfused_gradient_accumulation_by_hand():
     """A GPT block has 12 h^2 + 13 h parameters (Narayanan et al. 2021's count); h = 512,
     tp = 2, 4 micro-batches a step: autograd adds 3 of 4 micro-batches' gradients into
     .grad, 3 x 2 bytes a parameter of the GPU's half: 3/4 x 6 x (12 h^2 + 13 h) / 2 bytes
-    more per micro-batch backward; nothing forward."""
+    more per micro-batch backward; nothing forward. The weight-gradient GEMMs write their
+    12 h^2 / 2 weights' bf16 gradients (2 bytes) where the fused ones read and write the fp32
+    main gradient (8): 6 bytes an element less (EPILOGUE)."""
     h = 512
-    block = 0.75 * GRAD_ADD * (12 * h * h + 13 * h) / 2 / HBM
+    block = 0.75 * GRAD_ADD * (12 * h * h + 13 * h) / 2 / HBM - EPILOGUE * 12 * h * h / 2
     fused, unfused = _times(True), _times(False)
     assert float(unfused.block_bwd[0] - fused.block_bwd[0]) == pytest.approx(block, rel=1e-9)
     assert float(unfused.block_fwd[0]) == float(fused.block_fwd[0])
     one = _times(False, micro_batches=1)  # one micro-batch a step: its gradients are kept
-    assert float(one.block_bwd[0]) == float(fused.block_bwd[0])
+    delta = float(one.block_bwd[0] - fused.block_bwd[0])
+    assert delta == pytest.approx(-EPILOGUE * 12 * h * h / 2, rel=1e-9)
 
 
 def test_fp32_accumulation_by_hand():
@@ -73,7 +77,7 @@ def test_fp32_accumulation_by_hand():
     micro-batch adds: read the 2-byte gradient, read and write the 4-byte sum, 10 bytes a
     parameter, whatever the micro-batch count."""
     h = 512
-    block = 10 * (12 * h * h + 13 * h) / 2 / HBM
+    block = 10 * (12 * h * h + 13 * h) / 2 / HBM - EPILOGUE * 12 * h * h / 2
     for m in (1, 4):
         fused, fp32 = _times(True, micro_batches=m), _times(False, micro_batches=m, unfused="fp32")
         assert float(fp32.block_bwd[0] - fused.block_bwd[0]) == pytest.approx(block, rel=1e-9)
@@ -89,7 +93,10 @@ def test_unfused_adds_over_a_step_move_every_parameter_m_minus_1_times(tp, m):
     diff = lambda f: float((getattr(unfused, f) - getattr(fused, f))[0])  # noqa: E731
     per_micro_batch = GPT.layers * diff("block_bwd") + diff("pre_bwd") + diff("post_bwd")
     expected = (m - 1) * GRAD_ADD * w.params / tp / HBM
-    assert m * per_micro_batch == pytest.approx(expected, rel=1e-9)
+    # less each weight-gradient GEMM's fp32 epilogue: the blocks' 12 h^2 and the head's h v
+    h = GPT.hidden
+    epilogue = EPILOGUE * (GPT.layers * 12 * h * h + h * GPT.vocab) / tp
+    assert m * (per_micro_batch + epilogue) == pytest.approx(expected, rel=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -125,11 +132,17 @@ def test_the_cross_entropy_passes_by_hand():
     L = Layouts.build(tp=2, micro_batch=1)
     t = stage_times(w, A100, L)
     logits = 256 * 1000 / 2
-    head = gemm_seconds(256, 500, 512, Rates.of(A100).gemm, 108)
+    rate, write = Rates.of(A100).gemm, ACT / HBM
+    head = gemm_seconds(256, 500, 512, rate, 108, write=write)
     norm = 2 * 128 * 512 * ACT / HBM  # on the 128 tokens a rank holds under SP
     assert float(t.post_fwd[0]) == pytest.approx(norm + head + 38 * logits / HBM, rel=1e-9)
     norm_b = 5 * 128 * 512 * ACT / HBM
-    assert float(t.post_bwd[0]) == pytest.approx(norm_b + 2 * head + 14 * logits / HBM, rel=1e-9)
+    # the head's data gradient (256 x 512 out) and its weight gradient (512 x 500 out, into
+    # the fp32 main gradient: 8 bytes an element, grad_accumulation "fused")
+    dgrad = gemm_seconds(256, 512, 500, rate, 108, write=write)
+    wgrad = gemm_seconds(512, 500, 256, rate, 108, write=8 / HBM)
+    expect = norm_b + dgrad + wgrad + 14 * logits / HBM
+    assert float(t.post_bwd[0]) == pytest.approx(expect, rel=1e-9)
 
 
 def test_fp8_cast_writes_the_copy_and_its_transpose():
@@ -142,19 +155,28 @@ def test_fp8_cast_writes_the_copy_and_its_transpose():
     rates = Rates.of(h100)
     shapes = [(256, 768, 512), (256, 512, 256), (256, 1024, 512), (256, 512, 1024)]
 
-    def gemms(rate):
-        return sum(float(gemm_seconds(m, n, k, rate, rates.sms)) for m, n, k in shapes)
+    def gemms(rate, way="fwd"):
+        # forward X W (m x n out); backward dY W^T (m x k) and X^T dY (k x n, into the fp32
+        # main gradient: 8 bytes an element); each output through HBM
+        act, fp32, sms = 2 / rates.memory, 8 / rates.memory, rates.sms
+        if way == "fwd":
+            return sum(float(gemm_seconds(m, n, k, rate, sms, write=act)) for m, n, k in shapes)
+        return sum(
+            float(gemm_seconds(m, k, n, rate, sms, write=act))
+            + float(gemm_seconds(k, n, m, rate, sms, write=fp32))
+            for m, n, k in shapes
+        )
 
     cast = (2 + 1 + 1) * 256 * (512 + 256 + 512 + 1024) / h100.stream_bandwidth
     w = build_workload(GPT)
     t = {p: stage_times(w, h100, Layouts.build(tp=2, micro_batch=1, fp8=p)) for p in (True, False)}
     fwd = {p: float(t[p].block_fwd[0]) for p in t}
     assert fwd[True] - fwd[False] == pytest.approx(gemms(rates.fp8) - gemms(rates.gemm) + cast)
-    # backward: dgrad and wgrad GEMMs (twice the forward's) and each GEMM's output gradient
-    # cast with its transpose: 768, 512, 1,024 and 512 columns a token
+    # backward: dgrad and wgrad GEMMs and each GEMM's output gradient cast with its
+    # transpose: 768, 512, 1,024 and 512 columns a token
     grad_cast = (2 + 1 + 1) * 256 * (768 + 512 + 1024 + 512) / h100.stream_bandwidth
     bwd = float(t[True].block_bwd[0] - t[False].block_bwd[0])
-    assert bwd == pytest.approx(2 * (gemms(rates.fp8) - gemms(rates.gemm)) + grad_cast)
+    assert bwd == pytest.approx(gemms(rates.fp8, "bwd") - gemms(rates.gemm, "bwd") + grad_cast)
 
 
 @pytest.mark.parametrize("sp", [True, False])

@@ -117,8 +117,8 @@ def test_tile_utilisation_of_concurrent_gemms_by_hand():
     # four at once 720 tiles in 6 waves (720 / 792)
     assert float(tile_utilisation(1024, 5760, 132)) == pytest.approx(180 / 264)
     assert float(tile_utilisation(1024, 5760, 132, 4)) == pytest.approx(720 / 792)
-    # the four take 4 x flops / (rate x 720 / 792)
-    t = gemm_seconds(1024, 5760, 2880, 1e15, 132, 4, 4)
+    # the four take 4 x flops / (rate x 720 / 792) (their outputs' write aside)
+    t = gemm_seconds(1024, 5760, 2880, 1e15, 132, 4, 4, write=0.0)
     assert float(t) == pytest.approx(4 * 2 * 1024 * 5760 * 2880 / (1e15 * 720 / 792))
 
 
@@ -128,7 +128,7 @@ def _block(tp, ep, etp, tokens=4096.0, fp8=False):
     prices = _prices(w.arch, Layouts.build(tp=tp), ELEMENTWISE["norm"][1])
     return _Block(
         w.arch, Rates.of(H100), arr(tokens), arr(tp), arr(ep), arr(etp), np.array([fp8]),
-        np.array([True]), w, arr(tp), prices,
+        np.array([True]), w, arr(tp), prices, arr(8 / Rates.of(H100).memory),
     )  # fmt: skip
 
 
@@ -136,12 +136,16 @@ def test_moe_layer_kernels_by_hand():
     # t = 4096 tokens, tp 2: 2048 on this GPU, 2 copies each (top 2): 4096 copies; ep 4,
     # etp 1: 2 local experts of 8 x 2 / (2 x 8) x 4096 = 2048 rows each, width 512
     rates = Rates.of(H100)
-    seconds, cast, elementwise, moved = (float(x[0]) for x in _block(2, 4, 1)._moe())
+    gemms, elementwise, moved = _block(2, 4, 1)._moe()
+    seconds, cast, elementwise, moved = (
+        float(x[0]) for x in (gemms.fwd, gemms.cast, elementwise, moved)
+    )
     assert cast == 0.0  # BF16
     util = 128 / 132  # 2 experts x 8 x 8 tiles of 256 x 128 at once: one wave
-    up = 2 * 2048 * 1024 * 1024 * 2 / (rates.gemm * util)  # gate + up: 2 x 512 columns
-    down = 2 * 2048 * 1024 * 512 * 2 / (rates.gemm * util)
-    router = 2 * 2048 * 8 * 1024 / (rates.gemm * (8 / 128) * (8 / 132))  # 8 tiles of 8 columns
+    write = 2 / rates.memory  # each output element through HBM (gemm_seconds)
+    up = 2 * 2048 * 1024 * (1024 * 2 / (rates.gemm * util) + write)  # gate + up: 2 x 512
+    down = 2 * 2048 * 1024 * (512 * 2 / (rates.gemm * util) + write)
+    router = 2048 * 8 * (1024 * 2 / (rates.gemm * (8 / 128) * (8 / 132)) + write)  # 8 columns
     assert seconds == pytest.approx(up + down + router)
     # SwiGLU reads gate and up, writes their product (3 x 512 x 2 bytes) per copy; the
     # router's 21 bytes per token and expert

@@ -79,11 +79,12 @@ def test_core_attn_frees_the_scores_as_selective_recomputation():
 def test_mlp_replays_the_dense_mlp_forward_by_hand():
     # 4096 tokens on one GPU: the gate-and-up GEMM 4096 x 4096 x 1024 (16 x 32 = 512 tiles
     # of 256 x 128, 4 waves on 132 SMs), the down GEMM 4096 x 1024 x 2048 (128 tiles, one
-    # wave), and SwiGLU reading gate and up, writing their product (3 x 2048 values, 2 B)
+    # wave), each writing its output (2 B an element), and SwiGLU reading gate and up,
+    # writing their product (3 x 2048 values, 2 B)
     w = build_workload(DENSE)
     rates = Rates.of(H100)
-    up = 2 * 4096 * 4096 * 1024 / (rates.gemm * 512 / (4 * 132))
-    down = 2 * 4096 * 1024 * 2048 / (rates.gemm * 128 / 132)
+    up = 2 * 4096 * 4096 * 1024 / (rates.gemm * 512 / (4 * 132)) + 4096 * 4096 * 2 / rates.memory
+    down = 2 * 4096 * 1024 * 2048 / (rates.gemm * 128 / 132) + 4096 * 1024 * 2 / rates.memory
     act = 4096 * 3 * 2048 * 2 / rates.memory
     assert _replay(_block(w), "mlp") == pytest.approx(up + down + act, rel=1e-12)
     # the MoE toy has no dense block: nothing to replay
@@ -164,10 +165,12 @@ def test_shared_experts_free_their_inside_by_hand():
 def test_shared_experts_replay_their_forward_by_hand():
     # 4096 tokens on one GPU: the shared expert's gate-and-up GEMM 4096 x 1024 x 1024 and its
     # down GEMM 4096 x 1024 x 512 (16 x 8 = 128 tiles of 256 x 128 each, one wave on 132
-    # SMs), and SwiGLU (3 x 512 values, 2 B); every block of the toy is MoE
+    # SMs), each writing its 4096 x 1024 output (2 B), and SwiGLU (3 x 512 values, 2 B);
+    # every block of the toy is MoE
     rates = Rates.of(H100)
-    up = 2 * 4096 * 1024 * 1024 / (rates.gemm * 128 / 132)
-    down = 2 * 4096 * 1024 * 512 / (rates.gemm * 128 / 132)
+    out = 4096 * 1024 * 2 / rates.memory
+    up = 2 * 4096 * 1024 * 1024 / (rates.gemm * 128 / 132) + out
+    down = 2 * 4096 * 1024 * 512 / (rates.gemm * 128 / 132) + out
     act = 4096 * 3 * 512 * 2 / rates.memory
     block = _block(build_workload(SHARED))
     assert _replay(block, "shared_experts") == pytest.approx(up + down + act, rel=1e-12)

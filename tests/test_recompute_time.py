@@ -30,7 +30,7 @@ def _block(w, tp=1, tokens=4096.0, fp8=False, split=None):
     prices = _prices(w.arch, Layouts.build(tp=tp), ELEMENTWISE["norm"][1])  # Megatron's kernels
     return _Block(
         w.arch, Rates.of(H100), arr(tokens), arr(tp), arr(1), arr(tp), np.array([fp8]),
-        np.array([True]), w, arr(split or tp), prices,
+        np.array([True]), w, arr(split or tp), prices, arr(8 / Rates.of(H100).memory),
     )  # fmt: skip
 
 
@@ -65,11 +65,13 @@ def test_mla_up_proj_replays_the_up_projections_by_hand():
     # DeepSeek-V3, 4096 tokens on one GPU: Q's up-projection 1536 -> 128 x (128 + 64) and
     # the keys' and values' 512 -> 128 x (128 + 128), 2 m n k FLOPs each; their outputs of
     # 4096 rows tile into 16 x 192 = 3,072 and 16 x 256 = 4,096 tiles of 256 x 128, 24 and 32
-    # waves on 132 SMs; then the rotary embedding of Q and K (read and write)
+    # waves on 132 SMs, each output written (2 B an element); then the rotary embedding of
+    # Q and K (read and write)
     w = build_workload("deepseek-v3")
     c, rates = w.arch, Rates.of(H100)
-    q = 2 * 4096 * 24576 * 1536 / (rates.gemm * 3072 / (24 * 132))
-    kv = 2 * 4096 * 32768 * 512 / (rates.gemm * 4096 / (32 * 132))
+    out = 2 / rates.memory
+    q = 2 * 4096 * 24576 * 1536 / (rates.gemm * 3072 / (24 * 132)) + 4096 * 24576 * out
+    kv = 2 * 4096 * 32768 * 512 / (rates.gemm * 4096 / (32 * 132)) + 4096 * 32768 * out
     rotary = 2 * 4096 * (c.heads + c.kv_heads) * c.head_width * ACT / rates.memory
     assert _replay(_block(w), "mla_up_proj") == pytest.approx(q + kv + rotary, rel=1e-12)
     assert float(tile_utilisation(4096, 24576, 132)) == pytest.approx(3072 / (24 * 132))

@@ -24,6 +24,7 @@ A model without blocks (a CNN, custom layers) runs its FLOPs at the GEMM rate.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,6 +44,7 @@ from commsim.step.kernel_bytes import (
     ELEMENTWISE,
     FP8_CAST,
     FP32_GRAD_ADD,
+    FUSED_WGRAD,
     GRAD_ADD,
     GROUPED_GEMM_STREAMS,
     MASK,
@@ -101,9 +103,15 @@ def stage_times(workload: Workload, gpu: GPUSpec, L, rates: Rates | None = None)
     # a norm's backward, in values a row: two passes or Transformer Engine's one
     norm_b = np.where(L.norm_backward == 1, NORM_ONE_PASS_BACKWARD, ELEMENTWISE["norm"][1])
     prices = _prices(arch, L, norm_b)  # the stack's kernels (Strategy.kernels), bytes
-    block = _Block(arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split, prices)
-    fwd, bwd, core, gemm = block.times(b, cp)
-    pre_fwd, pre_bwd, post_fwd, post_bwd, head = _ends(arch, rates, tokens, tp, split, prices)
+    # an output element of a weight-gradient GEMM: the fp32 main gradient read and written
+    # where the GEMM accumulates into it (grad_accumulation "fused"), else a bf16 gradient
+    wgrad_write = np.where(L.grad_accumulation == 0, FUSED_WGRAD, ACT) / rates.memory
+    block = _Block(
+        arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split, prices, wgrad_write
+    )
+    fwd, bwd, core, wgrad = block.times(b, cp)
+    ends = _ends(arch, rates, tokens, tp, split, prices, wgrad_write)
+    pre_fwd, pre_bwd, post_fwd, post_bwd, head_wgrad = ends
     bwd, pre_bwd, post_bwd = bwd + adds.block, pre_bwd + adds.pre, post_bwd + adds.post
     fwd, pre_fwd, post_fwd = fwd + copies.block, pre_fwd + copies.pre, post_fwd + copies.post
     # a full recompute replays the forward, its copy the backward's (step.model.compute);
@@ -114,20 +122,18 @@ def stage_times(workload: Workload, gpu: GPUSpec, L, rates: Rates | None = None)
     replay = block.module_replay(L.recompute_parts)
     return StageTimes(
         *(fwd, bwd, core, block.op_replay(), pre_fwd, pre_bwd, post_fwd, post_bwd, replay),
-        block_wgrad=weight_gradient(gemm, adds.block),
+        block_wgrad=weight_gradient(wgrad, adds.block),
         pre_wgrad=pre_bwd,  # the embedding's backward is its weight gradient alone
-        post_wgrad=weight_gradient(head, adds.post),
+        post_wgrad=weight_gradient(head_wgrad, adds.post),
     )
 
 
-def weight_gradient(gemm_fwd, adds):
-    """Seconds of a backward's weight-gradient part (zero-bubble's W, DualPipe's W): a
-    linear layer's backward is two GEMMs of its forward's FLOPs (BACKWARD_FACTOR = 2), the
-    data gradient dY W^T and the weight gradient X^T dY, priced here at the forward's rate,
-    so W is the forward's GEMM seconds, with the adds of the gradient into the accumulated
-    one (_grad_adds); the attention core's, the element-wise and the casts' backward are
-    data gradients."""
-    return gemm_fwd + adds
+def weight_gradient(wgrad, adds):
+    """Seconds of a backward's weight-gradient part (zero-bubble's W, DualPipe's W): the
+    weight-gradient GEMMs X^T dY (_Block.gemms) with the adds of the gradient into the
+    accumulated one (_grad_adds); the attention core's, the element-wise and the casts'
+    backward are data gradients."""
+    return wgrad + adds
 
 
 def _prices(arch, L, norm_b) -> Prices:
@@ -182,6 +188,30 @@ def _per_param(workload: Workload, L, share) -> _GradAdds:
     )
 
 
+class Gemms(NamedTuple):
+    """Seconds of a group of GEMMs (_Block.gemms): forward, data and weight gradients, and
+    the HBM bytes of the FP8 casts of their forward inputs."""
+
+    fwd: np.ndarray | float
+    dgrad: np.ndarray | float
+    wgrad: np.ndarray | float
+    cast: np.ndarray | float
+
+    @property
+    def bwd(self):
+        return self.dgrad + self.wgrad
+
+    def add(self, other: Gemms) -> Gemms:
+        return Gemms(*(a + b for a, b in zip(self, other, strict=True)))
+
+    def mix(self, other: Gemms, share: float) -> Gemms:
+        """(1 - share) of these and `share` of `other`: the mean of dense and MoE blocks."""
+        return Gemms(*((1 - share) * a + share * b for a, b in zip(self, other, strict=True)))
+
+
+_NO_GEMMS = Gemms(0.0, 0.0, 0.0, 0.0)
+
+
 @dataclass
 class _Block:
     """One block's kernels on one GPU, for many layouts (the mean over dense and MoE blocks)."""
@@ -197,6 +227,7 @@ class _Block:
     workload: Workload
     split: np.ndarray  # tp ranks the norms and residual adds split over: tp with SP, else 1
     prices: Prices  # bytes an element of the stack's element-wise kernels (_prices)
+    wgrad_write: np.ndarray  # seconds a weight-gradient GEMM writes an output element
 
     @property
     def moe_share(self) -> float:
@@ -205,26 +236,27 @@ class _Block:
         return (c.layers - c.dense_layers) / c.layers if c.experts > 1 else 0.0
 
     def times(self, b, cp):
-        """(forward, backward, attention core forward, linear layers' GEMM forward) seconds
-        of the mean block."""
+        """(forward, backward, attention core forward, weight-gradient GEMM) seconds of the
+        mean block."""
         c, moe_share = self.arch, self.moe_share
         attn = attention_gemms(c, self.tokens, self.tp)
         dense = mlp_gemms(c, self.tokens, c.ffn_hidden, self.tp)
-        (attn_f, attn_cast), (dense_f, dense_cast) = self._gemms(attn), self._gemms(dense)
-        moe_f, moe_cast, moe_bytes, moved = self._moe() if moe_share else (0.0,) * 4
-        mlp_f = (1 - moe_share) * dense_f + moe_share * moe_f
-        cast = attn_cast + (1 - moe_share) * dense_cast + moe_share * moe_cast
+        a, d = self.gemms(attn), self.gemms(dense)
+        moe, moe_bytes, moved = self._moe() if moe_share else (_NO_GEMMS, 0.0, 0.0)
+        mlp = d.mix(moe, moe_share)
+        cast = a.cast + mlp.cast
         grad_cast = self._grad_casts(attn) + (1 - moe_share) * self._grad_casts(dense)
-        grad_cast = grad_cast + moe_share * BACKWARD_FACTOR * moe_cast  # the experts': 2x
+        grad_cast = grad_cast + moe_share * BACKWARD_FACTOR * moe.cast  # the experts': 2x
         core_f, core_bytes = self._core(b, cp)
         ew_f, ew_b = self._elementwise(1 - moe_share)
-        gemm_f, mem = attn_f + mlp_f, self.rates.memory
+        mem = self.rates.memory
         # a permutation's backward is the inverse gather / scatter: the same bytes once
         permute = moe_share * moved / mem
-        fwd = gemm_f + core_f + (ew_f + moe_share * moe_bytes + core_bytes + cast) / mem + permute
-        bwd = BACKWARD_FACTOR * (gemm_f + (moe_share * moe_bytes + core_bytes) / mem)
+        fwd = a.fwd + mlp.fwd + core_f + permute
+        fwd = fwd + (ew_f + moe_share * moe_bytes + core_bytes + cast) / mem
+        bwd = a.bwd + mlp.bwd + BACKWARD_FACTOR * (moe_share * moe_bytes + core_bytes) / mem
         bwd = bwd + (ew_b + grad_cast) / mem + ATTENTION_BACKWARD * core_f + permute
-        return fwd, bwd, core_f, gemm_f
+        return fwd, bwd, core_f, a.wgrad + mlp.wgrad
 
     def module_replay(self, parts) -> np.ndarray:
         """Seconds a mean block's backward re-runs of the forward of the recompute_modules in
@@ -246,19 +278,19 @@ class _Block:
         norm = 2 * t / self.split * c.hidden * (self.prices.norm[0] + cast)
         up = 0.0
         if c.mla:
-            gemm, gemm_cast = self._gemms(mla_up_gemms(c, t, self.tp))
+            g = self.gemms(mla_up_gemms(c, t, self.tp))
             rotary = self.prices.rotary[0] * self._rotary_width() * t / self.tp
-            up = gemm + (gemm_cast + rotary) / mem
+            up = g.fwd + (g.cast + rotary) / mem
         act = 0.0
         if self.moe_share:
             width = c.moe_ffn_hidden or c.ffn_hidden
             copies = t / self.tp * c.top_k * c.capacity_factor  # as _moe counts them
             act = self.moe_share * copies * width * (self.prices.act[0] + cast)
-        gemm, gemm_cast = self._gemms(mlp_gemms(c, t, c.ffn_hidden, self.tp))
+        g = self.gemms(mlp_gemms(c, t, c.ffn_hidden, self.tp))
         dense_act = t / self.tp * c.ffn_hidden * self.prices.act[0]  # as _elementwise
-        mlp = (1 - self.moe_share) * (gemm + (gemm_cast + dense_act) / mem)
-        gemm, gemm_cast, shared_act = self._shared_experts()
-        shared = self.moe_share * (gemm + (gemm_cast + shared_act) / mem)
+        mlp = (1 - self.moe_share) * (g.fwd + (g.cast + dense_act) / mem)
+        g, shared_act = self._shared_experts()
+        shared = self.moe_share * (g.fwd + (g.cast + shared_act) / mem)
         out = bit[0] * norm / mem + bit[1] * up + bit[2] * act / mem + bit[4] * mlp
         return out + bit[5] * shared
 
@@ -271,21 +303,27 @@ class _Block:
         mlp = mlp or (t, c.hidden, c.ffn_hidden / tp, 1.0)
         k = (t, c.kv_heads * c.head_width / tp, c.hidden, 1.0)
         o = (t, c.hidden, c.heads * c.head_width / tp, 1.0)
-        seconds, cast = self._gemms([k, o, mlp])
-        return seconds + (self._elementwise(1.0)[0] + cast) / self.rates.memory
+        g = self.gemms([k, o, mlp])
+        return g.fwd + (self._elementwise(1.0)[0] + g.cast) / self.rates.memory
 
     def _rate(self) -> np.ndarray:
         return np.where(self.fp8, self.rates.fp8, self.rates.gemm)
 
-    def _gemms(self, shapes, concurrent=1.0):
-        """(seconds, FP8 cast bytes) of (m, n, k, count) GEMMs in the layouts' precision,
-        `concurrent` at a time (gemm_seconds)."""
-        seconds, cast = 0.0, 0.0
+    def gemms(self, shapes, concurrent=1.0, rate=None) -> Gemms:
+        """Seconds of (m, n, k, count) GEMMs, `concurrent` at a time (gemm_seconds), in the
+        layouts' precision (or at `rate`, no FP8 casts): the forward X W (m x n out); its
+        backward, the data gradient dY W^T (m x k out, over n) and the weight gradient
+        X^T dY (k x n out, over the m tokens; wgrad_write an element)."""
+        sms, act, casts = self.rates.sms, ACT / self.rates.memory, rate is None
+        rate = self._rate() if casts else rate
+        out = [0.0] * 4
         for m, n, k, count in shapes:
-            rate, sms = self._rate(), self.rates.sms
-            seconds = seconds + gemm_seconds(m, n, k, rate, sms, count, concurrent)
-            cast = cast + np.where(self.fp8, FP8_CAST * m * k * count, 0.0)
-        return seconds, cast
+            out[0] = out[0] + gemm_seconds(m, n, k, rate, sms, count, concurrent, write=act)
+            out[1] = out[1] + gemm_seconds(m, k, n, rate, sms, count, concurrent, write=act)
+            wgrad = gemm_seconds(k, n, m, rate, sms, count, concurrent, write=self.wgrad_write)
+            out[2] = out[2] + wgrad
+            out[3] = out[3] + np.where(self.fp8 & casts, FP8_CAST * m * k * count, 0.0)
+        return Gemms(*out)
 
     def _grad_casts(self, shapes):
         """FP8 cast bytes of the backward of (m, n, k, count) GEMMs: each output's gradient
@@ -300,7 +338,7 @@ class _Block:
         return 0 if c.style.learned_positions else (c.heads + c.kv_heads) * c.head_width
 
     def _moe(self):
-        """(seconds, cast bytes, element-wise HBM bytes, permuted HBM bytes) of an MoE MLP
+        """(Gemms, element-wise HBM bytes, permuted HBM bytes of the forward) of an MoE MLP
         on one GPU, as Megatron-core's all-to-all dispatcher runs it. Sequence parallelism
         leaves the GPU t / tp tokens: the router scores them (a BF16 GEMM of E columns, the
         router being no Transformer Engine layer, then ROUTER_BYTES per token and expert)
@@ -314,27 +352,26 @@ class _Block:
         width = c.moe_ffn_hidden or c.ffn_hidden
         routed, local = c.top_k * c.capacity_factor, c.experts / self.ep
         rows = self.etp * self.ep * routed / (self.tp * c.experts)  # per local expert, per token
-        router = gemm_seconds(t / self.tp, c.experts, c.hidden, self.rates.gemm, self.rates.sms)
-        shared_f, shared_cast, shared_act = self._shared_experts()
+        router = self.gemms([(t / self.tp, c.experts, c.hidden, 1.0)], rate=self.rates.gemm)
+        shared, shared_act = self._shared_experts()
         experts = mlp_gemms(c, t * rows, width, self.etp, local)
-        expert_f, expert_cast = self._gemms(experts, np.minimum(local, GROUPED_GEMM_STREAMS))
+        experts = self.gemms(experts, np.minimum(local, GROUPED_GEMM_STREAMS))
         copies = t / self.tp * routed  # routed copies of the GPU's tokens
         act = (3 if c.gated_mlp else 2) * width * ACT  # the activation of a row of width
         act = copies * act + shared_act  # routed (all etp), shared
         scores = t / self.tp * c.experts * ROUTER_BYTES
         sorted_rows = np.where(local > 1, self.etp * copies, 0.0)
         moved = 2 * PERMUTE_PASS * (copies + sorted_rows) * c.hidden * ACT
-        seconds = router + shared_f + expert_f
-        return seconds, shared_cast + expert_cast, act + scores, moved
+        return router.add(shared).add(experts), act + scores, moved
 
     def _shared_experts(self):
-        """(GEMM seconds, cast bytes, activation HBM bytes) of an MoE layer's shared experts'
-        forward: a dense MLP of shared_experts x the expert width over tp, on every token."""
+        """(Gemms, activation HBM bytes of the forward) of an MoE layer's shared experts: a
+        dense MLP of shared_experts x the expert width over tp, on every token."""
         c = self.arch
         width = (c.moe_ffn_hidden or c.ffn_hidden) * c.shared_experts
-        seconds, cast = self._gemms(mlp_gemms(c, self.tokens, width, self.tp) if width else [])
+        gemms = self.gemms(mlp_gemms(c, self.tokens, width, self.tp) if width else [])
         act = (3 if c.gated_mlp else 2) * width * ACT * self.tokens / self.tp
-        return seconds, cast, act
+        return gemms, act
 
     def _core(self, b, cp):
         """(seconds, HBM bytes) of the attention core's forward."""
@@ -368,18 +405,20 @@ class _Block:
         return out[0], out[1]
 
 
-def _ends(arch, rates: Rates, tokens, tp, split, prices: Prices):
+def _ends(arch, rates: Rates, tokens, tp, split, prices: Prices, wgrad_write):
     """Forward and backward seconds of the layers before the blocks (the embedding: gather
-    b s rows of h) and after them (the final norm; the LM head's GEMM in BF16; the loss over
-    the vocabulary slice), the norm and the loss at the stack's `prices` (Megatron's:
-    ELEMENTWISE, CROSS_ENTROPY_* bytes a logit), and the head GEMM's forward seconds; the
-    embedding's output and the norm on the tokens a tp rank holds (`split`: tp with
-    sequence parallelism, else 1)."""
-    h, v = arch.hidden, arch.vocab
-    embed = 2 * tokens / split * h * ACT / rates.memory
-    head = gemm_seconds(tokens, v / tp, h, rates.gemm, rates.sms)
-    logits = tokens * v / tp / rates.memory
-    norm_f, norm_b = (n * tokens / split * h / rates.memory for n in prices.norm)
+    b s rows of h) and after them (the final norm; the LM head's GEMMs in BF16, as
+    _Block.gemms prices them; the loss over the vocabulary slice), the norm and the loss at
+    the stack's `prices` (Megatron's: ELEMENTWISE, CROSS_ENTROPY_* bytes a logit), and the
+    head's weight-gradient GEMM seconds; the embedding's output and the norm on the tokens a
+    tp rank holds (`split`: tp with sequence parallelism, else 1)."""
+    h, v, mem, sms = arch.hidden, arch.vocab, rates.memory, rates.sms
+    embed = 2 * tokens / split * h * ACT / mem
+    head = gemm_seconds(tokens, v / tp, h, rates.gemm, sms, write=ACT / mem)
+    dgrad = gemm_seconds(tokens, h, v / tp, rates.gemm, sms, write=ACT / mem)
+    wgrad = gemm_seconds(h, v / tp, tokens, rates.gemm, sms, write=wgrad_write)
+    logits = tokens * v / tp / mem
+    norm_f, norm_b = (n * tokens / split * h / mem for n in prices.norm)
     post_fwd = norm_f + head + prices.loss[0] * logits
-    post_bwd = norm_b + BACKWARD_FACTOR * head + prices.loss[1] * logits
-    return embed, embed, post_fwd, post_bwd, head
+    post_bwd = norm_b + dgrad + wgrad + prices.loss[1] * logits
+    return embed, embed, post_fwd, post_bwd, wgrad

@@ -10,6 +10,11 @@ ACT = 2  # bytes of a bf16 activation element
 # `hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))`, runtime/bf16_optimizer.py)
 GRAD_ADD = 3 * ACT
 FP32_GRAD_ADD = ACT + 2 * 4
+# bytes an element of a weight-gradient GEMM's output moves when the GEMM accumulates into the
+# fp32 main gradient itself ("fused": Megatron's gradient_accumulation_fusion,
+# fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32, and Transformer Engine's
+# fuse_wgrad_accumulation run cuBLAS with main_grad as C and D, beta 1): read and write 4
+FUSED_WGRAD = 2 * 4
 # bytes of a dropout mask element: PyTorch's CUDA dropout keeps a bool mask for the backward
 # (aten/src/ATen/native/cuda/Dropout.cu, dropout_cuda: mask of kBool), as Korthikanti et al.
 # 2022 count it (sbh bytes per dropout)

@@ -37,6 +37,7 @@ from commsim.step.block_gemms import attention_gemms, mlp_gemms
 from commsim.step.contention import contended_rates
 from commsim.step.gemm import Rates, gemm_seconds
 from commsim.step.groups import group_rows
+from commsim.step.kernel_bytes import ACT
 
 # One set of constants: Transformer Engine 2.x's defaults (initialize_ub, get_default_config,
 # the same from v2.0 to v2.18; 1.9-1.13 had them with the SM margin off), what
@@ -109,7 +110,8 @@ class GemmClock:
             if self.flat is not None:
                 out = out + count * 2.0 * m * n * k / self.flat
             else:
-                out = out + gemm_seconds(m, n, k, rate, r.sms, count, concurrent)
+                write = ACT / r.memory  # each chunk's output through HBM (gemm_seconds)
+                out = out + gemm_seconds(m, n, k, rate, r.sms, count, concurrent, write=write)
         return out
 
 
