@@ -139,7 +139,13 @@ def _backward_gathers(reshard, g, g_first):
     frees them only under FULL_SHARD and HYBRID_SHARD, not SHARD_GRAD_OP). "all-but-last"
     (torchtitan 004b314 parallelize_llama.py apply_fsdp without pp): the backward starts on
     the kept last block, the k - 1 others gathered under their neighbour's backward."""
-    return np.where(reshard == 0, g_first, 0.0), np.where(reshard == 1, 0.0, g)
+    return np.where(reshard == 0, g_first, 0.0), _later_gathers(reshard, g)
+
+
+def _later_gathers(reshard, g):
+    """Each later unit's backward gather, `g` (seconds or bytes): none where
+    reshard_after_forward is False (code 1) keeps the units gathered (_backward_gathers)."""
+    return np.where(reshard == 1, 0.0, g)
 
 
 def _beside_units(model, Z, c, rows, parts):
@@ -151,7 +157,6 @@ def _beside_units(model, Z, c, rows, parts):
     rates beside them weighted by their seconds (mean_rate); the block's own times where
     the model prices compute at one efficiency."""
     f, b = c.block_fwd[rows], c.block_bwd[rows]
-    regathers = np.where(Z.reshard == 1, 0.0, 1.0)  # backward gathers (_backward_gathers)
     rates: tuple[list, list] = ([], [])
     seconds: tuple[list, list] = ([], [])
     for params, gather_s, scatter_s, expert in parts:
@@ -162,8 +167,9 @@ def _beside_units(model, Z, c, rows, parts):
         copies = reduce_copy_bytes(Z.kernels, Z.grad_bytes, shard, Z.micro_batches)
         scatter = scatter + params * copies
         fwd = contended_compute(model, Z, kinds, gather, gather_s)
-        back_s = regathers * gather_s + scatter_s
-        bwd = contended_compute(model, Z, kinds, regathers * gather + scatter, back_s)
+        back_s = _later_gathers(Z.reshard, gather_s) + scatter_s
+        back = _later_gathers(Z.reshard, gather) + scatter
+        bwd = contended_compute(model, Z, kinds, back, back_s)
         if fwd is None or bwd is None:
             return None, None
         rates[0].append(slowdown(f, fwd.block_fwd))
