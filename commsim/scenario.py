@@ -175,6 +175,18 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
     if strategy.data_parallel_only:
         return
     _check_model_parallel(setup, strategy)
+    _check_hybrid(w, strategy, src)
+    _check_stages(setup, strategy)
+    _check_experts(setup, strategy)
+    if strategy.placement not in PLACEMENT_KINDS:
+        raise SpecError(
+            src, "strategy.placement", f"hybrid layouts take {' or '.join(PLACEMENT_KINDS)}"
+        )
+
+
+def _check_hybrid(w: Workload, strategy: Strategy, src: str) -> None:
+    """A layout beyond plain data parallelism: no DDP comm hook, a transformer whose axes
+    the degrees split (check_model_axes), op-level checkpointing on dense attention only."""
     if strategy.compression != "none":
         raise SpecError(
             src,
@@ -198,7 +210,13 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
             f"op-level checkpointing is modelled for dense attention blocks (torchtitan's "
             f"Llama); {w.name} has {has}",
         )
-    blocks = sum(layer.name.startswith("block.") for layer in w.layers)
+
+
+def _check_stages(setup: Setup, strategy: Strategy) -> None:
+    """The blocks split over the pipeline's stages as given (split_problem); interleaving
+    with pp > 1 and at least pp micro-batches a step."""
+    src = setup.source
+    blocks = sum(layer.name.startswith("block.") for layer in setup.workload.layers)
     first, last = strategy.first_stage_layers, strategy.last_stage_layers
     uneven = first is not None or last is not None
     problem = split_problem(
@@ -219,11 +237,6 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
             f"the interleaved schedule runs micro-batches in groups of pp = {strategy.pp}: "
             f"it needs at least {strategy.pp} per step, this layout has "
             f"{setup.micro_batches(strategy)} (global_batch / (dp x micro_batch))",
-        )
-    _check_experts(setup, strategy)
-    if strategy.placement not in PLACEMENT_KINDS:
-        raise SpecError(
-            src, "strategy.placement", f"hybrid layouts take {' or '.join(PLACEMENT_KINDS)}"
         )
 
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from commsim.cli.given import NCCL_FLAGS, pick
 from commsim.cli.options import (
     CsvOpt,
     HtmlOpt,
@@ -15,7 +16,7 @@ from commsim.cli.options import (
     ProfileOpt,
     check_fitted_version,
 )
-from commsim.collectives.algorithms import ALGORITHMS
+from commsim.collectives.algorithms import ALGORITHMS, SEARCHED
 from commsim.report import terminal
 
 if TYPE_CHECKING:
@@ -57,47 +58,17 @@ def collective_cmd(
 ) -> None:
     """Time one collective over a size sweep, nccl-tests style (time, algbw, busbw); under
     NCCL, per size the algorithm, protocol and channels its tuner chooses and the runner-up."""
-    import numpy as np
-
-    from commsim.collectives.algorithms import SEARCHED
-    from commsim.collectives.group import GroupCost
-    from commsim.files import check_output
+    args = locals()  # the flags as given
     from commsim.report import tables
     from commsim.report.rows import write_csv
-    from commsim.topology.build import build_cluster
-    from commsim.topology.placement import place
 
     with terminal.user_errors():
-        if op not in ALGORITHMS:
-            raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
-        if gpus < 2:
-            raise ValueError(f"--gpus {gpus}: a collective needs at least 2 ranks")
-        check_output(html, "--html")
-        check_output(csv, "--csv")
+        _check(op, gpus, html, csv)
         lo, hi = _size_range(sizes)
-        spec, carried, fitted = _cluster(cluster, profile)
-        check_fitted_version(nccl_version, fitted, profile)
-        nccl = {"version": nccl_version, "algo": nccl_algo, "proto": nccl_proto}
-        spec = _with_backend(spec, backend, nccl, cluster)
-        built = build_cluster(spec, gpus, cluster)
-        cost = GroupCost(built, place(built, gpus, placement), ps_shards=ps_shards)
-        grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
+        spec, carried, cost = _group(args)
         algs = SEARCHED[op] if algorithm == "all" else (algorithm,)
-        try:
-            rows = _rows(cost, op, gpus, algs, grid)
-        except ValueError as e:  # the algorithm cannot run this op, or not on this group
-            raise ValueError(f"--algorithm {algorithm}: {e}") from None
-        doc = {
-            "op": op,
-            "cluster": spec.name,
-            "gpus": gpus,
-            "placement": placement,
-            "backend": cost.backend,
-            "nccl_version": spec.nccl.version if cost.backend == "nccl" else None,
-            "nccl_algo": spec.nccl.algo if cost.backend == "nccl" else None,
-            "nccl_proto": spec.nccl.proto if cost.backend == "nccl" else None,
-            "rows": rows,
-        }
+        rows = _sweep(cost, op, gpus, algs, lo, hi, algorithm)
+        doc = _document(args, spec, cost, rows)
         terminal.require_finite(doc, "--sizes")
         shown = [r | {"algorithm": r["requested"]} for r in rows]
         title = f"{op}: {gpus} GPUs of {spec.name}, {placement} placement, {cost.backend}"
@@ -115,10 +86,77 @@ def collective_cmd(
     for path, what in ((csv, "rows"), (html, "report")):
         if path:
             terminal.console.print(f"{what} written to {path}", highlight=False)
+    _show_choices(rows, algorithm, spec.nccl.version)
+
+
+def _check(op: str, gpus: int, html: str | None, csv: str | None) -> None:
+    """A known op on 2 ranks or more, and output files that can be written (ValueError)."""
+    from commsim.files import check_output
+
+    if op not in ALGORITHMS:
+        raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
+    if gpus < 2:
+        raise ValueError(f"--gpus {gpus}: a collective needs at least 2 ranks")
+    check_output(html, "--html")
+    check_output(csv, "--csv")
+
+
+def _group(args: dict[str, Any]) -> tuple[Any, list[str], GroupCost]:
+    """(the cluster spec with the profile, --backend and --nccl-* applied, what the profile
+    carried over, the cost model of the --gpus ranks placed by --placement)."""
+    from commsim.collectives.group import GroupCost
+    from commsim.topology.build import build_cluster
+    from commsim.topology.placement import place
+
+    cluster, gpus, profile = args["cluster"], args["gpus"], args["profile"]
+    spec, carried, fitted = _cluster(cluster, profile)
+    check_fitted_version(args["nccl_version"], fitted, profile)
+    nccl = {k.removeprefix("nccl_"): v for k, v in pick(args, NCCL_FLAGS).items()}
+    spec = _with_backend(spec, args["backend"], nccl, cluster)
+    built = build_cluster(spec, gpus, cluster)
+    cost = GroupCost(built, place(built, gpus, args["placement"]), ps_shards=args["ps_shards"])
+    return spec, carried, cost
+
+
+def _sweep(
+    cost: GroupCost, op: str, gpus: int, algs: tuple[str, ...], lo: float, hi: float, given: str
+) -> list[dict[str, Any]]:
+    """_rows over the sizes from `lo` to `hi` bytes, doubling; an algorithm that cannot run
+    the op, or not on this group, is refused naming --algorithm as `given`."""
+    import numpy as np
+
+    grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
+    try:
+        return _rows(cost, op, gpus, algs, grid)
+    except ValueError as e:
+        raise ValueError(f"--algorithm {given}: {e}") from None
+
+
+def _document(
+    args: dict[str, Any], spec: Any, cost: GroupCost, rows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The sweep's JSON: the op, the cluster and group, NCCL's settings (None under gloo),
+    the rows."""
+    nccl = cost.backend == "nccl"
+    settings = {
+        k: getattr(spec.nccl, k.removeprefix("nccl_")) if nccl else None for k in NCCL_FLAGS
+    }
+    group = {"placement": args["placement"], "backend": cost.backend}
+    return (
+        {"op": args["op"], "cluster": spec.name, "gpus": args["gpus"]}
+        | group
+        | settings
+        | {"rows": rows}
+    )
+
+
+def _show_choices(rows: list[dict[str, Any]], algorithm: str, version: str) -> None:
+    """What NCCL runs at each size and why (its tuner's detail in the rows), or, for
+    --algorithm auto or nccl, the algorithms picked."""
+    from commsim.report import tables
+
     if rows and "protocol" in rows[0]:
-        terminal.console.print(
-            tables.nccl_choice_table(f"what NCCL {spec.nccl.version} runs, and why", rows)
-        )
+        terminal.console.print(tables.nccl_choice_table(f"what NCCL {version} runs, and why", rows))
     elif algorithm in ("auto", "nccl"):
         picks = sorted({r["algorithm"] for r in rows})
         terminal.console.print(f"{algorithm} picked: {', '.join(picks)}")

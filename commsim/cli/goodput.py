@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from commsim.cli.given import pick
 from commsim.cli.options import gpu_sizes
 from commsim.files import check_output
 from commsim.reliability.recovery import STRATEGIES, Policy
@@ -25,13 +26,20 @@ if TYPE_CHECKING:
 Opt = typer.Option
 ScenarioArg = Annotated[str | None, typer.Argument(help="Scenario YAML (default: built-in).")]
 GpusOpt = Annotated[str | None, Opt(help="GPU count, or LOW:HIGH to sweep sizes (doubling).")]
+# goodput's flags that set scenario fields, and those that set the recovery Policy (_policy)
+SCENARIO_FLAGS = ("model", "cluster", "global_batch", "micro_batch", "seq_len", "tp", "pp")
+SCENARIO_FLAGS += ("zero", "tokens", "price_per_gpu_hour")
+POLICY_FLAGS = ("interval", "async_save", "spares", "spare_target", "detect", "reschedule")
+POLICY_FLAGS += ("warmup", "init")
 
 
 def _overrides(**kw: Any) -> dict[str, Any]:
+    """The flags given (not None), as scenario overrides."""
     return {k: v for k, v in kw.items() if v is not None}
 
 
 def _policy(recovery, interval, async_save, spares, spare_target, detect, reschedule, warmup, init):
+    """The recovery `recovery` with the flags' checkpointing, spares and times (parsed)."""
     return Policy(
         strategy=recovery,
         interval_s=parse_time(interval) if interval else None,
@@ -46,6 +54,7 @@ def _policy(recovery, interval, async_save, spares, spare_target, detect, resche
 
 
 def _rates(setup: Setup, rate_scale: float, repair: str | None):
+    """The cluster's failure rates, scaled by --rate-scale, with --repair's repair time."""
     from commsim.reliability.rates import rates_for
 
     if rate_scale < 0:
@@ -99,44 +108,38 @@ def goodput_cmd(
 ) -> None:
     """Goodput under failures: MTTI, checkpoint interval (Young, Daly, optimum), restart,
     badput breakdown, spares, and time to train and cost with failures next to the ideal."""
+    args = locals()  # the flags as given
     from commsim.report import goodput as out
-    from commsim.scenario import load_scenario, resolve
+    from commsim.scenario import resolve
 
     with terminal.user_errors():
         check_output(plot, "--plot", image=True)
-        if recovery != "all" and recovery not in STRATEGIES:
-            raise ValueError(f"--recovery must be one of {', '.join(STRATEGIES)} or all")
-        flags = _overrides(
-            model=model,
-            cluster=cluster,
-            global_batch=global_batch,
-            micro_batch=micro_batch,
-            seq_len=seq_len,
-            tp=tp,
-            pp=pp,
-            zero=zero,
-            tokens=tokens,
-            price_per_gpu_hour=price_per_gpu_hour,
-        )
-        spec, source = load_scenario(scenario, flags)
-        sizes = gpu_sizes(gpus, spec.gpus)
-        names = STRATEGIES if recovery == "all" else (recovery,)
-        policies = [
-            _policy(n, interval, async_save, spares, spare_target, detect, reschedule, warmup, init)
-            for n in names
-        ]
+        spec, source, sizes, policies = _inputs(args)
         if len(sizes) > 1 or (gpus and ":" in gpus):
             return _sizing(spec, source, sizes, policies, rate_scale, repair, plot, json_out)
         setup = resolve(spec.model_copy(update={"gpus": sizes[0]}), source)
-        doc, title = _one_size(
-            setup, policies, _rates(setup, rate_scale, repair), monte_carlo, seed
-        )
+        rates = _rates(setup, rate_scale, repair)
+        doc, title = _one_size(setup, policies, rates, monte_carlo, seed)
         if plot:
             out.plot_badput(doc["reports"], plot, title)
     if json_out:
         terminal.print_json(doc)
         return
     _print_goodput(doc, title, plot)
+
+
+def _inputs(args: dict[str, Any]) -> tuple[Any, str, list[int], list[Policy]]:
+    """(the scenario with goodput_cmd's flags applied, its source, the --gpus sizes, the
+    Policy of each --recovery strategy: the one given, or all)."""
+    from commsim.scenario import load_scenario
+
+    recovery = args["recovery"]
+    if recovery != "all" and recovery not in STRATEGIES:
+        raise ValueError(f"--recovery must be one of {', '.join(STRATEGIES)} or all")
+    spec, source = load_scenario(args["scenario"], _overrides(**pick(args, SCENARIO_FLAGS)))
+    sizes = gpu_sizes(args["gpus"], spec.gpus)
+    names = STRATEGIES if recovery == "all" else (recovery,)
+    return spec, source, sizes, [_policy(n, **pick(args, POLICY_FLAGS)) for n in names]
 
 
 def _one_size(setup: Setup, policies, rates, monte_carlo: int, seed: int):

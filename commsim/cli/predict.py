@@ -68,6 +68,7 @@ from commsim.cli.options import (
     setup_from_flags,
 )
 from commsim.cli.traced import (
+    TRACE_FLAGS,
     TraceMbOpt,
     TraceOpt,
     TracePpOpt,
@@ -145,12 +146,25 @@ def predict_cmd(
 ) -> None:
     """Predict one training step: compute, communication, overlap, scaling, MFU, memory,
     the batch arithmetic, buckets (data parallel) or pipeline/tensor-parallel parts."""
-    args = locals()  # the flags as given
+    setup, doc = _predict(locals())
+    if json_out:
+        terminal.print_json(doc)
+        return
+    for table in _tables(setup, doc):
+        terminal.console.print(table)
+    print_trace(doc.get("trace"))
+    for path, what in ((plot, "timeline"), (html, "report"), (csv, "step")):
+        if path:
+            terminal.console.print(f"{what} written to {path}", highlight=False)
+
+
+def _predict(args: dict[str, Any]) -> tuple[Setup, dict[str, Any]]:
+    """The setup the flags (predict_cmd's locals()) give and its step as the output's
+    document, with the --plot, --html and --csv files written; bad input names its flag."""
     from commsim.files import check_output
-    from commsim.report.arithmetic import batch_arithmetic
-    from commsim.report.rows import write_csv
     from commsim.step.predict import predict
 
+    scenario, plot, html, csv = (args[k] for k in ("scenario", "plot", "html", "csv"))
     flags = pick(args, ("model", "cluster", "gpus", *TRAINING_FLAGS, *LAYOUT_FLAGS, *STACK_FLAGS))
     flags |= pick(args, ("deepspeed", "profile"))
     nccl = pick(args, NCCL_FLAGS)
@@ -160,41 +174,48 @@ def predict_cmd(
         check_output(csv, "--csv")
         setup = setup_from_flags(
             scenario,
-            fsdp=fsdp,
-            layers_per_virtual_stage=layers_per_virtual_stage,
-            backend=backend,
+            fsdp=args["fsdp"],
+            layers_per_virtual_stage=args["layers_per_virtual_stage"],
+            backend=args["backend"],
             **nccl,
             **flags,
         )
         refuse_ignored(setup.scenario, flags)
-        setup, traced = with_trace(setup, trace, trace_tp, trace_pp, trace_micro_batch)
+        setup, traced = with_trace(setup, *(args[k] for k in TRACE_FLAGS))
         pred = predict(setup)
-        doc = (
-            {"scenario": setup.scenario.name, "gpus": setup.n_gpus}
-            | pred.to_dict()
-            | {"batch": batch_arithmetic(setup, pred.strategy)}
-            | ({"trace": traced} if traced else {})
-        )
+        doc = _document(setup, pred, traced)
         terminal.require_finite(doc, "--tokens, --price-per-gpu-hour and the sizes given")
-        if plot:
-            draw(setup, doc, pred, plot)
-        if html:
-            inputs = flags | nccl | {"fsdp": fsdp, "scenario": scenario}
-            _html(setup, doc, pred, inputs, html)
-        if csv:
-            write_csv(csv, [doc])
-    if json_out:
-        terminal.print_json(doc)
-        return
-    for table in _tables(setup, doc):
-        terminal.console.print(table)
-    print_trace(doc.get("trace"))
+        inputs = flags | nccl | {"fsdp": args["fsdp"], "scenario": scenario}
+        _write(setup, doc, pred, inputs, (plot, html, csv))
+    return setup, doc
+
+
+def _document(setup: Setup, pred: Prediction, traced: dict | None) -> dict[str, Any]:
+    """The output: the scenario and GPUs, the prediction, the batch arithmetic, the trace."""
+    from commsim.report.arithmetic import batch_arithmetic
+
+    return (
+        {"scenario": setup.scenario.name, "gpus": setup.n_gpus}
+        | pred.to_dict()
+        | {"batch": batch_arithmetic(setup, pred.strategy)}
+        | ({"trace": traced} if traced else {})
+    )
+
+
+def _write(
+    setup: Setup, doc: dict[str, Any], pred: Prediction, inputs: dict[str, Any], paths: tuple
+) -> None:
+    """The files asked for, (plot, html, csv) paths or None: the step's chart, the HTML
+    report (with the `inputs` given), the step as one CSV row."""
+    from commsim.report.rows import write_csv
+
+    plot, html, csv = paths
     if plot:
-        terminal.console.print(f"timeline written to {plot}", highlight=False)
+        draw(setup, doc, pred, plot)
     if html:
-        terminal.console.print(f"report written to {html}", highlight=False)
+        _html(setup, doc, pred, inputs, html)
     if csv:
-        terminal.console.print(f"step written to {csv}", highlight=False)
+        write_csv(csv, [doc])
 
 
 def draw(setup: Setup, doc: dict[str, Any], pred: Prediction, path: str) -> None:

@@ -139,38 +139,65 @@ def _backward_gathers(reshard, g, g_first):
     frees them only under FULL_SHARD and HYBRID_SHARD, not SHARD_GRAD_OP). "all-but-last"
     (torchtitan 004b314 parallelize_llama.py apply_fsdp without pp): the backward starts on
     the kept last block, the k - 1 others gathered under their neighbour's backward."""
-    return np.where(reshard == 0, g_first, 0.0), np.where(reshard == 1, 0.0, g)
+    return np.where(reshard == 0, g_first, 0.0), _later_gathers(reshard, g)
+
+
+def _later_gathers(reshard, g):
+    """Each later unit's backward gather, `g` (seconds or bytes): none where
+    reshard_after_forward is False (code 1) keeps the units gathered (_backward_gathers)."""
+    return np.where(reshard == 1, 0.0, g)
 
 
 def _beside_units(model, Z, c, rows, parts):
     """A block's forward and backward seconds beside its neighbour's collectives
     (step.contention): the forward beside a unit's all-gathers, the backward beside its
-    gathers, reduce-scatters and FSDP's copies around them (reduce_copy_bytes); `parts` the
+    gathers, reduce-scatters and FSDP's copies around them (_unit_traffic); `parts` the
     unit's dense and expert parameters, (parameters, gather seconds, reduce-scatter seconds,
     expert), each on its own groups (the sharding group; the expert-data-parallel one), the
-    rates beside them weighted by their seconds (mean_rate); the block's own times where
-    the model prices compute at one efficiency."""
+    rates beside them weighted by their seconds (mean_rate). Every part's forward and
+    backward is priced in one roofline pass, one copy of the layouts each; the block's own
+    times where the model prices compute at one efficiency or a layout does not overlap
+    (its compute never runs beside the collectives)."""
     f, b = c.block_fwd[rows], c.block_bwd[rows]
-    regathers = np.where(Z.reshard == 1, 0.0, 1.0)  # backward gathers (_backward_gathers)
-    rates: tuple[list, list] = ([], [])
-    seconds: tuple[list, list] = ([], [])
-    for params, gather_s, scatter_s, expert in parts:
-        shard = Z.edp if expert else np.where(Z.fsdp_shard > 0, Z.fsdp_shard, Z.dp) * Z.cp
-        kinds = "edp" if expert else np.where(Z.fsdp_shard > 0, "shard", "dp")
-        gather = collective_hbm_bytes("all-gather", params * PARAM_WIRE_BYTES, shard)
-        scatter = collective_hbm_bytes("reduce-scatter", params * Z.grad_bytes, shard)
-        copies = reduce_copy_bytes(Z.kernels, Z.grad_bytes, shard, Z.micro_batches)
-        scatter = scatter + params * copies
-        fwd = contended_compute(model, Z, kinds, gather, gather_s)
-        back_s = regathers * gather_s + scatter_s
-        bwd = contended_compute(model, Z, kinds, regathers * gather + scatter, back_s)
-        if fwd is None or bwd is None:
-            return None, None
-        rates[0].append(slowdown(f, fwd.block_fwd))
-        rates[1].append(slowdown(b, bwd.block_bwd))
-        seconds[0].append(np.broadcast_to(gather_s, f.shape))
-        seconds[1].append(np.broadcast_to(back_s, f.shape))
-    return f / mean_rate(rates[0], seconds[0]), b / mean_rate(rates[1], seconds[1])
+    hide = np.nonzero(Z.overlap)[0]
+    if not hide.size:
+        return f, b
+    sides = [side for part in parts for side in _unit_traffic(Z, *part)]
+    kinds, moved, seconds = (
+        np.stack([np.broadcast_to(side[i], f.shape)[hide] for side in sides]) for i in range(3)
+    )
+    copies = Z.take(np.tile(hide, len(sides)))
+    slow = contended_compute(model, copies, kinds.ravel(), moved.ravel(), seconds.ravel())
+    if slow is None:
+        return None, None
+    fwd = slow.block_fwd.reshape(kinds.shape)[0::2]  # each part's forward, then backward
+    bwd = slow.block_bwd.reshape(kinds.shape)[1::2]
+    return _slowed(f, hide, fwd, seconds[0::2]), _slowed(b, hide, bwd, seconds[1::2])
+
+
+def _slowed(alone, hide, contended, seconds):
+    """The seconds `alone`, those at `hide` slowed to the rate (mean_rate) that the parts'
+    `contended` seconds there give over their collectives' `seconds` (one row a part)."""
+    rates = [slowdown(alone[hide], t) for t in contended]
+    out = alone.copy()
+    out[hide] = alone[hide] / mean_rate(rates, list(seconds))
+    return out
+
+
+def _unit_traffic(Z, params, gather_s, scatter_s, expert):
+    """((group kind, HBM bytes, seconds) of the collectives beside a block's forward, the
+    same beside its backward) of a unit's `params` parameters: its all-gather forward; its
+    backward's gather (_later_gathers), reduce-scatter and FSDP's copies around it
+    (reduce_copy_bytes) backward; on the sharding group, or the expert-data-parallel one."""
+    shard = Z.edp if expert else np.where(Z.fsdp_shard > 0, Z.fsdp_shard, Z.dp) * Z.cp
+    kinds = "edp" if expert else np.where(Z.fsdp_shard > 0, "shard", "dp")
+    gather = collective_hbm_bytes("all-gather", params * PARAM_WIRE_BYTES, shard)
+    scatter = collective_hbm_bytes("reduce-scatter", params * Z.grad_bytes, shard)
+    copies = reduce_copy_bytes(Z.kernels, Z.grad_bytes, shard, Z.micro_batches)
+    scatter = scatter + params * copies
+    back = _later_gathers(Z.reshard, gather) + scatter
+    back_s = _later_gathers(Z.reshard, gather_s) + scatter_s
+    return (kinds, gather, gather_s), (kinds, back, back_s)
 
 
 def _per_parameter(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:

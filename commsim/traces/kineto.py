@@ -321,23 +321,62 @@ def read_kineto(path: str | Path) -> RankTrace:
         for i, e in enumerate(doc["traceEvents"])
         if isinstance(e, dict) and e.get("ph") == "X"
     ]
-    steps_raw = [(i, e) for i, e in events if STEP.match(str(e.get("name", "")))]
-    if not steps_raw:
+    steps_raw = _profiler_steps(events, source)
+    main = steps_raw[0][1].get("tid")
+    spans = _spans(events, steps_raw, source)
+    gpu = any(e.get("cat") == "kernel" for _, e in events)
+    compute, colls, forwards, optimizer, named = _sort_events(
+        events, spans, main, gpu, source, groups, world
+    )
+    launches = _launches(events, spans, main, gpu)
+    busy = union(compute) if gpu else difference(compute, launches)
+    colls.sort(key=lambda c: (c.start, c.lane))
+    extra = {k: v for k, v in doc.items() if k not in ("traceEvents",)}
+    return RankTrace(
+        source,
+        rank,
+        world,
+        info.get("backend"),
+        gpu,
+        groups,
+        _steps(steps_raw, spans, forwards),
+        busy,
+        launches,
+        union(optimizer),
+        _classes(named, busy),
+        tuple(colls),
+        extra,
+    )
+
+
+def _profiler_steps(events: list[tuple[int, dict]], source: str) -> list[tuple[int, dict]]:
+    """The (index, event) of each ProfilerStep#N; none is a SpecError saying how to record."""
+    steps = [(i, e) for i, e in events if STEP.match(str(e.get("name", "")))]
+    if not steps:
         raise SpecError(
             source,
             "traceEvents",
             "no ProfilerStep#N: profile with schedule= and call prof.step() each step",
         )
+    return steps
+
+
+def _spans(events, steps_raw, source: str) -> dict[int, tuple[float, float]]:
+    """Each event's (start, end) in seconds from the first step's start, by its index."""
     base = min(_number(e, "ts", source, i) for i, e in steps_raw)
-    main = steps_raw[0][1].get("tid")
-    spans = {
+    return {
         i: (
             (_number(e, "ts", source, i) - base) * 1e-6,
             (_number(e, "ts", source, i) + _number(e, "dur", source, i) - base) * 1e-6,
         )
         for i, e in events
     }
-    gpu = any(e.get("cat") == "kernel" for _, e in events)
+
+
+def _sort_events(events, spans, main, gpu: bool, source: str, groups, world: int):
+    """(compute spans, collectives, DDP forwards' starts, optimizer spans, named compute
+    spans (start, end, name)): GPU kernels on a GPU trace, the main thread's ops on a CPU
+    one; the process `groups` and `world` size complete gloo's collectives."""
     compute, colls, forwards, optimizer, named = [], [], [], [], []
     for i, e in events:
         name, cat, args = str(e.get("name", "")), e.get("cat"), e.get("args") or {}
@@ -359,34 +398,27 @@ def read_kineto(path: str | Path) -> RankTrace:
             forwards.append(t[0])
         if name.startswith(OPTIMIZER) and e.get("tid") == main:
             optimizer.append(t)
+    return compute, colls, forwards, optimizer, named
+
+
+def _launches(events, spans, main, gpu: bool) -> np.ndarray:
+    """The main thread's communication calls (with DDP's bucket copies on a CPU trace, whose
+    compute they are taken out of), as one interval set."""
     calls = LAUNCH_PREFIXES if gpu else (*LAUNCH_PREFIXES, *REDUCER_PREFIXES)
-    launches = union(
+    return union(
         [
             spans[i]
             for i, e in events
             if e.get("tid") == main and str(e.get("name", "")).startswith(calls)
         ]
     )
-    busy = union(compute) if gpu else difference(compute, launches)
+
+
+def _steps(steps_raw, spans, forwards) -> tuple[Step, ...]:
+    """The steps in time order, each with the DDP forwards (micro-batches) that start in it."""
     steps = []
     for i, e in sorted(steps_raw, key=lambda x: spans[x[0]][0]):
         s, end = spans[i]
         n = sum(s <= f < end for f in forwards)
         steps.append(Step(int(STEP.match(e["name"]).group(1)), s, end, n))
-    colls.sort(key=lambda c: (c.start, c.lane))
-    extra = {k: v for k, v in doc.items() if k not in ("traceEvents",)}
-    return RankTrace(
-        source,
-        rank,
-        world,
-        info.get("backend"),
-        gpu,
-        groups,
-        tuple(steps),
-        busy,
-        launches,
-        union(optimizer),
-        _classes(named, busy),
-        tuple(colls),
-        extra,
-    )
+    return tuple(steps)
