@@ -33,8 +33,9 @@ step model schedules it, so a user without GPUs can feed other simulators.
   `predict`'s step where compute hides the gathers, or nothing is overlapped.
 
   Context parallelism: each op's compute as its chunk's blocks with their ring-attention
-  steps (Writer.ring, as step.model._context_parallel prices them); under ZeRO-3 each unit
-  is such a block. On one stage its replay is `predict`'s step (with ZeRO-3: where compute
+  steps (Writer.ring), the very steps the step model sums (StepModel.rings: Transformer
+  Engine's ring, or PyTorch's for torchtitan's stacks, attention slowed beside each
+  transfer); under ZeRO-3 each unit is such a block. On one stage its replay is `predict`'s step (with ZeRO-3: where compute
   hides the gathers).
 """
 
@@ -46,12 +47,9 @@ import numpy as np
 
 from commsim.scenario import Setup, check_layout
 from commsim.specs import SpecError, Strategy
-from commsim.step.context import replays_attention
 from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.model import (
     ALL_TO_ALLS_FORWARD,
-    cp_bytes,
-    cp_merge_bytes,
     ep_bytes,
     etp_bytes,
     send_bytes,
@@ -306,17 +304,12 @@ def _op_collectives(model, L: Layouts, blocks: float) -> list[tuple[str, float, 
 
 
 def _ring(model, L: Layouts, blocks: float) -> Ring:
-    """The ring of a layout, sized and priced as the step model does."""
+    """The ring of a layout: its steps as the step model prices them (StepModel.rings: the
+    layout's stack's ring, its attention slowed beside the transfers)."""
     if abs(blocks - round(blocks)) > 1e-9 or blocks < 1:
         raise SpecError("--cp", "", f"{blocks:g} blocks a chunk: not exported")
-    nbytes = float(cp_bytes(L, model.shape, model.workload.arch)[0])
-    step = float(model.groups.price("send-recv", "cp", L, np.array([nbytes]))[0])
-    core = float(model.compute(L).core_fwd[0]) / int(L.cp[0])
-    merge_f, merge_b = cp_merge_bytes(L, model.shape, model.workload.arch)
-    hbm = model.gpu.stream_bandwidth  # as the step model prices the merges
-    merge = (float(merge_f[0]) / hbm, float(merge_b[0]) / hbm)
-    replay = bool(replays_attention(L.recompute, L.recompute_parts)[0])
-    return Ring(int(round(blocks)), nbytes, step, core, int(L.cp[0]), merge, replay)
+    titan, te, torch = model.rings(L, model.compute(L))
+    return Ring(int(round(blocks)), (torch if titan[0] else te).row(0))
 
 
 def _zero3(model, L: Layouts, blocks: float) -> Zero3:

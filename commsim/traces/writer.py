@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commsim.specs import SpecError
-from commsim.step.kernel_bytes import ATTENTION_BACKWARD
+from commsim.step.ringsteps import Ring as RingSteps
 from commsim.traces.graph import Node
 
 # one collective of a ZeRO-3 unit: (op, bytes, seconds, group kind: dp, shard, replica, edp)
@@ -33,17 +33,12 @@ class Zero3:
 
 @dataclass(frozen=True)
 class Ring:
-    """A chunk's ring attention (step.model._context_parallel): per block, cp - 1 steps,
-    each passing this rank's K/V chunk to the next context-parallel rank (backward also
-    their gradients) while attending to the chunk it holds."""
+    """A chunk's ring attention: `blocks` blocks, each running one layer's ring as the step
+    model prices it (step.model.StepModel.rings, this layout's row: the same steps its
+    closed form sums)."""
 
     blocks: int
-    nbytes: float
-    step: float  # seconds of one transfer
-    core: float  # seconds of a block's forward attention core, this rank's share per step
-    cp: int
-    merge: tuple[float, float]  # seconds of merging a block's steps, forward and backward
-    replay: bool  # the backward replays the forward's ring first (recomputation)
+    layer: RingSteps
 
 
 class Writer:
@@ -63,43 +58,57 @@ class Writer:
         return last
 
     def ring_block(self, what, fwd: bool, compute: float, ring: Ring, pg, peers, b: int, last):
-        """Block b of an op: cp - 1 ring steps, the merge of the steps' partial results
-        through HBM, then the rest of its share of the compute; a backward under
-        recomputation replays the forward's steps and merge first. A step sends this rank's
-        chunk to the next rank (`peers`: next, previous; backward, then the gradients' too),
-        receives the previous rank's, and attends to the one it holds (the core's share;
-        backward ATTENTION_BACKWARD times it), the next step waiting for all three."""
-        passes = [True] if fwd else [True, False] if ring.replay else [False]
-        part = {True: ring.core, False: ring.core * ATTENTION_BACKWARD}
-        merge = {True: ring.merge[0], False: ring.merge[1]}
-        rest = compute / ring.blocks - sum((ring.cp - 1) * part[p] for p in passes)
+        """Block b of an op: its ring's steps (a backward under recomputation replays the
+        forward's first), the merge of the steps' partial results through HBM, then the rest
+        of its share of the compute (less the attention the steps run)."""
+        layer = ring.layer
+        passes = [True] if fwd else [True, False] if layer.replay else [False]
+        legs = {True: layer.forward, False: layer.backward}
+        ran = sum(leg.count * leg.alone for p in passes for leg in legs[p])
+        rest = compute / ring.blocks - ran
         if rest < 0:
             raise SpecError("--cp", "", "a block's attention outlasts its compute: not exported")
-        kw = dict(op="send-recv", bytes=ring.nbytes, pg=pg)
         for forward in passes:
             name = f"{what} block {b}" + (" replay" if forward and not fwd else "")
-            last = self._steps(name, forward, part[forward], ring, peers, last, kw)
-            last = self.add("comp", f"{name} ring merge", merge[forward], last)
+            last = self._steps(name, legs[forward], pg, peers, last)
+            merge = layer.merge[0 if forward else 1]
+            last = self.add("comp", f"{name} ring merge", merge, last)
         return self.add("comp", f"{what} block {b}", rest, last)
 
-    def _steps(self, name, forward: bool, part: float, ring: Ring, peers, last, kw):
-        """A block's cp - 1 ring steps in one direction (forward: K and V; backward: also
-        their gradients)."""
+    def _steps(self, name, legs, pg, peers, last):
+        """A block's ring steps, leg by leg (step.ringsteps): each its transfer (sends to
+        the next rank, `peers`: next, previous, and the previous rank's received; or an
+        all-gather on the cp group) beside its attention (slowed while the transfer runs),
+        the next step waiting for all of them."""
         nxt, prv = peers
-        sends = 1 if forward else 2
-        for s in range(1, ring.cp):
-            step = f"{name} ring step {s}"
-            sent = last
-            for j in range(sends):
-                sent = self.add("send", f"{step} send {j}", ring.step, sent, peer=nxt, **kw)
-            got = last
-            for j in range(sends):  # the ring is symmetric: the previous rank's send
-                # lands when this rank's own j-th does
-                landed = self.ends[sent[0] - (sends - 1 - j)]
-                got = self.add("recv", f"{step} recv {j}", 0.0, got, landed, peer=prv, **kw)
-            core = self.add("comp", f"{step} attention", part, last)
-            last = (*sent, *got, *core)
+        s = 0
+        for leg in legs:
+            kw = dict(op=leg.op, bytes=leg.nbytes, pg=pg)
+            for _ in range(round(leg.count)):
+                s += 1
+                step = f"{name} ring step {s}"
+                if leg.op == "all-gather":
+                    moved = self.add("coll", f"{step} all-gather", leg.message, last, **kw)
+                else:
+                    moved = self._sends(step, leg, nxt, prv, last, kw)
+                core = ()
+                if leg.alone > 0:
+                    core = self.add("comp", f"{step} attention", leg.attention(), last)
+                last = (*moved, *core)
         return last
+
+    def _sends(self, step, leg, nxt, prv, last, kw):
+        """A step's messages to the next rank, one after another, and the previous rank's
+        received: the ring is symmetric, the previous rank's j-th lands when this rank's
+        own j-th does."""
+        sent = last
+        for j in range(leg.sends):
+            sent = self.add("send", f"{step} send {j}", leg.message, sent, peer=nxt, **kw)
+        got = last
+        for j in range(leg.sends):
+            landed = self.ends[sent[0] - (leg.sends - 1 - j)]
+            got = self.add("recv", f"{step} recv {j}", 0.0, got, landed, peer=prv, **kw)
+        return (*sent, *got)
 
     def units(self, what, fwd: bool, compute: float, z3: Zero3, pgs: dict, before, body=None):
         """An op's compute as ZeRO-3 units of equal compute (step.fsdp): unit j waits for
