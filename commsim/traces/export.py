@@ -28,15 +28,16 @@ step model schedules it, so a user without GPUs can feed other simulators.
 
   ZeRO-3 / FSDP: each op's compute as its chunk's units with their gathers and reduce-
   scatters (Writer.units, as step.fsdp runs them: hybrid sharding's on the shard group,
-  each reduce-scatter followed by the replica group's all-reduce); its replay follows
+  each reduce-scatter followed by the replica group's all-reduce; a backward's gathers as
+  reshard_after_forward leaves them, step.fsdp._backward_gathers); its replay follows
   those units, not the schedule (which has no ZeRO-3 inside its ops): on one stage it is
   `predict`'s step where compute hides the gathers, or nothing is overlapped.
 
   Context parallelism: each op's compute as its chunk's blocks with their ring-attention
   steps (Writer.ring), the very steps the step model sums (StepModel.rings: Transformer
   Engine's ring, or PyTorch's for torchtitan's stacks, attention slowed beside each
-  transfer); under ZeRO-3 each unit is such a block. On one stage its replay is `predict`'s step (with ZeRO-3: where compute
-  hides the gathers).
+  transfer); under ZeRO-3 each unit is such a block. On one stage its replay is
+  `predict`'s step (with ZeRO-3: where compute hides the gathers).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import numpy as np
 
 from commsim.scenario import Setup, check_layout
 from commsim.specs import SpecError, Strategy
+from commsim.step.fsdp import _backward_gathers
 from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.model import (
     ALL_TO_ALLS_FORWARD,
@@ -342,7 +344,17 @@ def _zero3(model, L: Layouts, blocks: float) -> Zero3:
         run("reduce-scatter", shard, dense, g) + replica + run("reduce-scatter", "edp", sparse, g),
         run("all-gather", shard, ends, PARAM_WIRE_BYTES),
         bool(r["overlap"]),
+        _regather(L),
     )
+
+
+def _regather(L: Layouts) -> tuple[bool, bool, bool]:
+    """(the end layers, the first unit, the later units): which a backward gathers again, by
+    step.fsdp's rule (_backward_gathers, given gathers counted as 1 a unit and 1 more for
+    the end layers where its callers have them freed: not under PyTorch FSDP's states)."""
+    ends = np.where(L.fsdp_states[:1], 1.0, 2.0)
+    first, later = (float(x[0]) for x in _backward_gathers(L.reshard[:1], 1.0, ends))
+    return first == 2.0, first > 0, later > 0
 
 
 def _tag(kind: str, chunk: int, mb: int, m: int, v: int) -> int:

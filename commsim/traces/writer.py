@@ -22,13 +22,16 @@ class Zero3:
     (pp 1) gathers the end layers with its first unit. Each is the collectives step.fsdp
     sums, run one after another: the dense parameters' on the sharding group (dp, or
     hybrid sharding's shard group, whose reduce-scatter is followed by the shard's
-    all-reduce across the replica group), the experts' on their expert-data-parallel one."""
+    all-reduce across the replica group), the experts' on their expert-data-parallel one.
+    `regather`: which the backward gathers again (the end layers, the first unit, the later
+    units), by reshard_after_forward (step.fsdp._backward_gathers)."""
 
     units: int
     gather: tuple[Coll, ...]
     scatter: tuple[Coll, ...]
     ends: tuple[Coll, ...]
     overlap: bool
+    regather: tuple[bool, bool, bool] = (True, True, True)
 
 
 @dataclass(frozen=True)
@@ -113,10 +116,11 @@ class Writer:
     def units(self, what, fwd: bool, compute: float, z3: Zero3, pgs: dict, before, body=None):
         """An op's compute as ZeRO-3 units of equal compute (step.fsdp): unit j waits for
         its gathers and unit j - 1; with overlap the gathers of unit j + 1 are issued when
-        unit j starts (after unit j - 1), else after unit j (and its reduce-scatters); each
-        backward unit's reduce-scatters follow it; the op ends with its last unit and, in
-        backward, that unit's reduce-scatters. `pgs`: this rank's group of each kind;
-        `body(j, deps)` adds unit j's compute (default: one node)."""
+        unit j starts (after unit j - 1), else after unit j (and its reduce-scatters), in the
+        backward only those z3.regather keeps; each backward unit's reduce-scatters follow
+        it; the op ends with its last unit and, in backward, that unit's reduce-scatters.
+        `pgs`: this rank's group of each kind; `body(j, deps)` adds unit j's compute
+        (default: one node)."""
         side = "forward" if fwd else "backward"
 
         def colls(label, specs, deps):
@@ -135,19 +139,25 @@ class Writer:
         def compute_unit(j, deps):
             return self.add("comp", f"{what} unit {j}", compute / z3.units, deps)
 
+        def gather(j, deps):  # unit j's gathers, where this side gathers it
+            if not again[1 if j == 0 else 2]:
+                return ()
+            return colls(f"unit {j} ({side})", z3.gather, deps)
+
         body = body or compute_unit
-        if z3.ends:
+        again = (True, True, True) if fwd else z3.regather
+        if z3.ends and again[0]:
             colls(f"end layers ({side})", z3.ends, before)
-        gathers = {0: colls(f"unit 0 ({side})", z3.gather, before)}
+        gathers = {0: gather(0, before)}
         previous, unit, scatter = before, (), ()
         for j in range(z3.units):
             if z3.overlap and j + 1 < z3.units:  # prefetched when unit j starts
-                gathers[j + 1] = colls(f"unit {j + 1} ({side})", z3.gather, previous)
+                gathers[j + 1] = gather(j + 1, previous)
             unit = body(j, (*previous, *gathers[j]))
             if not fwd:
                 scatter = colls(f"unit {j}", z3.scatter, unit)
-            if not z3.overlap and j + 1 < z3.units:
-                gathers[j + 1] = colls(f"unit {j + 1} ({side})", z3.gather, (*unit, *scatter))
+            if not z3.overlap and j + 1 < z3.units:  # the next unit waits for these
+                gathers[j + 1] = gather(j + 1, (*unit, *scatter)) or scatter
             previous = unit
         return (*unit, *scatter)
 
