@@ -29,7 +29,8 @@ step model schedules it, so a user without GPUs can feed other simulators.
   ZeRO-3 / FSDP: each op's compute as its chunk's units with their gathers and reduce-
   scatters (Writer.units, as step.fsdp runs them: hybrid sharding's on the shard group,
   each reduce-scatter followed by the replica group's all-reduce; a backward's gathers as
-  reshard_after_forward leaves them, step.fsdp._backward_gathers); its replay follows
+  reshard_after_forward leaves them, step.fsdp._backward_gathers; a unit beside its
+  neighbours' collectives as long as step.fsdp._beside_units prices it); its replay follows
   those units, not the schedule (which has no ZeRO-3 inside its ops): on one stage it is
   `predict`'s step where compute hides the gathers, or nothing is overlapped.
 
@@ -48,7 +49,7 @@ import numpy as np
 
 from commsim.scenario import Setup, check_layout
 from commsim.specs import SpecError, Strategy
-from commsim.step.fsdp import _backward_gathers
+from commsim.step.fsdp import _backward_gathers, _beside_units
 from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.model import (
     ALL_TO_ALLS_FORWARD,
@@ -319,7 +320,8 @@ def _zero3(model, L: Layouts, blocks: float) -> Zero3:
     dense parameters per GPU (a block's over tp) on the sharding group, the experts' (over
     etp x ep) on the expert-data-parallel one; hybrid sharding's reduce-scatter is followed
     by the shard's all-reduce over the replica group; one stage (pp 1) gathers the end
-    layers too. Groups of one rank run nothing (step.groups prices them 0)."""
+    layers too. Groups of one rank run nothing (step.groups prices them 0). A block's
+    compute beside its neighbour's collectives is step.fsdp's (_beside_units)."""
     sh, r = model.shape, L.row(0)
     if abs(blocks - round(blocks)) > 1e-9 or blocks < 1:
         raise SpecError("--zero 3", "", f"{blocks:g} ZeRO-3 units a chunk: not exported")
@@ -337,15 +339,52 @@ def _zero3(model, L: Layouts, blocks: float) -> Zero3:
     replica = ()
     if r["fsdp_shard"]:  # each shard's gradient summed across the replica groups
         replica = run("all-reduce", "replica", dense / (r["fsdp_shard"] * r["cp"]), g)
+    parts = [
+        (
+            dense,
+            run("all-gather", shard, dense, PARAM_WIRE_BYTES),
+            run("reduce-scatter", shard, dense, g) + replica,
+            False,
+        ),
+    ]
+    if sh.expert_params:
+        parts.append(
+            (
+                sparse,
+                run("all-gather", "edp", sparse, PARAM_WIRE_BYTES),
+                run("reduce-scatter", "edp", sparse, g),
+                True,
+            )
+        )
     return Zero3(
         int(round(blocks)),
-        run("all-gather", shard, dense, PARAM_WIRE_BYTES)
-        + run("all-gather", "edp", sparse, PARAM_WIRE_BYTES),
-        run("reduce-scatter", shard, dense, g) + replica + run("reduce-scatter", "edp", sparse, g),
+        tuple(c for _, gather, _, _ in parts for c in gather),
+        tuple(c for _, _, scatter, _ in parts for c in scatter),
         run("all-gather", shard, ends, PARAM_WIRE_BYTES),
         bool(r["overlap"]),
         _regather(L),
+        _beside(model, L, parts),
     )
+
+
+def _beside(model, L: Layouts, parts) -> tuple[float, float, float, float] | None:
+    """(a block's forward, backward, each beside its neighbour's ZeRO-3 collectives) as
+    step.fsdp prices them (_beside_units, given this layout's `parts`: parameters, gathers,
+    reduce-scatters, expert); None where the model prices compute at one efficiency."""
+    c = model.compute(L)
+    seconds = [
+        (
+            params,
+            np.array([sum(x[2] for x in gather)]),
+            np.array([sum(x[2] for x in scatter)]),
+            expert,
+        )
+        for params, gather, scatter, expert in parts
+    ]
+    f_slow, b_slow = _beside_units(model, L, c, np.array([0]), seconds)
+    if f_slow is None:
+        return None
+    return float(c.block_fwd[0]), float(c.block_bwd[0]), float(f_slow[0]), float(b_slow[0])
 
 
 def _regather(L: Layouts) -> tuple[bool, bool, bool]:

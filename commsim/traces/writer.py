@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commsim.specs import SpecError
+from commsim.step.contention import compute_end
 from commsim.step.ringsteps import Ring as RingSteps
 from commsim.traces.graph import Node
 
@@ -32,6 +33,18 @@ class Zero3:
     ends: tuple[Coll, ...]
     overlap: bool
     regather: tuple[bool, bool, bool] = (True, True, True)
+    # a block's (forward, backward, forward beside a unit's gathers, backward beside its
+    # gathers and reduce-scatters) seconds (step.fsdp); None: no contention
+    beside: tuple[float, float, float, float] | None = None
+
+    def slowed(self, fwd: bool, comm: float) -> float:
+        """Seconds a unit's compute runs longer beside `comm` seconds of its neighbours'
+        collectives (step.contention.compute_end, at step.fsdp's rates)."""
+        if self.beside is None or comm <= 0:
+            return 0.0
+        f, b, f_slow, b_slow = self.beside
+        alone, slow = (f, f_slow) if fwd else (b, b_slow)
+        return float(compute_end(alone, slow, comm)) - alone
 
 
 @dataclass(frozen=True)
@@ -60,10 +73,11 @@ class Writer:
             last = self.ring_block(what, fwd, compute, ring, pg, peers, b, last)
         return last
 
-    def ring_block(self, what, fwd: bool, compute: float, ring: Ring, pg, peers, b: int, last):
+    def ring_block(self, what, fwd: bool, compute, ring: Ring, pg, peers, b: int, last, extra=0.0):
         """Block b of an op: its ring's steps (a backward under recomputation replays the
         forward's first), the merge of the steps' partial results through HBM, then the rest
-        of its share of the compute (less the attention the steps run)."""
+        of its share of the compute (less the attention the steps run; `extra` seconds more:
+        a ZeRO-3 unit's beside its neighbours' collectives)."""
         layer = ring.layer
         passes = [True] if fwd else [True, False] if layer.replay else [False]
         legs = {True: layer.forward, False: layer.backward}
@@ -76,7 +90,7 @@ class Writer:
             last = self._steps(name, legs[forward], pg, peers, last)
             merge = layer.merge[0 if forward else 1]
             last = self.add("comp", f"{name} ring merge", merge, last)
-        return self.add("comp", f"{what} block {b}", rest, last)
+        return self.add("comp", f"{what} block {b}", rest + extra, last)
 
     def _steps(self, name, legs, pg, peers, last):
         """A block's ring steps, leg by leg (step.ringsteps): each its transfer (sends to
@@ -119,8 +133,10 @@ class Writer:
         unit j starts (after unit j - 1), else after unit j (and its reduce-scatters), in the
         backward only those z3.regather keeps; each backward unit's reduce-scatters follow
         it; the op ends with its last unit and, in backward, that unit's reduce-scatters.
-        `pgs`: this rank's group of each kind; `body(j, deps)` adds unit j's compute
-        (default: one node)."""
+        With overlap a unit's compute runs longer beside its neighbours' collectives
+        (Zero3.slowed: forward the next unit's gathers, backward also the previous unit's
+        reduce-scatters). `pgs`: this rank's group of each kind; `body(j, deps, extra)` adds
+        unit j's compute, `extra` seconds longer (default: one node)."""
         side = "forward" if fwd else "backward"
 
         def colls(label, specs, deps):
@@ -136,8 +152,14 @@ class Writer:
                 )
             return self.stream
 
-        def compute_unit(j, deps):
-            return self.add("comp", f"{what} unit {j}", compute / z3.units, deps)
+        def compute_unit(j, deps, extra):
+            return self.add("comp", f"{what} unit {j}", compute / z3.units + extra, deps)
+
+        def beside(j):  # seconds of collectives beside unit j (prefetched, then issued)
+            if not z3.overlap:
+                return 0.0
+            comm = sum(x[2] for x in z3.gather) if j + 1 < z3.units and again[2] else 0.0
+            return comm + (sum(x[2] for x in z3.scatter) if not fwd and j > 0 else 0.0)
 
         def gather(j, deps):  # unit j's gathers, where this side gathers it
             if not again[1 if j == 0 else 2]:
@@ -153,7 +175,7 @@ class Writer:
         for j in range(z3.units):
             if z3.overlap and j + 1 < z3.units:  # prefetched when unit j starts
                 gathers[j + 1] = gather(j + 1, previous)
-            unit = body(j, (*previous, *gathers[j]))
+            unit = body(j, (*previous, *gathers[j]), z3.slowed(fwd, beside(j)))
             if not fwd:
                 scatter = colls(f"unit {j}", z3.scatter, unit)
             if not z3.overlap and j + 1 < z3.units:  # the next unit waits for these
