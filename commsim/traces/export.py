@@ -289,11 +289,15 @@ def _op_collectives(model, L: Layouts, blocks: float) -> list[tuple[str, float, 
             ("all-reduce", float(tp_bytes(L, sh)[0]), ar, "tp", sh.tp_collectives * blocks)
         )
     if row["ep"] > 1 and sh.routed:
-        arch = model.workload.arch
-        moe = (arch.layers - arch.dense_layers) / arch.layers if arch is not None else 1.0
         a2a = float(model.groups.price("all-to-all", "ep", L, ep_bytes(L, sh))[0])
         colls.append(
-            ("all-to-all", float(ep_bytes(L, sh)[0]), a2a, "ep", ALL_TO_ALLS_FORWARD * moe * blocks)
+            (
+                "all-to-all",
+                float(ep_bytes(L, sh)[0]),
+                a2a,
+                "ep",
+                ALL_TO_ALLS_FORWARD * sh.moe_share * blocks,
+            )
         )
     if int(L.expert_tp[0]) > 1 and sh.routed:  # the experts' tensor-parallel gather
         gather = float(model.groups.price("all-reduce", "etp", L, etp_bytes(L, sh))[0])
