@@ -29,8 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from commsim.step.activations import replays_core
-from commsim.step.contention import exposed
 from commsim.step.kernel_bytes import ATTENTION_BACKWARD
+from commsim.step.ringsteps import Leg, Ring
 
 MERGE_INIT = 2 + 4  # forward, step 0: read its bf16 output, write the fp32 accumulator
 MERGE_STEP = 2 + 4 + 4  # forward, later steps: read the step's output, read + write the sum
@@ -58,14 +58,21 @@ def replays_attention(recompute, parts) -> np.ndarray:
 
 
 def ring_attention(cp, step, core, merge_fwd, merge_bwd, hbm: float, contended=None):
-    """Seconds a layer of ring attention adds per micro-batch, forward and backward: the
-    K/V transfers a step's attention cannot hide (cp - 1 of them, `step` seconds each, the
-    core's forward `core` seconds for the whole chunk pair; `contended` its seconds on the
-    SMs the transfer's NCCL kernel leaves, step.contention: a step's attention runs that slow
-    while its transfer lasts) and the merges' HBM bytes at `hbm` bytes/s."""
+    """Seconds a layer of ring attention adds per micro-batch, forward and backward (te_ring's
+    legs, summed)."""
+    return te_ring(cp, step, core, (merge_fwd, merge_bwd), hbm, contended).per_layer()
+
+
+def te_ring(cp, step, core, merge, hbm: float, contended=None, nbytes=0.0, replay=False) -> Ring:
+    """A layer of ring attention as its steps: cp - 1 K/V transfers (`step` seconds each, of
+    `nbytes`; backward K, V and then their gradients) a step's attention cannot hide (the
+    core's forward `core` seconds for the whole chunk pair, 1/cp a step; `contended` its
+    seconds on the SMs the transfer's NCCL kernel leaves, step.contention: a step's
+    attention runs that slow while its transfer lasts), and the merges' HBM bytes (`merge`,
+    forward and backward) at `hbm` bytes/s; `replay`: recomputation replays the forward."""
     share = core / cp
-    slow = share if contended is None else contended / cp
-    fwd = (cp - 1) * exposed(share, slow, step) + merge_fwd / hbm
+    slow = None if contended is None else contended / cp
     back = ATTENTION_BACKWARD
-    bwd = (cp - 1) * exposed(back * share, back * slow, 2.0 * step) + merge_bwd / hbm
-    return fwd, bwd
+    fwd = Leg(cp - 1, step, share, slow, nbytes)
+    bwd = Leg(cp - 1, step, back * share, None if slow is None else back * slow, nbytes, sends=2)
+    return Ring((fwd,), (bwd,), (merge[0] / hbm, merge[1] / hbm), replay)

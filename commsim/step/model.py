@@ -33,7 +33,7 @@ from commsim.step.contention import (
     exposed,
     slowdown,
 )
-from commsim.step.context import merge_bytes, replays_attention, ring_attention
+from commsim.step.context import merge_bytes, replays_attention, te_ring
 from commsim.step.dpsync import DataParallel
 from commsim.step.dualpipe import bubble as dualpipe_bubble
 from commsim.step.eager import torchtitan
@@ -376,26 +376,33 @@ class StepModel:
         return c.blocks * fwd, c.blocks * bwd
 
     def _context_parallel(self, L: Layouts, c: Compute):
-        """Seconds of ring attention per micro-batch beyond its share of the compute,
-        forward and backward (step.context): the K/V transfers not hidden under attention
-        and the merging of its cp steps' partial results; what recomputation replays of
-        attention (selective or full) replays them too."""
-        arch = self.workload.arch
-        if arch is None:
+        """Seconds of ring attention per micro-batch beyond its share of the compute, forward
+        and backward: each layer's ring (rings) summed."""
+        if self.workload.arch is None:
             zero = np.zeros(len(L))
             return zero, zero
-        nbytes = cp_bytes(L, self.shape, arch)
-        step = self.groups.price("send-recv", "cp", L, nbytes)
-        merge_f, merge_b = cp_merge_bytes(L, self.shape, arch)
-        hbm = self.gpu.stream_bandwidth
-        slow = contended_attention(self, L, "cp", step, c.core_fwd, p2p=True)
-        fwd, bwd = ring_attention(L.cp, step, c.core_fwd, merge_f, merge_b, hbm, slow)
-        titan = torchtitan(L.kernels)
-        if (titan & (L.cp > 1)).any():  # PyTorch's context_parallel (step.torch_ring)
-            torch_f, torch_b = torch_ring(self, L, c)
+        titan, te, torch = self.rings(L, c)
+        fwd, bwd = te.per_layer()
+        if torch is not None:
+            torch_f, torch_b = torch.per_layer()
             fwd, bwd = np.where(titan, torch_f, fwd), np.where(titan, torch_b, bwd)
+        return c.blocks * fwd, c.blocks * bwd
+
+    def rings(self, L: Layouts, c: Compute):
+        """(which layouts run PyTorch's ring, Transformer Engine's ring, PyTorch's or None)
+        of one layer as their steps (step.ringsteps), what _context_parallel sums and the
+        Chakra export writes: TE's K/V transfers beside attention on the SMs NCCL's p2p
+        channels leave and its merges (step.context), torchtitan's stacks' (step.torch_ring);
+        recomputation that replays attention (selective or full) replays the ring too."""
+        nbytes = cp_bytes(L, self.shape, self.workload.arch)
+        step = self.groups.price("send-recv", "cp", L, nbytes)
+        merge = cp_merge_bytes(L, self.shape, self.workload.arch)
+        slow = contended_attention(self, L, "cp", step, c.core_fwd, p2p=True)
         again = replays_attention(L.recompute, L.recompute_parts)
-        return c.blocks * fwd, c.blocks * (bwd + np.where(again, fwd, 0))
+        hbm = self.gpu.stream_bandwidth
+        te = te_ring(L.cp, step, c.core_fwd, merge, hbm, slow, nbytes, again)
+        titan = torchtitan(L.kernels) & (L.cp > 1)  # PyTorch's context_parallel
+        return titan, te, torch_ring(self, L, c, again) if titan.any() else None
 
     def _expert_parallel(self, L: Layouts, c: Compute):
         """Seconds of the expert layers' collectives per micro-batch, forward and backward:

@@ -27,11 +27,14 @@ all below) and torchtitan 9dec370:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from commsim.step.contention import contended_attention, exposed
+from commsim.step.contention import contended_attention
 from commsim.step.eager import KERNELS, total
 from commsim.step.kernel_bytes import ATTENTION_BACKWARD
+from commsim.step.ringsteps import Leg, Ring
 
 KV_WIRE = 2  # bf16 K and V in the all-gather
 GRAD_WIRE = 4  # fp32 dK and dV round the ring (accum_dtype float32)
@@ -122,20 +125,32 @@ def grad_send_bytes(queries) -> np.ndarray:
 
 
 def transfers(cp, gather, send, core, slowed=(None, None)):
-    """Seconds of a layer's transfers the attention does not hide, forward and backward:
-    the all-gather (`gather` seconds) beyond step 0's SDPA (1/cp of the core's forward `core`;
-    backward ATTENTION_BACKWARD x), and the cp dK/dV sends (`send` seconds each), each but the
-    last beyond the next step's SDPA backward, the last whole. `slowed`: the core's forward
-    seconds beside the all-gather and beside a send (on the SMs their NCCL kernels
-    leave, step.contention; None: its own), at which a step runs while its transfer lasts."""
+    """Seconds of a layer's transfers the attention does not hide, forward and backward
+    (torch_legs, summed)."""
+    fwd, bwd = torch_legs(cp, gather, send, core, slowed)
+    return sum(leg.added() for leg in fwd), sum(leg.added() for leg in bwd)
+
+
+def torch_legs(cp, gather, send, core, slowed=(None, None), nbytes=(0.0, 0.0)):
+    """A layer's transfers as ring steps (forward legs, backward legs): the all-gather
+    (`gather` seconds) beside step 0's SDPA (1/cp of the core's forward `core`; backward
+    ATTENTION_BACKWARD x), and the cp dK/dV sends (`send` seconds each), each but the last
+    beside the next step's SDPA backward, the last alone. `slowed`: the core's forward
+    seconds beside the all-gather and beside a send (on the SMs their NCCL kernels leave,
+    step.contention; None: its own), at which a step runs while its transfer lasts;
+    `nbytes`: the all-gather's and a send's."""
     cp = np.asarray(cp, dtype=float)
+    on = np.where(cp > 1, 1.0, 0.0)
     back = ATTENTION_BACKWARD / cp
     by_gather, by_send = (core if s is None else s for s in slowed)
-    fwd = exposed(core / cp, by_gather / cp, gather)
-    bwd = exposed(back * core, back * by_gather, gather) + send
-    bwd = bwd + (cp - 1.0) * exposed(back * core, back * by_send, send)
-    on = cp > 1
-    return np.where(on, fwd, 0.0), np.where(on, bwd, 0.0)
+    gathered = Leg(on, gather, core / cp, by_gather / cp, nbytes[0], "all-gather")
+    fwd = (gathered,)
+    bwd = (
+        replace(gathered, alone=back * core, beside=back * by_gather),
+        Leg(on * (cp - 1.0), send, back * core, back * by_send, nbytes[1]),
+        Leg(on, send, 0.0, None, nbytes[1]),
+    )
+    return fwd, bwd
 
 
 def torch_ring_attention(
@@ -148,24 +163,26 @@ def torch_ring_attention(
     return fwd + merge_fwd / hbm, bwd + merge_bwd / hbm
 
 
-def torch_ring(model, L, c):
-    """Seconds a layer of PyTorch's ring attention adds per micro-batch on the step model's
-    layouts L (its Compute `c`), forward and backward: K and V repeated to every query head
-    (as many elements as this rank's queries, b s / cp x heads / tp x head width), the
-    all-gather and the sends priced on the cp groups, the attention beside each on the SMs
-    its NCCL kernel leaves (p2p channels for the sends), the merges eager or compiled
-    (Strategy.kernels)."""
+def torch_ring(model, L, c, replay=False) -> Ring:
+    """A layer of PyTorch's ring attention per micro-batch on the step model's layouts L (its
+    Compute `c`) as its steps (torch_legs): K and V repeated to every query head (as many
+    elements as this rank's queries, b s / cp x heads / tp x head width), the all-gather and
+    the sends priced on the cp groups, the attention beside each on the SMs its NCCL kernel
+    leaves (p2p channels for the sends), the merges eager or compiled (Strategy.kernels);
+    `replay`: recomputation replays the forward."""
     arch = model.workload.arch
     queries = L.micro_batch * model.shape.seq_len / L.cp * arch.heads * arch.head_width / L.tp
-    slowed, times = [], []
+    slowed, times, sizes = [], [], []
     for op, nbytes in (
         ("all-gather", gather_bytes(L.cp, queries)),
         ("send-recv", grad_send_bytes(queries)),
     ):
         times.append(model.groups.price(op, "cp", L, nbytes))
+        sizes.append(nbytes)
         slowed.append(contended_attention(model, L, "cp", times[-1], c.core_fwd, op == "send-recv"))
     compiled = L.kernels == KERNELS.index("torchtitan-compile")
     rows, share = queries / arch.head_width, arch.kv_heads / arch.heads
-    merge = merge_bytes(L.cp, queries, rows, compiled, share)
+    merge_f, merge_b = merge_bytes(L.cp, queries, rows, compiled, share)
     hbm = model.gpu.stream_bandwidth
-    return torch_ring_attention(L.cp, *times, c.core_fwd, *merge, hbm, tuple(slowed))
+    fwd, bwd = torch_legs(L.cp, *times, c.core_fwd, tuple(slowed), tuple(sizes))
+    return Ring(fwd, bwd, (merge_f / hbm, merge_b / hbm), replay)

@@ -28,14 +28,17 @@ step model schedules it, so a user without GPUs can feed other simulators.
 
   ZeRO-3 / FSDP: each op's compute as its chunk's units with their gathers and reduce-
   scatters (Writer.units, as step.fsdp runs them: hybrid sharding's on the shard group,
-  each reduce-scatter followed by the replica group's all-reduce); its replay follows
+  each reduce-scatter followed by the replica group's all-reduce; a backward's gathers as
+  reshard_after_forward leaves them, step.fsdp._backward_gathers; a unit beside its
+  neighbours' collectives as long as step.fsdp._beside_units prices it); its replay follows
   those units, not the schedule (which has no ZeRO-3 inside its ops): on one stage it is
   `predict`'s step where compute hides the gathers, or nothing is overlapped.
 
   Context parallelism: each op's compute as its chunk's blocks with their ring-attention
-  steps (Writer.ring, as step.model._context_parallel prices them); under ZeRO-3 each unit
-  is such a block. On one stage its replay is `predict`'s step (with ZeRO-3: where compute
-  hides the gathers).
+  steps (Writer.ring), the very steps the step model sums (StepModel.rings: Transformer
+  Engine's ring, or PyTorch's for torchtitan's stacks, attention slowed beside each
+  transfer); under ZeRO-3 each unit is such a block. On one stage its replay is
+  `predict`'s step (with ZeRO-3: where compute hides the gathers).
 """
 
 from __future__ import annotations
@@ -46,12 +49,10 @@ import numpy as np
 
 from commsim.scenario import Setup, check_layout
 from commsim.specs import SpecError, Strategy
-from commsim.step.context import replays_attention
+from commsim.step.fsdp import _backward_gathers, _beside_units
 from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.model import (
     ALL_TO_ALLS_FORWARD,
-    cp_bytes,
-    cp_merge_bytes,
     ep_bytes,
     etp_bytes,
     send_bytes,
@@ -288,11 +289,15 @@ def _op_collectives(model, L: Layouts, blocks: float) -> list[tuple[str, float, 
             ("all-reduce", float(tp_bytes(L, sh)[0]), ar, "tp", sh.tp_collectives * blocks)
         )
     if row["ep"] > 1 and sh.routed:
-        arch = model.workload.arch
-        moe = (arch.layers - arch.dense_layers) / arch.layers if arch is not None else 1.0
         a2a = float(model.groups.price("all-to-all", "ep", L, ep_bytes(L, sh))[0])
         colls.append(
-            ("all-to-all", float(ep_bytes(L, sh)[0]), a2a, "ep", ALL_TO_ALLS_FORWARD * moe * blocks)
+            (
+                "all-to-all",
+                float(ep_bytes(L, sh)[0]),
+                a2a,
+                "ep",
+                ALL_TO_ALLS_FORWARD * sh.moe_share * blocks,
+            )
         )
     if int(L.expert_tp[0]) > 1 and sh.routed:  # the experts' tensor-parallel gather
         gather = float(model.groups.price("all-reduce", "etp", L, etp_bytes(L, sh))[0])
@@ -306,17 +311,12 @@ def _op_collectives(model, L: Layouts, blocks: float) -> list[tuple[str, float, 
 
 
 def _ring(model, L: Layouts, blocks: float) -> Ring:
-    """The ring of a layout, sized and priced as the step model does."""
+    """The ring of a layout: its steps as the step model prices them (StepModel.rings: the
+    layout's stack's ring, its attention slowed beside the transfers)."""
     if abs(blocks - round(blocks)) > 1e-9 or blocks < 1:
         raise SpecError("--cp", "", f"{blocks:g} blocks a chunk: not exported")
-    nbytes = float(cp_bytes(L, model.shape, model.workload.arch)[0])
-    step = float(model.groups.price("send-recv", "cp", L, np.array([nbytes]))[0])
-    core = float(model.compute(L).core_fwd[0]) / int(L.cp[0])
-    merge_f, merge_b = cp_merge_bytes(L, model.shape, model.workload.arch)
-    hbm = model.gpu.stream_bandwidth  # as the step model prices the merges
-    merge = (float(merge_f[0]) / hbm, float(merge_b[0]) / hbm)
-    replay = bool(replays_attention(L.recompute, L.recompute_parts)[0])
-    return Ring(int(round(blocks)), nbytes, step, core, int(L.cp[0]), merge, replay)
+    titan, te, torch = model.rings(L, model.compute(L))
+    return Ring(int(round(blocks)), (torch if titan[0] else te).row(0))
 
 
 def _zero3(model, L: Layouts, blocks: float) -> Zero3:
@@ -324,7 +324,8 @@ def _zero3(model, L: Layouts, blocks: float) -> Zero3:
     dense parameters per GPU (a block's over tp) on the sharding group, the experts' (over
     etp x ep) on the expert-data-parallel one; hybrid sharding's reduce-scatter is followed
     by the shard's all-reduce over the replica group; one stage (pp 1) gathers the end
-    layers too. Groups of one rank run nothing (step.groups prices them 0)."""
+    layers too. Groups of one rank run nothing (step.groups prices them 0). A block's
+    compute beside its neighbour's collectives is step.fsdp's (_beside_units)."""
     sh, r = model.shape, L.row(0)
     if abs(blocks - round(blocks)) > 1e-9 or blocks < 1:
         raise SpecError("--zero 3", "", f"{blocks:g} ZeRO-3 units a chunk: not exported")
@@ -342,14 +343,61 @@ def _zero3(model, L: Layouts, blocks: float) -> Zero3:
     replica = ()
     if r["fsdp_shard"]:  # each shard's gradient summed across the replica groups
         replica = run("all-reduce", "replica", dense / (r["fsdp_shard"] * r["cp"]), g)
+    parts = [
+        (
+            dense,
+            run("all-gather", shard, dense, PARAM_WIRE_BYTES),
+            run("reduce-scatter", shard, dense, g) + replica,
+            False,
+        ),
+    ]
+    if sh.expert_params:
+        parts.append(
+            (
+                sparse,
+                run("all-gather", "edp", sparse, PARAM_WIRE_BYTES),
+                run("reduce-scatter", "edp", sparse, g),
+                True,
+            )
+        )
     return Zero3(
         int(round(blocks)),
-        run("all-gather", shard, dense, PARAM_WIRE_BYTES)
-        + run("all-gather", "edp", sparse, PARAM_WIRE_BYTES),
-        run("reduce-scatter", shard, dense, g) + replica + run("reduce-scatter", "edp", sparse, g),
+        tuple(c for _, gather, _, _ in parts for c in gather),
+        tuple(c for _, _, scatter, _ in parts for c in scatter),
         run("all-gather", shard, ends, PARAM_WIRE_BYTES),
         bool(r["overlap"]),
+        _regather(L),
+        _beside(model, L, parts),
     )
+
+
+def _beside(model, L: Layouts, parts) -> tuple[float, float, float, float] | None:
+    """(a block's forward, backward, each beside its neighbour's ZeRO-3 collectives) as
+    step.fsdp prices them (_beside_units, given this layout's `parts`: parameters, gathers,
+    reduce-scatters, expert); None where the model prices compute at one efficiency."""
+    c = model.compute(L)
+    seconds = [
+        (
+            params,
+            np.array([sum(x[2] for x in gather)]),
+            np.array([sum(x[2] for x in scatter)]),
+            expert,
+        )
+        for params, gather, scatter, expert in parts
+    ]
+    f_slow, b_slow = _beside_units(model, L, c, np.array([0]), seconds)
+    if f_slow is None:
+        return None
+    return float(c.block_fwd[0]), float(c.block_bwd[0]), float(f_slow[0]), float(b_slow[0])
+
+
+def _regather(L: Layouts) -> tuple[bool, bool, bool]:
+    """(the end layers, the first unit, the later units): which a backward gathers again, by
+    step.fsdp's rule (_backward_gathers, given gathers counted as 1 a unit and 1 more for
+    the end layers where its callers have them freed: not under PyTorch FSDP's states)."""
+    ends = np.where(L.fsdp_states[:1], 1.0, 2.0)
+    first, later = (float(x[0]) for x in _backward_gathers(L.reshard[:1], 1.0, ends))
+    return first == 2.0, first > 0, later > 0
 
 
 def _tag(kind: str, chunk: int, mb: int, m: int, v: int) -> int:
