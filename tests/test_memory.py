@@ -9,16 +9,15 @@ import pytest
 from commsim.catalog import gpu
 from commsim.specs import LayerSpec, ModelSpec, SpecError
 from commsim.step.activations import RECOMPUTE, activation_bytes_per_layer
+from commsim.step.breakdown import MemoryBreakdown, usable_bytes
 from commsim.step.inflight import in_flight
 from commsim.step.memory import (
     ACTIVATION_BYTES_PER_FLOP,
-    MIB,
-    MemoryBreakdown,
     ParallelLayout,
     memory_per_gpu,
     memory_per_gpu_batch,
-    usable_bytes,
 )
+from commsim.step.states import MIB
 from commsim.workload.presets import build_workload
 
 GPT3 = 174_604_259_328  # build_workload("gpt3-175b").params, see test_workload

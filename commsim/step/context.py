@@ -51,7 +51,7 @@ def merge_bytes(cp, queries, keys) -> tuple[np.ndarray, np.ndarray]:
 
 
 def replays_attention(recompute, parts) -> np.ndarray:
-    """Recomputation codes (step.memory.RECOMPUTE) and recompute_modules codes (`parts`) that
+    """Recomputation codes (step.activations.RECOMPUTE) and recompute_modules codes (`parts`) that
     replay attention, its ring steps with it: selective (or core_attn) and full; op-level
     checkpointing keeps the attention's output."""
     return replays_core(recompute, parts) | (np.asarray(recompute) == 2)
