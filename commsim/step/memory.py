@@ -22,7 +22,7 @@ from commsim.step.breakdown import MemoryBreakdown
 from commsim.step.dualpipe import in_flight as dualpipe_in_flight
 from commsim.step.dualpipe import ranks as dualpipe_ranks
 from commsim.step.inflight import in_flight
-from commsim.step.memory_shape import transformer_shape
+from commsim.step.memory_shape import MemoryShape, transformer_shape
 from commsim.step.shape import expert_shards, stage_layers
 from commsim.step.states import FP8_WEIGHT_COPY_BYTES, PARAM_BYTES, comm_buffers, zero_states
 from commsim.step.torch_ring import gather_bytes
@@ -93,31 +93,9 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     block = (shape.block[0] - shape.expert) / t + shape.block[1] + experts
     first = shape.first[0] / t + shape.first[1]
     last = shape.last[0] / t + shape.last[1] + np.where(pp > 1, shape.tied / t, 0.0)
-    held_seq = c["seq_len"] / c["cp"]
-    per_layer = np.where(
-        c["fp8"],
-        *(
-            activation_bytes_per_layer(
-                held_seq,
-                c["micro_batch"],
-                shape.hidden,
-                shape.heads,
-                t,
-                c["sp"],
-                c["recompute"],
-                c["flash"],
-                widths,
-                c["parts"],
-                c["fp8_cache"],
-            )
-            for widths in (shape.widths_fp8, shape.widths)
-        ),
-    )
-    # Output layer: norm output, logits and fp32 cross-entropy, 4sbh/t(1 + v/h) (Korthikanti
-    # Sec. 4.3), per micro-batch its chunk holds: one under 1F1B, interleaved or not
-    sbh = held_seq * c["micro_batch"] * shape.hidden
-    output = 4.0 * sbh / t * (1.0 + shape.vocab / shape.hidden)
-    output = output * in_flight(pp - 1, pp, 1, c["micro_batches"], schedule)
+    per_layer = _layer_activations(shape, c)
+    output = _output_layer(shape, c, schedule)
+    ring = _ring_buffers(shape, c)
     # FP8 weight copies of 16-bit primary weights; ZeRO-3 casts a unit's as it gathers it
     copy = np.where(c["fp8"] & ~c["fp8_param"] & (zero < 3), FP8_WEIGHT_COPY_BYTES, 0)
     stages = []
@@ -141,27 +119,72 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         acts = np.where(dual, dualpipe_in_flight(pp), flight) * held * per_layer
         acts = acts + np.where(on_last, output, 0.0)
         largest = np.maximum(block, np.where(pp == 1, np.maximum(first, last), extra))
-        buffers = comm_buffers(
-            zero, c["bucket_mb"], c["grad_bytes"], largest, params, c["residual"], c["workspace"]
-        )
-        # reshard_after_forward false (pp 1, scenario): every unit and the root's end layers
-        # held gathered from the forward to the backward, two of them the buffers' own
-        kept = np.maximum(params - 2 * largest, 0.0) * PARAM_BYTES
-        buffers = buffers + np.where((zero == 3) & (c["reshard"] == 1), kept, 0.0)
-        # PyTorch's FSDP never reshards the root (the end layers) after the forward
-        # (step.fsdp._backward_gathers): held beside the two units computing and prefetching
-        root = np.maximum(ends + 2 * block - 2 * largest, 0.0) * PARAM_BYTES
-        buffers = buffers + np.where((zero == 3) & c["fsdp_states"] & (c["reshard"] != 1), root, 0)
-        # PyTorch's ring gathers one layer's K and V of every cp rank and holds them while
-        # that layer's attention runs, and again in its backward (a new rotater each pass)
-        ring = gather_bytes(c["cp"], c["micro_batch"] * held_seq * shape.queries / t)
-        buffers = buffers + np.where(c["kv_gather"] & (c["cp"] > 1), ring, 0.0)
+        buffers = _stage_buffers(c, params, ends, block, largest) + ring
         weights, *rest = (d + x for d, x in zip(dense, sparse, strict=True))
         weights = weights + copy * held * (block - shape.block[1])  # the blocks' GEMMs
         stages.append((weights, *rest, acts, buffers))
     totals = np.stack([sum(stage) for stage in stages])
     worst = np.argmax(totals, axis=0)  # ties go to the first stage, as before
     return tuple(np.choose(worst, parts) for parts in zip(*stages, strict=True))
+
+
+def _layer_activations(shape: MemoryShape, c: dict[str, np.ndarray]) -> np.ndarray:
+    """Bytes a block keeps for its backward per micro-batch (step.activations) on the s / cp
+    tokens a GPU holds, with the FP8 widths where the GEMMs run in FP8."""
+    return np.where(
+        c["fp8"],
+        *(
+            activation_bytes_per_layer(
+                c["seq_len"] / c["cp"],
+                c["micro_batch"],
+                shape.hidden,
+                shape.heads,
+                c["tp"],
+                c["sp"],
+                c["recompute"],
+                c["flash"],
+                widths,
+                c["parts"],
+                c["fp8_cache"],
+            )
+            for widths in (shape.widths_fp8, shape.widths)
+        ),
+    )
+
+
+def _output_layer(shape: MemoryShape, c: dict[str, np.ndarray], schedule: str) -> np.ndarray:
+    """Bytes the output layer keeps on the last stage, all micro-batches in flight there."""
+    # norm output, logits and fp32 cross-entropy, 4sbh/t(1 + v/h) (Korthikanti Sec. 4.3), per
+    # micro-batch its chunk holds: one under 1F1B, interleaved or not
+    sbh = c["seq_len"] / c["cp"] * c["micro_batch"] * shape.hidden
+    output = 4.0 * sbh / c["tp"] * (1.0 + shape.vocab / shape.hidden)
+    return output * in_flight(c["pp"] - 1, c["pp"], 1, c["micro_batches"], schedule)
+
+
+def _stage_buffers(c: dict[str, np.ndarray], params, ends, block, largest) -> np.ndarray:
+    """A stage's communication buffers (states.comm_buffers, `largest` its largest layer)
+    and the ZeRO-3 units its reshard policy keeps gathered beside them."""
+    zero = c["zero"]
+    buffers = comm_buffers(
+        zero, c["bucket_mb"], c["grad_bytes"], largest, params, c["residual"], c["workspace"]
+    )
+    # reshard_after_forward false (pp 1, scenario): every unit and the root's end layers
+    # held gathered from the forward to the backward, two of them the buffers' own
+    kept = np.maximum(params - 2 * largest, 0.0) * PARAM_BYTES
+    buffers = buffers + np.where((zero == 3) & (c["reshard"] == 1), kept, 0.0)
+    # PyTorch's FSDP never reshards the root (the end layers) after the forward
+    # (step.fsdp._backward_gathers): held beside the two units computing and prefetching
+    root = np.maximum(ends + 2 * block - 2 * largest, 0.0) * PARAM_BYTES
+    return buffers + np.where((zero == 3) & c["fsdp_states"] & (c["reshard"] != 1), root, 0)
+
+
+def _ring_buffers(shape: MemoryShape, c: dict[str, np.ndarray]) -> np.ndarray:
+    """Bytes context parallelism's ring attention holds for one layer beyond its activations."""
+    # PyTorch's ring gathers one layer's K and V of every cp rank and holds them while that
+    # layer's attention runs, and again in its backward (a new rotater each pass)
+    queries = c["micro_batch"] * (c["seq_len"] / c["cp"]) * shape.queries / c["tp"]
+    ring = gather_bytes(c["cp"], queries)
+    return np.where(c["kv_gather"] & (c["cp"] > 1), ring, 0.0)
 
 
 def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
