@@ -19,13 +19,14 @@ import numpy as np
 
 from commsim.step.activations import RECOMPUTE, activation_bytes_per_layer
 from commsim.step.breakdown import MemoryBreakdown
+from commsim.step.context import held_bytes
 from commsim.step.dualpipe import in_flight as dualpipe_in_flight
 from commsim.step.dualpipe import ranks as dualpipe_ranks
 from commsim.step.inflight import in_flight
 from commsim.step.memory_shape import MemoryShape, transformer_shape
 from commsim.step.shape import expert_shards, stage_layers
 from commsim.step.states import FP8_WEIGHT_COPY_BYTES, PARAM_BYTES, comm_buffers, zero_states
-from commsim.step.torch_ring import gather_bytes
+from commsim.step.torch_ring import held_bytes as torch_held_bytes
 from commsim.workload.model import Workload
 
 # Non-transformers: stored activation bytes per forward FLOP. From torchvision ResNet-50 at
@@ -179,12 +180,13 @@ def _stage_buffers(c: dict[str, np.ndarray], params, ends, block, largest) -> np
 
 
 def _ring_buffers(shape: MemoryShape, c: dict[str, np.ndarray]) -> np.ndarray:
-    """Bytes context parallelism's ring attention holds for one layer beyond its activations."""
-    # PyTorch's ring gathers one layer's K and V of every cp rank and holds them while that
-    # layer's attention runs, and again in its backward (a new rotater each pass)
-    queries = c["micro_batch"] * (c["seq_len"] / c["cp"]) * shape.queries / c["tp"]
-    ring = gather_bytes(c["cp"], queries)
-    return np.where(c["kv_gather"] & (c["cp"] > 1), ring, 0.0)
+    """Bytes context parallelism's ring attention holds for one layer at its peak beyond the
+    layer's activations (one layer's at a time): PyTorch's (kv_gather, step.torch_ring) or
+    Transformer Engine's (step.context), per element of this rank's tokens x heads / tp."""
+    tokens = c["micro_batch"] * (c["seq_len"] / c["cp"]) / c["tp"]
+    queries = tokens * shape.queries
+    te = held_bytes(c["cp"], queries, tokens * shape.keys, tokens * shape.heads)
+    return np.where(c["kv_gather"], torch_held_bytes(c["cp"], queries), te)
 
 
 def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: str):

@@ -17,6 +17,7 @@ class MemoryShape:
     hidden: int
     heads: int
     queries: int  # a token's query elements (heads x head width)
+    keys: int  # a token's key (or value) elements (kv heads x head width)
     vocab: int
     block: tuple[float, float]  # parameters of one block (split over tp, replicated; mean)
     expert: float  # of block[0]: the experts' MLPs (split over tp and ep; mean over blocks)
@@ -54,6 +55,7 @@ def transformer_shape(workload: Workload) -> MemoryShape | None:
         hidden=h,
         heads=workload.heads,
         queries=workload.arch.heads * workload.arch.head_width if workload.arch else h,
+        keys=workload.arch.kv_heads * workload.arch.head_width if workload.arch else h,
         vocab=vocab,
         block=(body[0] / len(blocks), body[1] / len(blocks)),
         expert=workload.expert_params,
