@@ -362,3 +362,13 @@ def test_search_and_predict_agree_on_fsdp_states():
         got = predict(one, strategy)
         assert got.memory.total == pytest.approx(float(found.memory[i]), rel=1e-12)
         assert got.step_time_s == pytest.approx(float(found.breakdown.step[k]), rel=1e-9)
+
+
+def test_the_batch_arguments_are_the_layouts_fields():
+    """memory_per_gpu hands memory_per_gpu_batch's formulas its layout's fields by name: the
+    batch function takes exactly those (and the workload, the schedule)."""
+    import inspect
+    from dataclasses import fields
+
+    taken = set(inspect.signature(memory_per_gpu_batch).parameters) - {"workload", "schedule"}
+    assert taken == {f.name for f in fields(ParallelLayout)}

@@ -12,7 +12,7 @@ the expert-data-parallel ranks holding the same shard (DeepSpeed-MoE, Rajbhandar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 import numpy as np
@@ -113,7 +113,7 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         ends = np.where(exists, np.where(pp == 1, first + last, extra), 0.0)
         params = held * block + ends
         expert = held * experts  # ZeRO shards these over the expert-data-parallel ranks
-        kinds = (zero, c["grad_bytes"], c["fsdp_states"], c["moments"])
+        kinds = (zero, c["grad_bytes"], c["fsdp_states"], c["moment_bytes"])
         dense = zero_states(params - expert, dp, *kinds)
         sparse = zero_states(expert, expert_shards(dp, t, ep, etp), *kinds)
         flight = in_flight(rank, pp, v, c["micro_batches"], schedule)
@@ -141,11 +141,11 @@ def _layer_activations(shape: MemoryShape, c: dict[str, np.ndarray]) -> np.ndarr
                 shape.hidden,
                 shape.heads,
                 c["tp"],
-                c["sp"],
+                c["sequence_parallel"],
                 c["recompute"],
                 c["flash"],
                 widths,
-                c["parts"],
+                c["recompute_parts"],
                 c["fp8_cache"],
             )
             for widths in (shape.widths_fp8, shape.widths)
@@ -167,7 +167,7 @@ def _stage_buffers(c: dict[str, np.ndarray], params, ends, block, largest) -> np
     and the ZeRO-3 units its reshard policy keeps gathered beside them."""
     zero = c["zero"]
     buffers = comm_buffers(
-        zero, c["bucket_mb"], c["grad_bytes"], largest, params, c["residual"], c["workspace"]
+        zero, c["bucket_mb"], c["grad_bytes"], largest, params, c["residual_bytes"], c["workspace"]
     )
     # reshard_after_forward false (pp 1, scenario): every unit and the root's end layers
     # held gathered from the forward to the backward, two of them the buffers' own
@@ -205,11 +205,11 @@ def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: st
     largest = workload.layer_params.max() / t
     return (
         *zero_states(
-            params / t, c["dp"], c["zero"], c["grad_bytes"], c["fsdp_states"], c["moments"]
+            params / t, c["dp"], c["zero"], c["grad_bytes"], c["fsdp_states"], c["moment_bytes"]
         ),
         acts,
         comm_buffers(
-            *(c["zero"], c["bucket_mb"], c["grad_bytes"], largest, params / t, c["residual"]),
+            *(c["zero"], c["bucket_mb"], c["grad_bytes"], largest, params / t, c["residual_bytes"]),
             c["workspace"],
         ),
     )
@@ -223,7 +223,7 @@ def _check(c: dict[str, np.ndarray]) -> None:
     etp = np.where(c["etp"] > 0, c["etp"], c["tp"])
     if np.any((c["tp"] * c["cp"] * c["dp"]) % (c["ep"] * etp)):
         raise ValueError("ep x etp must divide tp x cp x dp")
-    if np.any((c["moments"] != 2) & (c["moments"] != 4)):
+    if np.any((c["moment_bytes"] != 2) & (c["moment_bytes"] != 4)):
         raise ValueError("moment_bytes must be 2 (bf16) or 4 (fp32)")
     if np.any((c["zero"] < 0) | (c["zero"] > 3)):
         raise ValueError("zero must be 0, 1, 2 or 3")
@@ -280,41 +280,10 @@ def memory_per_gpu_batch(
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
-    RECOMPUTE); the same formulas as `memory_per_gpu`."""
-    c = _inputs(
-        workload,
-        dp=dp,
-        tp=tp,
-        pp=pp,
-        ep=ep,
-        etp=etp,
-        micro_batch=micro_batch,
-        zero=zero,
-        recompute=recompute,
-        sp=sequence_parallel,
-        interleave=interleave,
-        seq_len=seq_len,
-        micro_batches=micro_batches,
-        grad_bytes=grad_bytes,
-        bucket_mb=bucket_mb,
-        first_layers=first_layers,
-        last_layers=last_layers,
-        cp=cp,
-        flash=flash,
-        shard=shard,
-        residual=residual_bytes,
-        fsdp_states=fsdp_states,
-        fp8=fp8,
-        moments=moment_bytes,
-        parts=recompute_parts,
-        fp8_param=fp8_param,
-        fp8_cache=fp8_cache,
-        workspace=workspace,
-        dualpipe=dualpipe,
-        reshard=reshard,
-        kv_gather=kv_gather,
-    )
-    return sum(_components(workload, c, schedule))
+    RECOMPUTE); the same formulas as `memory_per_gpu`, the arguments its layout's fields."""
+    columns = dict(locals())  # the arguments, named as ParallelLayout's fields (a test holds it)
+    del columns["workload"], columns["schedule"]
+    return sum(_components(workload, _inputs(workload, **columns), schedule))
 
 
 def memory_per_gpu(
@@ -325,38 +294,7 @@ def memory_per_gpu(
 ) -> MemoryBreakdown:
     """Bytes per GPU on the worst pipeline stage (the first, the second or the last: with an
     even split the first holds the most of the middle ones), by kind."""
-    c = _inputs(
-        workload,
-        dp=layout.dp,
-        tp=layout.tp,
-        pp=layout.pp,
-        ep=layout.ep,
-        etp=layout.etp,
-        micro_batch=layout.micro_batch,
-        zero=layout.zero,
-        recompute=RECOMPUTE.index(layout.recompute),
-        sp=layout.sequence_parallel,
-        interleave=layout.interleave,
-        seq_len=layout.seq_len,
-        micro_batches=layout.micro_batches,
-        grad_bytes=layout.grad_bytes,
-        bucket_mb=layout.bucket_mb,
-        first_layers=layout.first_layers,
-        last_layers=layout.last_layers,
-        cp=layout.cp,
-        flash=layout.flash,
-        shard=layout.shard,
-        residual=layout.residual_bytes,
-        fsdp_states=layout.fsdp_states,
-        fp8=layout.fp8,
-        moments=layout.moment_bytes,
-        parts=layout.recompute_parts,
-        fp8_param=layout.fp8_param,
-        fp8_cache=layout.fp8_cache,
-        workspace=layout.workspace,
-        dualpipe=layout.dualpipe,
-        reshard=layout.reshard,
-        kv_gather=layout.kv_gather,
-    )
-    parts = (float(x) for x in _components(workload, c, schedule))
+    columns = {f.name: getattr(layout, f.name) for f in fields(ParallelLayout)}
+    columns["recompute"] = RECOMPUTE.index(layout.recompute)
+    parts = (float(x) for x in _components(workload, _inputs(workload, **columns), schedule))
     return MemoryBreakdown(*parts, workspace=layout.workspace)
