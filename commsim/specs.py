@@ -361,7 +361,7 @@ class Strategy(Spec):
     # --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)
     ep_overlap: bool = False
     # how ZeRO-3 keeps its shards: bf16 weights beside an fp32 master copy ("zero": DeepSpeed,
-    # Megatron) or fp32 weights that are the master ("fsdp": PyTorch FSDP, step.memory._states)
+    # Megatron) or fp32 weights that are the master ("fsdp": PyTorch FSDP, step.states.zero_states)
     states: Literal["zero", "fsdp"] = "zero"
     fsdp_shard: int | None = Field(default=None, ge=1)  # hybrid sharding: ZeRO-3 groups (HSDP)
     # how ZeRO-3 issues its collectives (step.fsdp): "unit", a gather per FSDP unit prefetched
@@ -492,6 +492,6 @@ class Scenario(Spec):
     price_per_gpu_hour: float | None = Field(default=None, gt=0)  # for cost
     strategy: Strategy = Strategy()
     # HBM kept free for the caching allocator's fragmentation, a fraction (user-set: no measured
-    # figure for these runs in our sources; step.memory.MEMORY_RESERVE cites what exists)
+    # figure for these runs in our sources; step.breakdown.MEMORY_RESERVE cites what exists)
     memory_reserve: float = Field(default=0.0, ge=0, lt=1)
     claim: Claim | None = None  # a seed document's claim this scenario encodes (commsim claims)

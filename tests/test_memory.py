@@ -9,16 +9,15 @@ import pytest
 from commsim.catalog import gpu
 from commsim.specs import LayerSpec, ModelSpec, SpecError
 from commsim.step.activations import RECOMPUTE, activation_bytes_per_layer
+from commsim.step.breakdown import MemoryBreakdown, usable_bytes
 from commsim.step.inflight import in_flight
 from commsim.step.memory import (
     ACTIVATION_BYTES_PER_FLOP,
-    MIB,
-    MemoryBreakdown,
     ParallelLayout,
     memory_per_gpu,
     memory_per_gpu_batch,
-    usable_bytes,
 )
+from commsim.step.states import MIB
 from commsim.workload.presets import build_workload
 
 GPT3 = 174_604_259_328  # build_workload("gpt3-175b").params, see test_workload
@@ -363,3 +362,13 @@ def test_search_and_predict_agree_on_fsdp_states():
         got = predict(one, strategy)
         assert got.memory.total == pytest.approx(float(found.memory[i]), rel=1e-12)
         assert got.step_time_s == pytest.approx(float(found.breakdown.step[k]), rel=1e-9)
+
+
+def test_the_batch_arguments_are_the_layouts_fields():
+    """memory_per_gpu hands memory_per_gpu_batch's formulas its layout's fields by name: the
+    batch function takes exactly those (and the workload, the schedule)."""
+    import inspect
+    from dataclasses import fields
+
+    taken = set(inspect.signature(memory_per_gpu_batch).parameters) - {"workload", "schedule"}
+    assert taken == {f.name for f in fields(ParallelLayout)}

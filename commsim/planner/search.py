@@ -24,7 +24,7 @@ import numpy as np
 from commsim.collectives.algorithms import SEARCHED
 from commsim.scenario import Setup
 from commsim.specs import Strategy
-from commsim.step.activations import recompute_code
+from commsim.step.activations import RECOMPUTE, recompute_code
 from commsim.step.buckets import first_bucket_mb
 from commsim.step.dualpipe import applies as dualpipe_applies
 from commsim.step.eager import KERNELS
@@ -41,7 +41,6 @@ from commsim.step.layouts import (
     Layouts,
     reshard_code,
 )
-from commsim.step.memory import RECOMPUTE
 from commsim.step.model import StepBreakdown, StepModel
 from commsim.step.shape import Shape, balanced_ends, split_problem
 from commsim.topology.placement import PLACEMENTS, place

@@ -16,9 +16,9 @@ from commsim.collectives.group import GroupCost
 from commsim.scenario import Setup
 from commsim.specs import Strategy
 from commsim.step.layouts import DTYPE_BYTES
-from commsim.step.memory import model_state_bytes
 from commsim.step.predict import predict
 from commsim.step.prediction import Prediction
+from commsim.step.states import model_state_bytes
 from commsim.topology.build import Cluster
 from commsim.topology.routing import routes
 
@@ -28,7 +28,7 @@ class JobState:
     """What recovery needs to know of a job and its predicted step.
 
     held_bytes: the state one GPU must save and load (fp16/bf16 weights + fp32 master
-    weights and Adam moments: commsim.step.memory's params + optimizer, on the fullest
+    weights and Adam moments: commsim.step.states' params + optimizer, on the fullest
     pipeline stage, after ZeRO's sharding). unique_bytes: the job's checkpoint written once,
     every parameter's weights and optimizer state (2 + 12 bytes; 2 + 8 with bf16 moments;
     FSDP's fp32 shards 4 + 8), data-parallel replicas of a shard written once, as

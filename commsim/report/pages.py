@@ -19,7 +19,7 @@ def _yaml(data: object) -> str:
 
 def assumptions(setup: Setup) -> list[str]:
     """The modelling choices a prediction rests on, with the constants the model uses."""
-    from commsim.step.memory import OPTIMIZER_BYTES, PARAM_BYTES
+    from commsim.step.states import OPTIMIZER_BYTES, PARAM_BYTES
     from commsim.step.workspace import CONTEXT_BYTES, NCCL_SIMPLE, TE_BYTES_SM90
 
     s, gpu = setup.scenario, setup.gpu

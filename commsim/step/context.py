@@ -21,7 +21,7 @@ sent on. Per step, on the critical path of the slowest rank:
   steps all cover its whole chunk pair, so it is the one priced.
 Recomputation that replays attention (selective or full) replays its steps too. Llama 3's
 context parallelism all-gathers K and V, then attends (arXiv:2407.21783 Sec. 3.3.2); it is
-priced as this scheme.
+priced as this scheme. What the ring holds for a layer at its peak, memory counts (held_bytes).
 """
 
 from __future__ import annotations
@@ -37,6 +37,20 @@ MERGE_STEP = 2 + 4 + 4  # forward, later steps: read the step's output, read + w
 MERGE_CAST = 4 + 2  # forward, after the last step: fp32 sum to bf16
 GRAD_COPY = 2 + 2  # backward, step 0: copy each gradient into its running buffer
 GRAD_ADD = 2 + 2 + 2  # backward, later steps: add each gradient into its running buffer
+# Memory AttnFuncWithCPAndKVP2P holds for one layer beyond what the layer keeps, with bf16
+# attention (the non-FP8 path; FP8 attention's uint8 and fp32 buffers are not modelled), on
+# the last rank (all its steps cover its whole queries), in bytes a K (or V) element, a query
+# (or output) element and a row (a query's head: its log-sum-exp). Forward (forward): the cp
+# K/V chunk pairs p2p_comm_buffers, bf16 (the first torch.cat(k, v), the others received),
+# kept to the end, one then saved for the backward beside the k and v the caller still holds;
+# each step's output (out_per_step, bf16) and fp32 log-sum-exp (softmax_lse_per_step), all
+# merged after the loop into the output (flash_attn_fwd_out_correction_init returns the
+# output's dtype; the fused corrections keep no temporaries).
+FORWARD_KEY, FORWARD_QUERY, FORWARD_ROW = 2 + 2, 2, 4  # a step each
+# Backward (backward): dq_buffer = empty_like(q) (bf16: no fp32 accumulation without FP8),
+# p2p_comm_buffers two (2, *kv.shape) bf16 (the K/V pair sent and received, the dK/dV pair
+# sent and received: 4 x (K + V)), and the last, diagonal step's dq_, dk_, dv_ (whole, bf16)
+BACKWARD_KEY, BACKWARD_QUERY = 4 * (2 + 2) + (2 + 2), 2 + 2
 
 
 def merge_bytes(cp, queries, keys) -> tuple[np.ndarray, np.ndarray]:
@@ -50,8 +64,19 @@ def merge_bytes(cp, queries, keys) -> tuple[np.ndarray, np.ndarray]:
     return np.where(on, forward, 0.0), np.where(on, backward, 0.0)
 
 
+def held_bytes(cp, queries, keys, rows) -> np.ndarray:
+    """Bytes ring attention holds for one layer at its peak beyond what the layer keeps: its
+    forward's or its backward's, the larger, for `queries` query elements (b s/cp x heads/tp
+    x head width), `keys` K (or V) elements and `rows` query rows (b s/cp x heads/tp); zero
+    without context parallelism."""
+    cp = np.asarray(cp, dtype=float)
+    forward = cp * (FORWARD_KEY * keys + FORWARD_QUERY * queries + FORWARD_ROW * rows)
+    backward = BACKWARD_KEY * np.asarray(keys) + BACKWARD_QUERY * np.asarray(queries)
+    return np.where(cp > 1, np.maximum(forward, backward), 0.0)
+
+
 def replays_attention(recompute, parts) -> np.ndarray:
-    """Recomputation codes (step.memory.RECOMPUTE) and recompute_modules codes (`parts`) that
+    """Recomputation codes (step.activations.RECOMPUTE) and recompute_modules codes (`parts`) that
     replay attention, its ring steps with it: selective (or core_attn) and full; op-level
     checkpointing keeps the attention's output."""
     return replays_core(recompute, parts) | (np.asarray(recompute) == 2)

@@ -25,7 +25,7 @@ from commsim.step.contention import (
     slowdown,
 )
 from commsim.step.eager import KERNELS
-from commsim.step.memory import FP32_BYTES
+from commsim.step.states import FP32_BYTES
 from commsim.step.sync import PARAM_WIRE_BYTES
 
 # DeepSpeed's stage3_param_persistence_threshold default (deepspeed/runtime/zero/constants.py,

@@ -23,10 +23,9 @@ from commsim.specs import (
     Strategy,
     Zero3Issue,
 )
-from commsim.step.activations import recompute_code, recompute_names
+from commsim.step.activations import RECOMPUTE, recompute_code, recompute_names
 from commsim.step.buckets import first_bucket_mb
 from commsim.step.eager import KERNELS
-from commsim.step.memory import RECOMPUTE
 from commsim.topology.placement import PLACEMENTS
 
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)  # auto, nccl, then the algorithms

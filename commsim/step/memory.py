@@ -1,53 +1,39 @@
-"""Memory per GPU: model states under ZeRO, activations under tensor, sequence and pipeline
-parallelism and recomputation, and communication buffers; one set of numpy formulas.
+"""Memory per GPU: model states (step.states) on each pipeline stage, activations under
+tensor, sequence, context and pipeline parallelism and recomputation (step.activations per
+layer, Korthikanti et al. 2022, times the layers and micro-batches a stage holds) and
+communication buffers, added up on the fullest stage; one set of numpy formulas for one
+layout (memory_per_gpu) and many at once (memory_per_gpu_batch).
 
-Model states follow ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 3 and 5): mixed-
-precision Adam keeps 2 bytes of fp16/bf16 weights, the gradients, and K = 12 bytes of fp32
-master weights, momentum and variance per parameter; stage 1 shards the optimizer states over
-the data-parallel group, stage 2 also the gradients, stage 3 also the weights (FSDP full shard).
-Transformer activations per layer come from step.activations (Korthikanti et al. 2022). Expert
-(MoE) parameters are split over ep x etp ranks (expert parallel x expert tensor parallel,
-Megatron-core's MoE parallel folding, arXiv:2504.14960) and their ZeRO shards over the
-expert-data-parallel ranks holding the same shard (DeepSpeed-MoE, Rajbhandari et al. 2022,
-arXiv:2201.05596, where etp = tp and ep comes out of dp).
+Expert (MoE) parameters are split over ep x etp ranks (expert parallel x expert tensor
+parallel, Megatron-core's MoE parallel folding, arXiv:2504.14960) and their ZeRO shards over
+the expert-data-parallel ranks holding the same shard (DeepSpeed-MoE, Rajbhandari et al.
+2022, arXiv:2201.05596, where etp = tp and ep comes out of dp).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 import numpy as np
 
-from commsim.specs import GPUSpec
-from commsim.step.activations import RECOMPUTE, ActivationWidths, activation_bytes_per_layer
+from commsim.step.activations import RECOMPUTE, activation_bytes_per_layer
+from commsim.step.breakdown import MemoryBreakdown
+from commsim.step.context import held_bytes
 from commsim.step.dualpipe import in_flight as dualpipe_in_flight
 from commsim.step.dualpipe import ranks as dualpipe_ranks
 from commsim.step.inflight import in_flight
+from commsim.step.memory_shape import MemoryShape, transformer_shape
 from commsim.step.shape import expert_shards, stage_layers
-from commsim.step.torch_ring import gather_bytes
+from commsim.step.states import FP8_WEIGHT_COPY_BYTES, PARAM_BYTES, comm_buffers, zero_states
+from commsim.step.torch_ring import held_bytes as torch_held_bytes
 from commsim.workload.model import Workload
 
-PARAM_BYTES = 2  # fp16/bf16 weights (ZeRO Sec. 3.1)
-FP32_BYTES = 4
-OPTIMIZER_BYTES = 12  # fp32 master weights, Adam momentum and variance: K = 12 (ZeRO Sec. 3.1)
-# Transformer Engine FP8 with 16-bit primary weights keeps, across a step's micro-batches,
-# an FP8 copy of each GEMM weight and, on Hopper, its FP8 transpose for the backward (TE
-# Linear's weight workspace, cached while Megatron passes is_first_microbatch): 2 bytes a
-# GEMM parameter. FP8 primary weights (Megatron-core fp8_param / --fp8-param-gather, default
-# off; Megatron-Bridge's FP8 recipes set it) are that copy: nothing beside PARAM_BYTES
-FP8_WEIGHT_COPY_BYTES = 2
-# HBM left free for the caching allocator's fragmentation: a user-set fraction
-# (Scenario.memory_reserve), 0 by default; no measured figure for Megatron-style runs exists in
-# our sources (GMLake, ASPLOS'24: the default allocator wastes 15% more than GMLake on average,
-# up to 33%, over eight fine-tuning setups on A100-80GB; STWeaver, arXiv:2507.16274: up to 43%)
-MEMORY_RESERVE = 0.0
 # Non-transformers: stored activation bytes per forward FLOP. From torchvision ResNet-50 at
 # 224x224: its convolutions output 11,113,984 values per image; batch norm keeps each conv
 # output and the next layer the ReLU output, 2 bytes each, so 4 bytes per conv output value =
 # 44.46 MB per image over 8.178 GFLOP forward. Other models get the same ratio (a rough rule).
 ACTIVATION_BYTES_PER_FLOP = 4 * 11_113_984 / 8_178_368_512
-MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -91,156 +77,9 @@ class ParallelLayout:
             raise ValueError(f"recompute must be one of {RECOMPUTE}, got {self.recompute!r}")
 
 
-@dataclass(frozen=True)
-class MemoryBreakdown:
-    """Bytes per GPU on the worst pipeline stage, by kind."""
-
-    params: float
-    grads: float
-    optimizer: float
-    activations: float
-    buffers: float  # gradient buckets, ZeRO-3 gathered layers, CUDA/cuBLAS/NCCL workspace
-    workspace: float = 0.0  # of buffers: the bytes outside the tensors (step.workspace)
-
-    @property
-    def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.buffers
-
-    def fits(self, gpu: GPUSpec, reserve_fraction: float = MEMORY_RESERVE) -> bool:
-        return self.total <= usable_bytes(gpu, reserve_fraction)
-
-    def reason(self, gpu: GPUSpec, reserve_fraction: float = MEMORY_RESERVE) -> str:
-        """Why it does not fit ("" when it does): the need, the room, the parts largest first."""
-        if self.fits(gpu, reserve_fraction):
-            return ""
-        parts = {
-            "params": self.params,
-            "grads": self.grads,
-            "optimizer": self.optimizer,
-            "activations": self.activations,
-            "buffers": self.buffers,
-        }
-        listed = ", ".join(
-            f"{k} {v / 1e9:.1f} GB" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
-        )
-        usable = usable_bytes(gpu, reserve_fraction)
-        need, room = self.total / 1e9, usable / 1e9
-        # as many decimals as tell the need from the room: never "needs 72.0 GB of 72.0 GB"
-        d = next((d for d in (1, 2, 3) if f"{need:.{d}f}" != f"{room:.{d}f}"), 6)
-        less = f"less {reserve_fraction:.0%} reserve" if reserve_fraction else "no reserve"
-        return (
-            f"needs {need:.{d}f} GB of {room:.{d}f} GB usable on {gpu.name} "
-            f"({gpu.hbm_bytes / 1e9:.0f} GB, {less}): {listed}"
-        )
-
-
-def usable_bytes(gpu: GPUSpec, reserve_fraction: float = MEMORY_RESERVE) -> float:
-    """HBM a training process may fill: capacity less the user-set fragmentation reserve."""
-    return gpu.hbm_bytes * (1.0 - reserve_fraction)
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """A transformer's sizes for memory: dimensions and parameters split or replicated over tp."""
-
-    blocks: int
-    hidden: int
-    heads: int
-    queries: int  # a token's query elements (heads x head width)
-    vocab: int
-    block: tuple[float, float]  # parameters of one block (split over tp, replicated; mean)
-    expert: float  # of block[0]: the experts' MLPs (split over tp and ep; mean over blocks)
-    widths: ActivationWidths  # what a block keeps per token for its backward
-    widths_fp8: ActivationWidths  # the same with FP8 GEMMs
-    first: tuple[float, float]  # layers before the blocks: the embedding
-    last: tuple[float, float]  # layers after the blocks: final norm, heads
-    tied: int  # token-embedding size when the head reuses it (a copy on the last stage), else 0
-
-
-def _transformer_shape(workload: Workload) -> _Shape | None:
-    """A transformer's sizes read off its layers' tensors and their shard tags (Layer.shards:
-    Megatron's split); blocks averaged (MoE models may keep dense first blocks). None for
-    other models."""
-    names = [layer.name for layer in workload.layers]
-    block_at = [i for i, n in enumerate(names) if n.startswith("block.")]
-    if not block_at or names[0] != "embedding" or names[-1] != "lm_head":
-        return None
-    if workload.heads is None or workload.hidden is None:
-        raise ValueError(f"{workload.name}: a transformer workload without its head count")
-    h = workload.hidden
-    vocab = workload.layers[0].tensors[0] // h
-
-    def split(layers) -> tuple[float, float]:
-        """(parameters split over tp, expert ones included; replicated ones)."""
-        pairs = [(n, layer.shard(i)) for layer in layers for i, n in enumerate(layer.tensors)]
-        return float(sum(n for n, s in pairs if s)), float(sum(n for n, s in pairs if not s))
-
-    blocks = [workload.layers[i] for i in block_at]
-    body = split(blocks)
-    tail = workload.layers[block_at[-1] + 1 :]
-    untied = any(n == vocab * h for layer in tail for n in layer.tensors)
-    return _Shape(
-        blocks=len(block_at),
-        hidden=h,
-        heads=workload.heads,
-        queries=workload.arch.heads * workload.arch.head_width if workload.arch else h,
-        vocab=vocab,
-        block=(body[0] / len(blocks), body[1] / len(blocks)),
-        expert=workload.expert_params,
-        widths=ActivationWidths.of(workload.arch) if workload.arch else ActivationWidths(),
-        widths_fp8=(
-            ActivationWidths.of(workload.arch, fp8=True) if workload.arch else ActivationWidths()
-        ),
-        first=split(workload.layers[:1]),
-        last=split(tail),
-        tied=0 if untied else vocab * h,
-    )
-
-
-def model_state_bytes(params: float, fsdp_states: bool, moment_bytes: int) -> float:
-    """Weights and optimizer state of `params` parameters held once, as a checkpoint saves
-    them: the states of one unsharded rank (ZeRO 2 + 4 + 2 x moments, FSDP 4 + 2 x moments)."""
-    one_rank = dict(dp=1, zero=np.asarray(3), grad_bytes=PARAM_BYTES)
-    weights, _, optimizer = _states(params, **one_rank, fsdp=fsdp_states, moment_bytes=moment_bytes)
-    return float(weights + optimizer)
-
-
-def _states(params, dp, zero, grad_bytes, fsdp=False, moment_bytes=4):
-    """Weight, gradient and optimizer bytes of `params` parameters under a ZeRO stage."""
-    # ZeRO Sec. 5.1: P_os 4Ψ + KΨ/Nd, P_os+g 2Ψ + (2 + K)Ψ/Nd, P_os+g+p (2 + 2 + K)Ψ/Nd,
-    # K = 12: fp32 master weights, Adam's momentum and variance (Sec. 3.1); with moments of
-    # `moment_bytes` K = 4 + 2 x moment_bytes (DeepSeek-V3 sec. 3.3.3: BF16 moments, FP32
-    # master weights, K = 8).
-    # PyTorch FSDP keeps its shards in the parameters' own dtype, fp32, and casts them to bf16
-    # as it gathers them (Zhao et al. 2023, arXiv:2304.11277, Sec. 4.4; FSDP2's
-    # MixedPrecisionPolicy): the fp32 shard is the master, so 4 + 8 bytes where ZeRO keeps
-    # 2 + 12, and the gradient shard is fp32 (4)
-    fsdp = np.asarray(fsdp) & (np.asarray(zero) >= 3)
-    moments = 2 * np.asarray(moment_bytes)
-    return (
-        np.where(fsdp, FP32_BYTES, PARAM_BYTES) * params / np.where(zero >= 3, dp, 1),
-        np.where(fsdp, FP32_BYTES, grad_bytes) * params / np.where(zero >= 2, dp, 1),
-        (np.where(fsdp, 0, FP32_BYTES) + moments) * params / np.where(zero >= 1, dp, 1),
-    )
-
-
-def _buffers(zero, bucket_mb, grad_bytes, largest_layer, params, residual, workspace):
-    """Communication buffers, an error-feedback residual and the `workspace` bytes outside the
-    tensors (step.workspace: CUDA context, cuBLAS workspaces, NCCL buffers)."""
-    # ZeRO 0-2: two buckets, one filling while one is reduced, together never more than the
-    # gradient of the `params` held; the gradients themselves live in the buckets (DDP
-    # gradient_as_bucket_view, Megatron's contiguous buffer). ZeRO-3/FSDP: the largest layer
-    # gathered twice (computing, prefetching) and its gradient before reduce-scatter. Error
-    # feedback keeps what compression dropped, a gradient-sized buffer in the bucket's dtype
-    # (torch's PowerSGD hook: error_dict, one tensor per bucket of its length and dtype).
-    gathered = (2 * PARAM_BYTES + grad_bytes) * largest_layer
-    buckets = np.minimum(2.0 * bucket_mb * MIB, grad_bytes * params)
-    return workspace + np.where(zero >= 3, gathered, buckets) + residual * params
-
-
 def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     """(params, grads, optimizer, activations, buffers) byte arrays on the worst stage."""
-    shape = _transformer_shape(workload)
+    shape = transformer_shape(workload)
     if shape is None:
         return _other_components(workload, c, schedule)
     t, pp, v, zero, ep = c["tp"], c["pp"], c["interleave"], c["zero"], c["ep"]
@@ -255,31 +94,9 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
     block = (shape.block[0] - shape.expert) / t + shape.block[1] + experts
     first = shape.first[0] / t + shape.first[1]
     last = shape.last[0] / t + shape.last[1] + np.where(pp > 1, shape.tied / t, 0.0)
-    held_seq = c["seq_len"] / c["cp"]
-    per_layer = np.where(
-        c["fp8"],
-        *(
-            activation_bytes_per_layer(
-                held_seq,
-                c["micro_batch"],
-                shape.hidden,
-                shape.heads,
-                t,
-                c["sp"],
-                c["recompute"],
-                c["flash"],
-                widths,
-                c["parts"],
-                c["fp8_cache"],
-            )
-            for widths in (shape.widths_fp8, shape.widths)
-        ),
-    )
-    # Output layer: norm output, logits and fp32 cross-entropy, 4sbh/t(1 + v/h) (Korthikanti
-    # Sec. 4.3), per micro-batch its chunk holds: one under 1F1B, interleaved or not
-    sbh = held_seq * c["micro_batch"] * shape.hidden
-    output = 4.0 * sbh / t * (1.0 + shape.vocab / shape.hidden)
-    output = output * in_flight(pp - 1, pp, 1, c["micro_batches"], schedule)
+    per_layer = _layer_activations(shape, c)
+    output = _output_layer(shape, c, schedule)
+    ring = _ring_buffers(shape, c)
     # FP8 weight copies of 16-bit primary weights; ZeRO-3 casts a unit's as it gathers it
     copy = np.where(c["fp8"] & ~c["fp8_param"] & (zero < 3), FP8_WEIGHT_COPY_BYTES, 0)
     stages = []
@@ -296,34 +113,80 @@ def _components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
         ends = np.where(exists, np.where(pp == 1, first + last, extra), 0.0)
         params = held * block + ends
         expert = held * experts  # ZeRO shards these over the expert-data-parallel ranks
-        kinds = (zero, c["grad_bytes"], c["fsdp_states"], c["moments"])
-        dense = _states(params - expert, dp, *kinds)
-        sparse = _states(expert, expert_shards(dp, t, ep, etp), *kinds)
+        kinds = (zero, c["grad_bytes"], c["fsdp_states"], c["moment_bytes"])
+        dense = zero_states(params - expert, dp, *kinds)
+        sparse = zero_states(expert, expert_shards(dp, t, ep, etp), *kinds)
         flight = in_flight(rank, pp, v, c["micro_batches"], schedule)
         acts = np.where(dual, dualpipe_in_flight(pp), flight) * held * per_layer
         acts = acts + np.where(on_last, output, 0.0)
         largest = np.maximum(block, np.where(pp == 1, np.maximum(first, last), extra))
-        buffers = _buffers(
-            zero, c["bucket_mb"], c["grad_bytes"], largest, params, c["residual"], c["workspace"]
-        )
-        # reshard_after_forward false (pp 1, scenario): every unit and the root's end layers
-        # held gathered from the forward to the backward, two of them the buffers' own
-        kept = np.maximum(params - 2 * largest, 0.0) * PARAM_BYTES
-        buffers = buffers + np.where((zero == 3) & (c["reshard"] == 1), kept, 0.0)
-        # PyTorch's FSDP never reshards the root (the end layers) after the forward
-        # (step.fsdp._backward_gathers): held beside the two units computing and prefetching
-        root = np.maximum(ends + 2 * block - 2 * largest, 0.0) * PARAM_BYTES
-        buffers = buffers + np.where((zero == 3) & c["fsdp_states"] & (c["reshard"] != 1), root, 0)
-        # PyTorch's ring gathers one layer's K and V of every cp rank and holds them while
-        # that layer's attention runs, and again in its backward (a new rotater each pass)
-        ring = gather_bytes(c["cp"], c["micro_batch"] * held_seq * shape.queries / t)
-        buffers = buffers + np.where(c["kv_gather"] & (c["cp"] > 1), ring, 0.0)
+        buffers = _stage_buffers(c, params, ends, block, largest) + ring
         weights, *rest = (d + x for d, x in zip(dense, sparse, strict=True))
         weights = weights + copy * held * (block - shape.block[1])  # the blocks' GEMMs
         stages.append((weights, *rest, acts, buffers))
     totals = np.stack([sum(stage) for stage in stages])
     worst = np.argmax(totals, axis=0)  # ties go to the first stage, as before
     return tuple(np.choose(worst, parts) for parts in zip(*stages, strict=True))
+
+
+def _layer_activations(shape: MemoryShape, c: dict[str, np.ndarray]) -> np.ndarray:
+    """Bytes a block keeps for its backward per micro-batch (step.activations) on the s / cp
+    tokens a GPU holds, with the FP8 widths where the GEMMs run in FP8."""
+    return np.where(
+        c["fp8"],
+        *(
+            activation_bytes_per_layer(
+                c["seq_len"] / c["cp"],
+                c["micro_batch"],
+                shape.hidden,
+                shape.heads,
+                c["tp"],
+                c["sequence_parallel"],
+                c["recompute"],
+                c["flash"],
+                widths,
+                c["recompute_parts"],
+                c["fp8_cache"],
+            )
+            for widths in (shape.widths_fp8, shape.widths)
+        ),
+    )
+
+
+def _output_layer(shape: MemoryShape, c: dict[str, np.ndarray], schedule: str) -> np.ndarray:
+    """Bytes the output layer keeps on the last stage, all micro-batches in flight there."""
+    # norm output, logits and fp32 cross-entropy, 4sbh/t(1 + v/h) (Korthikanti Sec. 4.3), per
+    # micro-batch its chunk holds: one under 1F1B, interleaved or not
+    sbh = c["seq_len"] / c["cp"] * c["micro_batch"] * shape.hidden
+    output = 4.0 * sbh / c["tp"] * (1.0 + shape.vocab / shape.hidden)
+    return output * in_flight(c["pp"] - 1, c["pp"], 1, c["micro_batches"], schedule)
+
+
+def _stage_buffers(c: dict[str, np.ndarray], params, ends, block, largest) -> np.ndarray:
+    """A stage's communication buffers (states.comm_buffers, `largest` its largest layer)
+    and the ZeRO-3 units its reshard policy keeps gathered beside them."""
+    zero = c["zero"]
+    buffers = comm_buffers(
+        zero, c["bucket_mb"], c["grad_bytes"], largest, params, c["residual_bytes"], c["workspace"]
+    )
+    # reshard_after_forward false (pp 1, scenario): every unit and the root's end layers
+    # held gathered from the forward to the backward, two of them the buffers' own
+    kept = np.maximum(params - 2 * largest, 0.0) * PARAM_BYTES
+    buffers = buffers + np.where((zero == 3) & (c["reshard"] == 1), kept, 0.0)
+    # PyTorch's FSDP never reshards the root (the end layers) after the forward
+    # (step.fsdp._backward_gathers): held beside the two units computing and prefetching
+    root = np.maximum(ends + 2 * block - 2 * largest, 0.0) * PARAM_BYTES
+    return buffers + np.where((zero == 3) & c["fsdp_states"] & (c["reshard"] != 1), root, 0)
+
+
+def _ring_buffers(shape: MemoryShape, c: dict[str, np.ndarray]) -> np.ndarray:
+    """Bytes context parallelism's ring attention holds for one layer at its peak beyond the
+    layer's activations (one layer's at a time): PyTorch's (kv_gather, step.torch_ring) or
+    Transformer Engine's (step.context), per element of this rank's tokens x heads / tp."""
+    tokens = c["micro_batch"] * (c["seq_len"] / c["cp"]) / c["tp"]
+    queries = tokens * shape.queries
+    te = held_bytes(c["cp"], queries, tokens * shape.keys, tokens * shape.heads)
+    return np.where(c["kv_gather"], torch_held_bytes(c["cp"], queries), te)
 
 
 def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: str):
@@ -341,10 +204,12 @@ def _other_components(workload: Workload, c: dict[str, np.ndarray], schedule: st
     acts = in_flight(0, pp, c["interleave"], c["micro_batches"], schedule) * per_pass
     largest = workload.layer_params.max() / t
     return (
-        *_states(params / t, c["dp"], c["zero"], c["grad_bytes"], c["fsdp_states"], c["moments"]),
+        *zero_states(
+            params / t, c["dp"], c["zero"], c["grad_bytes"], c["fsdp_states"], c["moment_bytes"]
+        ),
         acts,
-        _buffers(
-            *(c["zero"], c["bucket_mb"], c["grad_bytes"], largest, params / t, c["residual"]),
+        comm_buffers(
+            *(c["zero"], c["bucket_mb"], c["grad_bytes"], largest, params / t, c["residual_bytes"]),
             c["workspace"],
         ),
     )
@@ -358,7 +223,7 @@ def _check(c: dict[str, np.ndarray]) -> None:
     etp = np.where(c["etp"] > 0, c["etp"], c["tp"])
     if np.any((c["tp"] * c["cp"] * c["dp"]) % (c["ep"] * etp)):
         raise ValueError("ep x etp must divide tp x cp x dp")
-    if np.any((c["moments"] != 2) & (c["moments"] != 4)):
+    if np.any((c["moment_bytes"] != 2) & (c["moment_bytes"] != 4)):
         raise ValueError("moment_bytes must be 2 (bf16) or 4 (fp32)")
     if np.any((c["zero"] < 0) | (c["zero"] > 3)):
         raise ValueError("zero must be 0, 1, 2 or 3")
@@ -415,41 +280,10 @@ def memory_per_gpu_batch(
     schedule: str = "1f1b",
 ) -> np.ndarray:
     """Total bytes per GPU for many layouts at once (arrays broadcast; recompute as codes of
-    RECOMPUTE); the same formulas as `memory_per_gpu`."""
-    c = _inputs(
-        workload,
-        dp=dp,
-        tp=tp,
-        pp=pp,
-        ep=ep,
-        etp=etp,
-        micro_batch=micro_batch,
-        zero=zero,
-        recompute=recompute,
-        sp=sequence_parallel,
-        interleave=interleave,
-        seq_len=seq_len,
-        micro_batches=micro_batches,
-        grad_bytes=grad_bytes,
-        bucket_mb=bucket_mb,
-        first_layers=first_layers,
-        last_layers=last_layers,
-        cp=cp,
-        flash=flash,
-        shard=shard,
-        residual=residual_bytes,
-        fsdp_states=fsdp_states,
-        fp8=fp8,
-        moments=moment_bytes,
-        parts=recompute_parts,
-        fp8_param=fp8_param,
-        fp8_cache=fp8_cache,
-        workspace=workspace,
-        dualpipe=dualpipe,
-        reshard=reshard,
-        kv_gather=kv_gather,
-    )
-    return sum(_components(workload, c, schedule))
+    RECOMPUTE); the same formulas as `memory_per_gpu`, the arguments its layout's fields."""
+    columns = dict(locals())  # the arguments, named as ParallelLayout's fields (a test holds it)
+    del columns["workload"], columns["schedule"]
+    return sum(_components(workload, _inputs(workload, **columns), schedule))
 
 
 def memory_per_gpu(
@@ -460,38 +294,7 @@ def memory_per_gpu(
 ) -> MemoryBreakdown:
     """Bytes per GPU on the worst pipeline stage (the first, the second or the last: with an
     even split the first holds the most of the middle ones), by kind."""
-    c = _inputs(
-        workload,
-        dp=layout.dp,
-        tp=layout.tp,
-        pp=layout.pp,
-        ep=layout.ep,
-        etp=layout.etp,
-        micro_batch=layout.micro_batch,
-        zero=layout.zero,
-        recompute=RECOMPUTE.index(layout.recompute),
-        sp=layout.sequence_parallel,
-        interleave=layout.interleave,
-        seq_len=layout.seq_len,
-        micro_batches=layout.micro_batches,
-        grad_bytes=layout.grad_bytes,
-        bucket_mb=layout.bucket_mb,
-        first_layers=layout.first_layers,
-        last_layers=layout.last_layers,
-        cp=layout.cp,
-        flash=layout.flash,
-        shard=layout.shard,
-        residual=layout.residual_bytes,
-        fsdp_states=layout.fsdp_states,
-        fp8=layout.fp8,
-        moments=layout.moment_bytes,
-        parts=layout.recompute_parts,
-        fp8_param=layout.fp8_param,
-        fp8_cache=layout.fp8_cache,
-        workspace=layout.workspace,
-        dualpipe=layout.dualpipe,
-        reshard=layout.reshard,
-        kv_gather=layout.kv_gather,
-    )
-    parts = (float(x) for x in _components(workload, c, schedule))
+    columns = {f.name: getattr(layout, f.name) for f in fields(ParallelLayout)}
+    columns["recompute"] = RECOMPUTE.index(layout.recompute)
+    parts = (float(x) for x in _components(workload, _inputs(workload, **columns), schedule))
     return MemoryBreakdown(*parts, workspace=layout.workspace)

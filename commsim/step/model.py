@@ -24,6 +24,7 @@ import numpy as np
 
 from commsim.specs import GPUSpec
 from commsim.step.activations import replays_core
+from commsim.step.breakdown import MEMORY_RESERVE, usable_bytes
 from commsim.step.compute import StageTimes, stage_times
 from commsim.step.contention import (
     beside_sync,
@@ -41,7 +42,7 @@ from commsim.step.fsdp import fsdp_per_micro_batch
 from commsim.step.gemm import Rates
 from commsim.step.groups import Groups, group_rows
 from commsim.step.layouts import Layouts
-from commsim.step.memory import MEMORY_RESERVE, memory_per_gpu_batch, usable_bytes
+from commsim.step.memory import memory_per_gpu_batch
 from commsim.step.optimizer import adam_step_time
 from commsim.step.pipeline import schedule_group
 from commsim.step.shape import Shape, slowest, stage_layers

@@ -13,10 +13,11 @@ import numpy as np
 from commsim.scenario import Setup, check_layout
 from commsim.specs import SpecError, Strategy
 from commsim.step.activations import recompute_code
+from commsim.step.breakdown import MemoryBreakdown
 from commsim.step.buckets import BucketPlan
 from commsim.step.eager import KERNELS, torchtitan
 from commsim.step.layouts import DTYPE_BYTES, Layouts, reshard_code
-from commsim.step.memory import MemoryBreakdown, ParallelLayout, memory_per_gpu
+from commsim.step.memory import ParallelLayout, memory_per_gpu
 from commsim.step.model import StepModel, state_grad_bytes
 from commsim.step.pipeline import pipeline_events
 from commsim.step.prediction import Prediction, prediction

@@ -9,11 +9,8 @@ from commsim.scenario import Setup
 from commsim.specs import (
     Strategy,
 )
+from commsim.step.breakdown import MemoryBreakdown, usable_bytes
 from commsim.step.buckets import first_bucket_mb
-from commsim.step.memory import (
-    MemoryBreakdown,
-    usable_bytes,
-)
 from commsim.step.timeline import Bucket, Event
 
 

@@ -89,6 +89,18 @@ FUSED_BACKWARD_ONCE = ((4, 8), (4, 8), (8, 4))
 # each later step: the step's dK, dV added into half of the received buffer as the send
 # buffer is written, the other half copied; dQ as the forward's output, one kernel at the end
 FUSED_GRAD_STEP = ((6, 4), (4, 4))
+# Memory the eager backward (_templated_ring_attention_backward, torch 2.13) holds beside the
+# gathered K and V (gather_bytes), bytes a query element on the last rank (K and V repeated to
+# every head: as many elements each). With cp > 2 its peak is step 1's rotater cat: fp32
+# grad_query, grad_key and grad_value (zeros_like, 4 + 8), the received dK/dV and the cat sent
+# after step 0 (8 + 8); bf16 K and V made contiguous (4), step 0's and step 1's cat(K, V) (8),
+# step 0's dQ, dK, dV (6). With cp = 2 it is the last step's send: grad_query 4, the step's
+# dQ and half dK, dV (4), the received dK/dV (8), its partial updates' new dK, dV (8), the
+# send's cat (8) and the all-to-all's new output (8), step 0's cat(K, V) (4). Its forward
+# holds less (the merges' fp32 temporaries: 18 and the rows'); compiled, Inductor plans the
+# buffers itself (not modelled: the eager figure stands for both)
+HELD_STEP_1 = (4 + 8, 8 + 8, 4, 8, 6)
+HELD_LAST_STEP = (4, 4, 8, 8, 8 + 8, 4)
 
 
 def merge_bytes(cp, queries, rows, compiled, kv_share=1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -117,6 +129,15 @@ def gather_bytes(cp, queries) -> np.ndarray:
     """Bytes of the all-gather of cat(K, V) (its output, as collectives are priced): cp ranks'
     K and V of `queries` elements each, bf16."""
     return np.asarray(cp, dtype=float) * 2.0 * queries * KV_WIRE
+
+
+def held_bytes(cp, queries) -> np.ndarray:
+    """Bytes a layer's ring holds at its peak beyond what the layer keeps: the all-gathered K
+    and V (gather_bytes) and the backward's buffers beside them, for `queries` query elements
+    (K and V each as many); zero where cp is 1."""
+    cp = np.asarray(cp, dtype=float)
+    beside = np.where(cp > 2, sum(HELD_STEP_1), sum(HELD_LAST_STEP)) * np.asarray(queries)
+    return np.where(cp > 1, gather_bytes(cp, queries) + beside, 0.0)
 
 
 def grad_send_bytes(queries) -> np.ndarray:
