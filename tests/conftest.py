@@ -1,10 +1,11 @@
-"""Shared test fixtures: small clusters built from specs written inline, and the
-benchmarks/ scripts loaded as modules."""
+"""Shared test fixtures: small clusters built from specs written inline, the
+benchmarks/ scripts loaded as modules, and one profiled harness run the traces tests share."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -113,3 +114,23 @@ def random_ddp_layers(rng):
     cuts = np.sort(rng.choice(np.arange(1, order.size), min(order.size - 1, 4), replace=False))
     buckets = [list(b) for b in np.split(order, cuts if order.size > 1 else [])]
     return fwd, bwd, tensor_layer, buckets
+
+
+@pytest.fixture(scope="session")
+def harness_traces(tmp_path_factory):
+    """(results file, profile folder) of one `calibrate run --local 2 --profile-dir`: two gloo
+    ranks, a short all-reduce sweep, DDP steps of a 2-block MLP of width 1024 (19M
+    parameters) in 5 MiB buckets, profiled. Run once for every test that reads real
+    harness traces (each run is two torch processes and tens of seconds on 2 cores)."""
+    pytest.importorskip("torch")
+    tmp = tmp_path_factory.mktemp("harness-traces")
+    out, prof = tmp / "r.jsonl", tmp / "prof"
+    cmd = [sys.executable, "-m", "commsim.cli.calibrate", "run", "--local", "2", "--out", str(out)]
+    cmd += ["--ops", "all-reduce", "--sizes", "64KiB:128KiB", "--warmup", "1", "--repeats", "5"]
+    cmd += ["--width", "1024", "--depth", "2", "--batch", "32", "--bucket-mb", "5"]
+    cmd += ["--profile-dir", str(prof)]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env=os.environ | {"OMP_NUM_THREADS": "1"}
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out, prof

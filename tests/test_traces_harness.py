@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,35 +37,8 @@ def _bench():
 
 @pytest.mark.torch
 @pytest.mark.slow
-def test_harness_writes_traces_that_match_its_clock(tmp_path):
-    prof = tmp_path / "prof"
-    cmd = [
-        sys.executable,
-        "-m",
-        "commsim.cli.calibrate",
-        "run",
-        "--local",
-        "2",
-        "--out",
-        str(tmp_path / "r.jsonl"),
-    ]
-    cmd += ["--ops", "all-reduce", "--sizes", "64KiB:128KiB", "--warmup", "1", "--repeats", "5"]
-    cmd += [
-        "--width",
-        "1024",
-        "--depth",
-        "2",
-        "--batch",
-        "32",
-        "--bucket-mb",
-        "5",
-        "--profile-dir",
-        str(prof),
-    ]
-    done = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=300, env=os.environ | {"OMP_NUM_THREADS": "1"}
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+def test_harness_writes_traces_that_match_its_clock(harness_traces):
+    _, prof = harness_traces
     traces = [read_kineto(p) for p in sorted(prof.glob("*-rank*.json"))]
     assert [t.rank for t in traces] == [0, 1] and all(t.backend == "gloo" for t in traces)
     bench = _bench()

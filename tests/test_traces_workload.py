@@ -146,22 +146,12 @@ def test_plan_sizing_refuses_a_trace(tmp_path):
 
 @pytest.mark.torch
 @pytest.mark.slow
-def test_harness_traces_give_the_workload(tmp_path):
+def test_harness_traces_give_the_workload(tmp_path, harness_traces):
     """The harness's real gloo traces: every gradient element DDP all-reduced is one of the
     model's parameters, the optimizer is torch.optim's own annotation, and predict at the
     traced layout computes for exactly the traced time."""
-    import os
-    import subprocess
-    import sys
-
-    cmd = [sys.executable, "-m", "commsim.cli.calibrate", "run", "--local", "2"]
-    cmd += ["--out", str(tmp_path / "r.jsonl"), "--ops", "all-reduce", "--sizes", "64KiB"]
-    cmd += ["--warmup", "1", "--repeats", "3", "--width", "512", "--depth", "2"]
-    cmd += ["--batch", "16", "--bucket-mb", "1", "--profile-dir", str(tmp_path / "prof")]
-    env = os.environ | {"OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    records = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    results, prof = harness_traces
+    records = [json.loads(x) for x in results.read_text().splitlines()]
     model = next(r for r in records if r["kind"] == "model")
     layers = [
         {"name": x["name"], "params": sum(x["tensors"]), "forward_flops": x["forward_flops"]}
@@ -176,12 +166,12 @@ def test_harness_traces_give_the_workload(tmp_path):
         "micro_batch": model["batch"],
     }
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
-    traces = str(tmp_path / "prof" / "*-rank*.json")
+    traces = str(prof / "*-rank*.json")
     out = runner.invoke(app, ["predict", str(tmp_path / "s.yaml"), "--trace", traces, "--json"])
     assert out.exit_code == 0, out.output
     pred = json.loads(out.output)
     t = pred["trace"]
-    w = whatif.traced(sorted(str(p) for p in (tmp_path / "prof").glob("*-rank*.json")))
+    w = whatif.traced(sorted(str(p) for p in prof.glob("*-rank*.json")))
     assert w.sync_elements == sum(x["params"] for x in layers)
     assert w.optimizer_s > 0 and w.micro_batches == 1 and t["traced_gpus"] == 2
     assert not any("is it the model traced" in a for a in t["assumed"])
@@ -190,11 +180,11 @@ def test_harness_traces_give_the_workload(tmp_path):
     from commsim.traces.intervals import measure
     from commsim.traces.kineto import read_kineto
 
-    t = read_kineto(sorted((tmp_path / "prof").glob("*-rank*.json"))[0])
+    t = read_kineto(sorted(prof.glob("*-rank*.json"))[0])
     parts = {c: measure(v) for c, v in t.classes.items()}
     assert parts["gemm"] > parts["other"] > 0 and parts["attention"] == 0
     assert sum(parts.values()) == pytest.approx(measure(t.compute), rel=1e-9)
-    paths = [str(p) for p in sorted((tmp_path / "prof").glob("*-rank*.json"))]
+    paths = [str(p) for p in sorted(prof.glob("*-rank*.json"))]
     scenario = ["--scenario", str(tmp_path / "s.yaml"), "--json"]
     kernels = runner.invoke(app, ["trace", "kernels", *paths, *scenario])
     assert kernels.exit_code == 0, kernels.output

@@ -9,6 +9,7 @@ temporary file and renamed, so nothing already there is lost or half-overwritten
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import TYPE_CHECKING, Annotated
 
@@ -86,13 +87,11 @@ def run_cmd(
     from commsim.specs import SpecError
 
     with terminal.user_errors():
-        try:
-            from commsim.calibrate.harness.config import HarnessConfig
-            from commsim.calibrate.harness.launch import exit_now, launch_local, run_rank
-        except ImportError as e:
-            raise SpecError(
-                "torch", "", f"not importable ({e}): pip install 'commsim[calibrate]'"
-            ) from None
+        # the ranks import torch; the launcher of --local N only checks that they can
+        if importlib.util.find_spec("torch") is None:
+            raise SpecError("torch", "", "not installed: pip install 'commsim[calibrate]'")
+        from commsim.calibrate.harness.config import HarnessConfig
+
         cfg = HarnessConfig(
             out=out,
             backend=backend,
@@ -110,8 +109,14 @@ def run_cmd(
             profile_dir=profile_dir,
         )
         if local is not None:
+            from commsim.calibrate.harness.local import launch_local
+
             check_output(out, "--out")
-        code = launch_local(cfg, local) if local is not None else run_rank(cfg)
+            code = launch_local(cfg, local)
+        else:
+            from commsim.calibrate.harness.launch import exit_now, run_rank
+
+            code = run_rank(cfg)
     if code:
         raise typer.Exit(code)
     if local is not None or os.environ.get("RANK") == "0":  # the rank that wrote

@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
 from commsim.profile import OPS
 from commsim.specs import SpecError
 from commsim.units import parse_size_range
@@ -66,9 +64,17 @@ class HarnessConfig:
         for flag, (ok, why) in checks.items():
             if not ok:
                 raise SpecError(flag, "", why)
-        nccl = self.backend == "nccl" or (self.backend == "auto" and torch.cuda.is_available())
-        if "bf16" in self.comm_hooks and not nccl:
+        if "bf16" in self.comm_hooks and not self._nccl():
             raise SpecError("--comm-hooks", "", "torch's bf16 hook needs CUDA and NCCL 2.10+")
+
+    def _nccl(self) -> bool:
+        """Whether the ranks will run NCCL; torch is imported only to ask (the launcher of
+        `--local N` otherwise never imports it)."""
+        if self.backend != "auto":
+            return self.backend == "nccl"
+        import torch
+
+        return torch.cuda.is_available()
 
     def size_grid(self) -> list[int]:
         lo, hi = parse_size_range(self.sizes)
