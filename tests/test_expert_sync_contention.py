@@ -102,7 +102,7 @@ def test_fsdp_expert_units_on_their_group():
         (dense, *fsdp._unit(model, L, dense, "dense"), False),
         (sparse, *fsdp._unit(model, L, sparse, "expert"), True),
     ]
-    f_slow, _ = fsdp._beside_units(model, L, c, rows, parts)
+    f_slow, _ = fsdp.beside_units(model, L, c, rows, parts)
     assert f_slow[0] == pytest.approx(c.block_fwd[0] / (1 - lost / total), rel=1e-12)
     # all on dp's 20 channels and 16 ranks (the defect) would slow it more
     moved = collective_hbm_bytes("all-gather", (dense + sparse) * 2, 16)

@@ -91,7 +91,7 @@ def fsdp_per_micro_batch(model, L, c) -> tuple[np.ndarray, np.ndarray]:
     backward b each (the end layers' parameters join the first unit):
         forward:  g_first + (k - 1) max(0, g - f)
         backward: g_first + (k - 1) max(0, g + r - b) + r
-    and everything (k (2 g + r)) without overlap; reshard_after_forward (_backward_gathers)
+    and everything (k (2 g + r)) without overlap; reshard_after_forward (backward_gathers)
     takes gathers out of the backward."""
     network, exposed = np.zeros(len(L)), np.zeros(len(L))
     for issue, price in ((0, _per_unit), (1, _per_parameter)):
@@ -117,15 +117,15 @@ def _per_unit(model, Z, c, rows) -> tuple[np.ndarray, np.ndarray]:
     f, b = c.block_fwd[rows], c.block_bwd[rows]
     parts = [(dense, g_dense, r_dense, False)]
     parts += [(sparse, g_sparse, r_sparse, True)] if sh.expert_params else []
-    f_slow, b_slow = _beside_units(model, Z, c, rows, parts)
-    first_b, later_b = _backward_gathers(Z.reshard, g, np.where(Z.fsdp_states, g, g_first))
+    f_slow, b_slow = beside_units(model, Z, c, rows, parts)
+    first_b, later_b = backward_gathers(Z.reshard, g, np.where(Z.fsdp_states, g, g_first))
     net = k * (g + r) + (g_first - g) + first_b + (k - 1) * later_b
     ahead = (k - 1) * (exposed(f, f_slow, g) + exposed(b, b_slow, later_b + r))
     hidden = g_first + first_b + ahead + r
     return net, np.where(Z.overlap, np.minimum(hidden, net), net)
 
 
-def _backward_gathers(reshard, g, g_first):
+def backward_gathers(reshard, g, g_first):
     """(the backward's first unit's gather seconds, each later unit's) by
     reshard_after_forward (layouts.RESHARDS). True: every unit is gathered again, the first
     with the end layers where they were freed (g_first). PyTorch's FSDP never frees the root
@@ -144,11 +144,11 @@ def _backward_gathers(reshard, g, g_first):
 
 def _later_gathers(reshard, g):
     """Each later unit's backward gather, `g` (seconds or bytes): none where
-    reshard_after_forward is False (code 1) keeps the units gathered (_backward_gathers)."""
+    reshard_after_forward is False (code 1) keeps the units gathered (backward_gathers)."""
     return np.where(reshard == 1, 0.0, g)
 
 
-def _beside_units(model, Z, c, rows, parts):
+def beside_units(model, Z, c, rows, parts):
     """A block's forward and backward seconds beside its neighbour's collectives
     (step.contention): the forward beside a unit's all-gathers, the backward beside its
     gathers, reduce-scatters and FSDP's copies around them (_unit_traffic); `parts` the

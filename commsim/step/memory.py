@@ -174,7 +174,7 @@ def _stage_buffers(c: dict[str, np.ndarray], params, ends, block, largest) -> np
     kept = np.maximum(params - 2 * largest, 0.0) * PARAM_BYTES
     buffers = buffers + np.where((zero == 3) & (c["reshard"] == 1), kept, 0.0)
     # PyTorch's FSDP never reshards the root (the end layers) after the forward
-    # (step.fsdp._backward_gathers): held beside the two units computing and prefetching
+    # (step.fsdp.backward_gathers): held beside the two units computing and prefetching
     root = np.maximum(ends + 2 * block - 2 * largest, 0.0) * PARAM_BYTES
     return buffers + np.where((zero == 3) & c["fsdp_states"] & (c["reshard"] != 1), root, 0)
 

@@ -29,8 +29,8 @@ step model schedules it, so a user without GPUs can feed other simulators.
   ZeRO-3 / FSDP: each op's compute as its chunk's units with their gathers and reduce-
   scatters (Writer.units, as step.fsdp runs them: hybrid sharding's on the shard group,
   each reduce-scatter followed by the replica group's all-reduce; a backward's gathers as
-  reshard_after_forward leaves them, step.fsdp._backward_gathers; a unit beside its
-  neighbours' collectives as long as step.fsdp._beside_units prices it); its replay follows
+  reshard_after_forward leaves them, step.fsdp.backward_gathers; a unit beside its
+  neighbours' collectives as long as step.fsdp.beside_units prices it); its replay follows
   those units, not the schedule (which has no ZeRO-3 inside its ops): on one stage it is
   `predict`'s step where compute hides the gathers, or nothing is overlapped.
 
@@ -49,7 +49,7 @@ import numpy as np
 
 from commsim.scenario import Setup, check_layout
 from commsim.specs import SpecError, Strategy
-from commsim.step.fsdp import _backward_gathers, _beside_units
+from commsim.step.fsdp import backward_gathers, beside_units
 from commsim.step.layouts import RANK_ORDERS, Layouts
 from commsim.step.model import (
     ALL_TO_ALLS_FORWARD,
@@ -325,7 +325,7 @@ def _zero3(model, L: Layouts, blocks: float) -> Zero3:
     etp x ep) on the expert-data-parallel one; hybrid sharding's reduce-scatter is followed
     by the shard's all-reduce over the replica group; one stage (pp 1) gathers the end
     layers too. Groups of one rank run nothing (step.groups prices them 0). A block's
-    compute beside its neighbour's collectives is step.fsdp's (_beside_units)."""
+    compute beside its neighbour's collectives is step.fsdp's (beside_units)."""
     sh, r = model.shape, L.row(0)
     if abs(blocks - round(blocks)) > 1e-9 or blocks < 1:
         raise SpecError("--zero 3", "", f"{blocks:g} ZeRO-3 units a chunk: not exported")
@@ -373,7 +373,7 @@ def _zero3(model, L: Layouts, blocks: float) -> Zero3:
 
 def _beside(model, L: Layouts, parts) -> tuple[float, float, float, float] | None:
     """(a block's forward, backward, each beside its neighbour's ZeRO-3 collectives) as
-    step.fsdp prices them (_beside_units, given this layout's `parts`: parameters, gathers,
+    step.fsdp prices them (beside_units, given this layout's `parts`: parameters, gathers,
     reduce-scatters, expert); None where the model prices compute at one efficiency."""
     c = model.compute(L)
     seconds = [
@@ -385,7 +385,7 @@ def _beside(model, L: Layouts, parts) -> tuple[float, float, float, float] | Non
         )
         for params, gather, scatter, expert in parts
     ]
-    f_slow, b_slow = _beside_units(model, L, c, np.array([0]), seconds)
+    f_slow, b_slow = beside_units(model, L, c, np.array([0]), seconds)
     if f_slow is None:
         return None
     return float(c.block_fwd[0]), float(c.block_bwd[0]), float(f_slow[0]), float(b_slow[0])
@@ -393,10 +393,10 @@ def _beside(model, L: Layouts, parts) -> tuple[float, float, float, float] | Non
 
 def _regather(L: Layouts) -> tuple[bool, bool, bool]:
     """(the end layers, the first unit, the later units): which a backward gathers again, by
-    step.fsdp's rule (_backward_gathers, given gathers counted as 1 a unit and 1 more for
+    step.fsdp's rule (backward_gathers, given gathers counted as 1 a unit and 1 more for
     the end layers where its callers have them freed: not under PyTorch FSDP's states)."""
     ends = np.where(L.fsdp_states[:1], 1.0, 2.0)
-    first, later = (float(x[0]) for x in _backward_gathers(L.reshard[:1], 1.0, ends))
+    first, later = (float(x[0]) for x in backward_gathers(L.reshard[:1], 1.0, ends))
     return first == 2.0, first > 0, later > 0
 
 

@@ -25,7 +25,7 @@ class Zero3:
     hybrid sharding's shard group, whose reduce-scatter is followed by the shard's
     all-reduce across the replica group), the experts' on their expert-data-parallel one.
     `regather`: which the backward gathers again (the end layers, the first unit, the later
-    units), by reshard_after_forward (step.fsdp._backward_gathers)."""
+    units), by reshard_after_forward (step.fsdp.backward_gathers)."""
 
     units: int
     gather: tuple[Coll, ...]
