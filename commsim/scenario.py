@@ -216,7 +216,7 @@ def _check_stages(setup: Setup, strategy: Strategy) -> None:
     """The blocks split over the pipeline's stages as given (split_problem); interleaving
     with pp > 1 and at least pp micro-batches a step."""
     src = setup.source
-    blocks = sum(layer.name.startswith("block.") for layer in setup.workload.layers)
+    blocks = setup.workload.blocks
     first, last = strategy.first_stage_layers, strategy.last_stage_layers
     uneven = first is not None or last is not None
     problem = split_problem(
@@ -322,7 +322,7 @@ def check_model_axes(w: Workload, strategy: Strategy, src: str) -> None:
     """The model's own limits on the degrees, whatever the GPU count: tp divides the attention
     heads, pp at most the layers, ep divides the experts, expert flags need experts
     (SpecError)."""
-    blocks = sum(layer.name.startswith("block.") for layer in w.layers)
+    blocks = w.blocks
     if w.heads is not None and w.heads % strategy.tp:
         raise SpecError(
             src,

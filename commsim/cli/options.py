@@ -358,7 +358,7 @@ def interleave_of(setup: Setup, strategy: Any, layers: int) -> Any:
     transformer layers / (pp x layers) (Megatron-LM arguments.py)."""
     from commsim.specs import SpecError
 
-    blocks = sum(layer.name.startswith("block.") for layer in setup.workload.layers)
+    blocks = setup.workload.blocks
     what = "--num-layers-per-virtual-pipeline-stage"
     if layers < 1 or strategy.pp < 2 or blocks % (strategy.pp * layers):
         raise SpecError(

@@ -128,7 +128,7 @@ def _check_sizes(sizes: list[int], spec: Any, source: str, pins: set[str]) -> No
 
     w = build_workload(spec.model, spec.seq_len, source)
     check_pins(w, spec.strategy, pins, source)
-    blocks = sum(layer.name.startswith("block.") for layer in w.layers)
+    blocks = w.blocks
     most = spec.global_batch * (w.heads or 1) * max(blocks, 1)
     if sizes[-1] > min(most, MAX_SIZING_GPUS):
         why = (

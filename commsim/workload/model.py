@@ -94,11 +94,15 @@ class Workload:
         return self.experts > 1
 
     @property
+    def blocks(self) -> int:
+        """Transformer blocks: the layers named block.* (0 for a model without them)."""
+        return sum(layer.name.startswith("block.") for layer in self.layers)
+
+    @property
     def active_params(self) -> int:
         """Parameters one token passes through: all but the unrouted experts' MLPs."""
-        blocks = sum(layer.name.startswith("block.") for layer in self.layers)
         idle = self.expert_params * (self.experts - self.top_k) / self.experts
-        return int(round(self.params - blocks * idle))
+        return int(round(self.params - self.blocks * idle))
 
     @property
     def train_flops(self) -> float:
