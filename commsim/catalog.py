@@ -111,13 +111,12 @@ GPUS: dict[str, GPUSpec] = {
             sm_count=132,
             fp8_flops=1979e12,
             gemm_efficiency=_math_share(792.1, (6144, 17920, 2816), 2, 2.97, 989),
-            fp8_gemm_efficiency=_math_share(1453.4, (1280, 4096, 12032), 1, 4.15, 1979),
+            fp8_gemm_efficiency=_math_share(1402.6, (1024, 9216, 14336), 1, 2.97, 1979),
             attention_efficiency=_FA2_HOPPER,
             hbm_efficiency=2.97 / 3.35,
             kernel_source="132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5); "
-            "MAMF H100 SXM 792.1 of 989 TFLOPS BF16 (ml-engineering, CUDA 12.1); FP8 as the "
-            "same die's H200 SXM: 1,453.4 of 1,979"
-            + _STREAM_SOURCE.format(2.97, 3.35, "ND H100 v5"),
+            "MAMF H100 SXM 792.1 of 989 TFLOPS BF16 (ml-engineering, CUDA 12.1) and 1,402.6 of "
+            "1,979 FP8 (torch 2.7.0)" + _STREAM_SOURCE.format(2.97, 3.35, "ND H100 v5"),
             compute_capability=9.0,
             nvlink_links=18,  # NVLink 4: 18 links x 25 GB/s per direction (H100 datasheet)
         ),
