@@ -16,7 +16,10 @@ from commsim.specs import GPUSpec, SpecError
 # measured in S. Bekman's "Machine Learning Engineering" (github.com/stas00/ml-engineering,
 # compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table", and its
 # H200 -> B200 upgrade guide for H200/B200 and FP8), less that GEMM's output write
-# (_math_share). attention_efficiency is FlashAttention's forward + backward FLOP/s
+# (_math_share): each GPU's newest figure there, but for the H100's BF16, whose newest (794.5
+# at 2048 x 2048 x 13312, torch 2.7.0) leaves a math rate that OpenXLA's measured H100 GEMMs
+# exceed by ~8% (tests/test_gemm_roofline.py): its CUDA 12.1 figure, 792.1 at 6144 x 17920 x
+# 2816. attention_efficiency is FlashAttention's forward + backward FLOP/s
 # over peak on causal attention with 128-wide heads, as the stacks these GPUs train with run
 # it: FlashAttention-2 reaches 50-73% of the A100's peak (Dao 2023, arXiv:2307.08691);
 # on Hopper the same kernel reaches only 35% ("FlashAttention-2 achieves only 35%
@@ -75,10 +78,10 @@ GPUS: dict[str, GPUSpec] = {
             source="NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 1,555 GB/s, "
             "NVLink 600 GB/s bidirectional",
             sm_count=108,
-            gemm_efficiency=_math_share(267.9, (6912, 16384, 2048), 2, 1.70, 312),
+            gemm_efficiency=_math_share(271.2, (1024, 10240, 5120), 2, 1.70, 312),
             attention_efficiency=_FA2_AMPERE,
             kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
-            "A100 SXM 267.9 of 312 TFLOPS (ml-engineering, CUDA 12.1)",
+            "A100 SXM 271.2 of 312 TFLOPS (ml-engineering, torch 2.6.0)",
             compute_capability=8.0,
             nvlink_links=12,  # NVLink 3: 12 links x 25 GB/s per direction (A100 datasheet)
         ),
@@ -91,11 +94,11 @@ GPUS: dict[str, GPUSpec] = {
             source="NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16 dense, 2,039 GB/s, "
             "NVLink 600 GB/s bidirectional",
             sm_count=108,
-            gemm_efficiency=_math_share(267.9, (6912, 16384, 2048), 2, 1.70, 312),
+            gemm_efficiency=_math_share(271.2, (1024, 10240, 5120), 2, 1.70, 312),
             attention_efficiency=_FA2_AMPERE,
             hbm_efficiency=1.70 / 2.039,
             kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
-            "A100 SXM 267.9 of 312 TFLOPS (ml-engineering, CUDA 12.1)"
+            "A100 SXM 271.2 of 312 TFLOPS (ml-engineering, torch 2.6.0)"
             + _STREAM_SOURCE.format(1.70, 2.039, "ND A100 v4"),
             compute_capability=8.0,
             nvlink_links=12,  # NVLink 3: 12 links (A100 datasheet)
