@@ -17,10 +17,12 @@ from commsim.workload.presets import build_workload
 
 
 def test_merge_bytes_by_hand():
-    # cp 4, 1,000 query and 100 key elements: forward 6 (init) + 3 x 10 (rescale and add)
-    # + 6 (cast) bytes a query element; backward 4 (copy) + 3 x 6 (add) a dQ, dK, dV element
+    # cp 4, 1,000 query and 100 key elements: forward 4 (init: read 2, write the bf16
+    # accumulator 2) + 3 x 6 (rescale and add: read 2, read and write the sum 2 + 2) bytes a
+    # query element, no cast after (TE keeps the sum in the output's dtype without FP8
+    # attention); backward 4 (copy) + 3 x 6 (add) a dQ, dK, dV element
     fwd, bwd = merge_bytes(np.array([4, 1]), 1000.0, 100.0)
-    assert fwd.tolist() == [42 * 1000, 0.0]
+    assert fwd.tolist() == [22 * 1000, 0.0]
     assert bwd.tolist() == [22 * 1200, 0.0]
 
 

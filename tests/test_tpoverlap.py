@@ -14,6 +14,8 @@ from conftest import make_cluster
 
 from commsim import catalog
 from commsim.specs import ModelSpec
+from commsim.step.block_gemms import attention_gemms, grad_gemms, mlp_gemms
+from commsim.step.compute import _Block
 from commsim.step.gemm import TILE_M, TILE_N, Rates
 from commsim.step.layouts import Layouts
 from commsim.step.model import StepModel, tp_bytes
@@ -132,26 +134,62 @@ def test_the_closed_forms_are_the_streams_replayed(seed):
 
 def test_a_pair_by_hand_with_no_communication():
     # no collective time: the pair costs only what chunking and the SM margin cost its GEMMs.
-    # The column GEMM is the ring-exchange hand case (twice the time alone in 4 row chunks);
-    # the row GEMM, 1536 x 14,848: alone 6 x 116 = 696 tiles on 132 SMs, 6 waves, 116 / 132
-    # of the GPU; in 4 column chunks on 116 SMs 696 tiles, 6 full waves: the same, so its
-    # pipeline loses nothing. Backward: the row GEMM's ring exchange, the column GEMM's two
-    # bulk overlaps
+    # Forward: the column GEMM is the ring-exchange hand case (twice the time alone in 4 row
+    # chunks); the row GEMM, 1536 x 14,848: alone 6 x 116 = 696 tiles on 132 SMs, 6 waves,
+    # 116 / 132 of the GPU; in 4 column chunks on 116 SMs 696 tiles, 6 full waves: the same,
+    # so its pipeline loses nothing. Backward, each gradient at its own shape (it was priced
+    # at the forward's, where the one-wave column GEMM lost a whole wave in both bulk
+    # overlaps): the row GEMM's data gradient 1536 x 4096 (k 14,848), 6 x 32 = 192 tiles, 2
+    # waves, 192 / 264 of the GPU; in 4 chunks of 384 rows 4 x 2 x 32 = 256 tiles 3/4 full,
+    # 2 waves: 192 / 264 again, its ring exchange loses nothing. The column GEMM's data
+    # gradient 1536 x 8192 (k 2816), 384 tiles: 3 waves of 132 (384 / 396), 4 of the 116
+    # SMs left (384 / 464 of 116 / 132): 4/3 of its math; its weight gradient 8192 x 2816
+    # (k 1536), 704 tiles: 6 waves of 132 (704 / 792), 7 of 116 (704 / 812): 7/6 of its math
     zero = np.zeros(1)
     comm = Comm(zero, zero, zero, zero)
     col = (6 * TILE_M, 22 * TILE_N, 8192, 1.0)  # ring exchange: twice the time alone
     row = (6 * TILE_M, 4 * 29 * TILE_N, 4096, 1.0)
     fwd, bwd = pair(BF16, [col], row, comm, np.array([4.0]))
     col_alone, row_alone = BF16([col])[0], BF16([row])[0]
-    ring_row = 4 * BF16([row], rows=4)[0] - row_alone
     pipe_row = 4 * BF16([row], cols=4, taken=16)[0] - row_alone
-    bulk_col = BF16([col], taken=16)[0] - col_alone
     assert float(pipe_row) == pytest.approx(0.0, abs=1e-18)
     col_math = float(col_alone) - _write(col[0], col[1])  # what chunking doubles
     assert float(fwd[0]) == pytest.approx(col_math, rel=1e-12)
-    assert float(bwd[0]) == pytest.approx(float(ring_row + 2 * bulk_col), rel=1e-12)
-    # the one-wave column GEMM's math needs two waves on 116 SMs beside a bulk collective
-    assert float(bulk_col) == pytest.approx(col_math, rel=1e-12)
+    flops = 2.0 * col[0] * col[1] * col[2]
+    dgrad_math = flops / (H100.gemm * 384 / 396)
+    wgrad_math = flops / (H100.gemm * 704 / 792)
+    assert float(bwd[0]) == pytest.approx(dgrad_math / 3 + wgrad_math / 6, rel=1e-12)
+
+
+def test_the_weight_gradients_write_what_compute_writes():
+    # a reduce-scatter that outlasts the column GEMM's weight gradient shows whole, less that
+    # GEMM alone: 8 bytes an element of its k x n output where it accumulates into the fp32
+    # main gradient (read 4, write 4) shows 6 bytes an element less than a bf16 gradient's 2
+    comm = Comm(*(np.array([x]) for x in (0.0, 0.0, 1.0, 0.25)))
+    col, row = (4096.0, 3072.0, 1024.0, 1.0), (4096.0, 1024.0, 1024.0, 1.0)
+    tp = np.array([2.0])
+    fused = GemmClock(H100, np.array([False]), wgrad=np.array([8]))
+    _, b_fused = pair(fused, [col], row, comm, tp)
+    _, b_bf16 = pair(BF16, [col], row, comm, tp)
+    assert float((b_bf16 - b_fused)[0]) == pytest.approx(1024 * 3072 * 6 / H100.memory, rel=1e-9)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_the_backward_gemms_alone_are_computes(fp8):
+    # with no collective to hide, each backward GEMM the overlap chunks and subtracts is
+    # step.compute's data or weight gradient (_Block.gemms, its own loop over the shapes),
+    # at the same shape, rate and output bytes, whatever the weight gradient accumulates into
+    w = build_workload(ModelSpec(name="g", layers=2, hidden=4096, heads=32, vocab=1000, seq_len=8))
+    shapes = attention_gemms(w.arch, 3000.0, 4.0) + mlp_gemms(w.arch, 3000.0, 16384, 4.0)
+    for wgrad in (2, 8):
+        block = _Block(w.arch, H100, *[None] * 4, np.array([fp8]), *[None] * 4,
+                       np.array([wgrad / H100.memory]))  # fmt: skip
+        clock = GemmClock(H100, np.array([fp8]), wgrad=np.array([wgrad]))
+        dgrad, wgrads = grad_gemms(shapes)
+        got = block.gemms(shapes)
+        assert float(clock(dgrad)[0]) == pytest.approx(float(got.dgrad[0]), rel=1e-12)
+        alone = clock(wgrads, write=clock.wgrad)[0]
+        assert float(alone) == pytest.approx(float(got.wgrad[0]), rel=1e-12)
 
 
 def _gpt_on_one_node(efficiency=None):

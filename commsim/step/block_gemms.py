@@ -1,9 +1,28 @@
 """The linear layers of a transformer block as GEMM shapes on one GPU: (m, n, k, count), an
 m x k by k x n product `count` times, m the tokens, the weights split over tensor parallelism
 as Megatron lays them out (column-parallel in, row-parallel out). One list serves the
-roofline (step.compute) and tensor-parallel overlap (step.tpoverlap)."""
+roofline (step.compute) and tensor-parallel overlap (step.tpoverlap), as do their backward
+shapes (grad_gemms) and the bytes a weight-gradient GEMM writes (wgrad_bytes)."""
 
 from __future__ import annotations
+
+import numpy as np
+
+from commsim.step.kernel_bytes import ACT, FUSED_WGRAD
+
+
+def grad_gemms(shapes):
+    """The backward GEMMs of (m, n, k, count) forward GEMMs Y = X W: the data gradients
+    dX = dY W^T, (m, k, n, count) (m x k out, over the n outputs), and the weight gradients
+    dW = X^T dY, (k, n, m, count) (k x n out, over the m tokens)."""
+    return [(m, k, n, c) for m, n, k, c in shapes], [(k, n, m, c) for m, n, k, c in shapes]
+
+
+def wgrad_bytes(grad_accumulation):
+    """HBM bytes a weight-gradient GEMM moves an output element, per layout: the fp32 main
+    gradient read and written where the GEMM accumulates into it (grad_accumulation code 0,
+    "fused", FUSED_WGRAD), else the bf16 gradient written (ACT)."""
+    return np.where(np.asarray(grad_accumulation) == 0, FUSED_WGRAD, ACT)
 
 
 def attention_gemms(arch, tokens, tp):

@@ -30,7 +30,13 @@ import numpy as np
 
 from commsim.specs import GPUSpec
 from commsim.step.activations import RECOMPUTE, RECOMPUTE_MODULES
-from commsim.step.block_gemms import attention_gemms, mla_up_gemms, mlp_gemms
+from commsim.step.block_gemms import (
+    attention_gemms,
+    grad_gemms,
+    mla_up_gemms,
+    mlp_gemms,
+    wgrad_bytes,
+)
 from commsim.step.eager import Prices, fsdp2_copy_out, stack_prices
 from commsim.step.gemm import Rates, gemm_seconds
 from commsim.step.kernel_bytes import (
@@ -44,7 +50,6 @@ from commsim.step.kernel_bytes import (
     ELEMENTWISE,
     FP8_CAST,
     FP32_GRAD_ADD,
-    FUSED_WGRAD,
     GRAD_ADD,
     GROUPED_GEMM_STREAMS,
     MASK,
@@ -103,9 +108,8 @@ def stage_times(workload: Workload, gpu: GPUSpec, L, rates: Rates | None = None)
     # a norm's backward, in values a row: two passes or Transformer Engine's one
     norm_b = np.where(L.norm_backward == 1, NORM_ONE_PASS_BACKWARD, ELEMENTWISE["norm"][1])
     prices = _prices(arch, L, norm_b)  # the stack's kernels (Strategy.kernels), bytes
-    # an output element of a weight-gradient GEMM: the fp32 main gradient read and written
-    # where the GEMM accumulates into it (grad_accumulation "fused"), else a bf16 gradient
-    wgrad_write = np.where(L.grad_accumulation == 0, FUSED_WGRAD, ACT) / rates.memory
+    # seconds a weight-gradient GEMM moves an output element (block_gemms.wgrad_bytes)
+    wgrad_write = wgrad_bytes(L.grad_accumulation) / rates.memory
     block = _Block(
         arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split, prices, wgrad_write
     )
@@ -317,10 +321,10 @@ class _Block:
         sms, act, casts = self.rates.sms, ACT / self.rates.memory, rate is None
         rate = self._rate() if casts else rate
         out = [0.0] * 4
-        for m, n, k, count in shapes:
+        for (m, n, k, count), d, w in zip(shapes, *grad_gemms(shapes), strict=True):
             out[0] = out[0] + gemm_seconds(m, n, k, rate, sms, count, concurrent, write=act)
-            out[1] = out[1] + gemm_seconds(m, k, n, rate, sms, count, concurrent, write=act)
-            wgrad = gemm_seconds(k, n, m, rate, sms, count, concurrent, write=self.wgrad_write)
+            out[1] = out[1] + gemm_seconds(*d[:3], rate, sms, count, concurrent, write=act)
+            wgrad = gemm_seconds(*w[:3], rate, sms, count, concurrent, write=self.wgrad_write)
             out[2] = out[2] + wgrad
             out[3] = out[3] + np.where(self.fp8 & casts, FP8_CAST * m * k * count, 0.0)
         return Gemms(*out)

@@ -12,13 +12,16 @@ sent on. Per step, on the critical path of the slowest rank:
   "Ring Attention with Blockwise Transformers", arXiv:2310.01889: hidden when a block's
   compute outlasts its transfer);
 - the merge of the steps' partial results, passes through HBM that attention without CP
-  does not make. Forward: step 0 writes its output into an fp32 accumulator
-  (flash_attn_fwd_out_correction_init: read 2, write 4 bytes an element), each later step
-  rescales it by the softmax log-sum-exps and adds its own (flash_attn_fwd_out_correction:
-  read the step's bf16 output 2, read and write the fp32 sum 4 + 4), and the sum is cast
-  back (read 4, write 2). Backward: each step's dQ, dK and dV are added into the running
-  gradients (bf16: read 2 + 2, write 2; step 0 copies: read 2, write 2). The last rank's
-  steps all cover its whole chunk pair, so it is the one priced.
+  does not make. Forward, with bf16 attention (FP8 attention's fp32 accumulator is not
+  modelled): step 0's output rescaled by the softmax log-sum-exps is the accumulator, in
+  the output's dtype (flash_attn_fwd_out_correction_init returns out_init_step.dtype, since
+  TE v2.2, PR #1523: read 2, write 2 bytes an element), each later step rescales its own
+  and adds it (flash_attn_fwd_out_correction, out.add_: read the step's output 2, read and
+  write the sum 2 + 2), and out.to(fwd_nominal_dtype) after the loop is already that dtype
+  (no copy); the log-sum-exps, a row each, are left out (1 / head width of it).
+  Backward: each step's dQ, dK and dV are added into the running gradients (bf16: read
+  2 + 2, write 2; step 0 copies: read 2, write 2). The last rank's steps all cover its
+  whole chunk pair, so it is the one priced.
 Recomputation that replays attention (selective or full) replays its steps too. Llama 3's
 context parallelism all-gathers K and V, then attends (arXiv:2407.21783 Sec. 3.3.2); it is
 priced as this scheme. What the ring holds for a layer at its peak, memory counts (held_bytes).
@@ -32,9 +35,8 @@ from commsim.step.activations import replays_core
 from commsim.step.kernel_bytes import ATTENTION_BACKWARD
 from commsim.step.ringsteps import Leg, Ring
 
-MERGE_INIT = 2 + 4  # forward, step 0: read its bf16 output, write the fp32 accumulator
-MERGE_STEP = 2 + 4 + 4  # forward, later steps: read the step's output, read + write the sum
-MERGE_CAST = 4 + 2  # forward, after the last step: fp32 sum to bf16
+MERGE_INIT = 2 + 2  # forward, step 0: read its bf16 output, write the bf16 accumulator
+MERGE_STEP = 2 + 2 + 2  # forward, later steps: read the step's output, read + write the sum
 GRAD_COPY = 2 + 2  # backward, step 0: copy each gradient into its running buffer
 GRAD_ADD = 2 + 2 + 2  # backward, later steps: add each gradient into its running buffer
 # Memory AttnFuncWithCPAndKVP2P holds for one layer beyond what the layer keeps, with bf16
@@ -58,7 +60,7 @@ def merge_bytes(cp, queries, keys) -> tuple[np.ndarray, np.ndarray]:
     backward, for `queries` query elements (b s/cp x heads / tp x head width) and `keys` key
     (or value) elements; zero without context parallelism."""
     cp = np.asarray(cp, dtype=float)
-    forward = (MERGE_INIT + (cp - 1.0) * MERGE_STEP + MERGE_CAST) * queries
+    forward = (MERGE_INIT + (cp - 1.0) * MERGE_STEP) * queries
     backward = (GRAD_COPY + (cp - 1.0) * GRAD_ADD) * (queries + 2.0 * keys)
     on = cp > 1
     return np.where(on, forward, 0.0), np.where(on, backward, 0.0)

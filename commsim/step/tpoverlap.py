@@ -19,9 +19,10 @@ csrc comm_gemm_overlap, the methods' schedules):
   beside the weight-gradient GEMM): the whole collective on COMM_SMS SMs beside a GEMM on the
   SMs left.
 
-Each GEMM is priced by step.compute's roofline (gemm_seconds: tile and wave quantisation) on
-the SMs contention.contended_rates leaves; what a GEMM and its collective take beyond the
-GEMM alone is the overlap's cost, in place of the collective. The collectives' seconds are
+Each GEMM (a backward one at its own shape, block_gemms.grad_gemms) is priced by
+step.compute's roofline (gemm_seconds: tile and wave quantisation) on the SMs
+contention.contended_rates leaves; what a GEMM and its collective take beyond the GEMM
+alone is the overlap's cost, in place of the collective. The collectives' seconds are
 the group's (step.groups), whatever SMs the userbuffers kernels hold. Not modelled: the HBM
 the collectives share with the GEMMs (compute-bound here), atomic GEMMs, MoE experts'
 collectives (the token dispatcher's, not userbuffers).
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commsim.step.block_gemms import attention_gemms, mlp_gemms
+from commsim.step.block_gemms import attention_gemms, grad_gemms, mlp_gemms, wgrad_bytes
 from commsim.step.contention import contended_rates
 from commsim.step.gemm import Rates, gemm_seconds
 from commsim.step.groups import group_rows
@@ -88,19 +89,21 @@ class Comm:
 class GemmClock:
     """Seconds of GEMMs on one GPU: the roofline's (gemm_seconds at `rates`, FP8 layouts at
     its FP8 rate, on the SMs a collective leaves), or with one measured efficiency `flat`
-    FLOP/s a layout (no SM count: a calibrated rate holds what its runs lost)."""
+    FLOP/s a layout (no SM count: a calibrated rate holds what its runs lost); weight-
+    gradient GEMMs move `wgrad` bytes an output element (block_gemms.wgrad_bytes)."""
 
-    def __init__(self, rates: Rates | None, fp8, flat=None):
-        self.rates, self.fp8, self.flat = rates, fp8, flat
+    def __init__(self, rates: Rates | None, fp8, flat=None, wgrad=ACT):
+        self.rates, self.fp8, self.flat, self.wgrad = rates, fp8, flat, wgrad
 
-    def __call__(self, shapes, rows=1.0, cols=1.0, taken=0.0):
+    def __call__(self, shapes, rows=1.0, cols=1.0, taken=0.0, write=ACT):
         """One chunk's seconds of the (m, n, k, count) `shapes`, m split in `rows`, n in
-        `cols` chunks, beside a collective holding `taken` SMs. A split GEMM's chunks go
-        round-robin to Transformer Engine's 3 compute streams (_NUM_MAX_UB_STREAMS) and wait
-        for nothing but their data (comm_gemm_overlap.h, split_overlap_ag / _rs), so each
-        chunk's tiles fill the SMs the one before leaves in its last wave: all the chunks'
-        tiles fill waves together (tile_utilisation's `concurrent`), each chunk's tiles
-        quantised on its own."""
+        `cols` chunks, beside a collective holding `taken` SMs, `write` bytes an output
+        element (as step.compute writes them: ACT, a weight gradient's self.wgrad). A split
+        GEMM's chunks go round-robin to Transformer Engine's 3 compute streams
+        (_NUM_MAX_UB_STREAMS) and wait for nothing but their data (comm_gemm_overlap.h,
+        split_overlap_ag / _rs), so each chunk's tiles fill the SMs the one before leaves in
+        its last wave: all the chunks' tiles fill waves together (tile_utilisation's
+        `concurrent`), each chunk's tiles quantised on its own."""
         out, concurrent = 0.0, rows * cols
         if self.flat is None:
             r = contended_rates(self.rates, taken, 0.0) if taken else self.rates
@@ -110,27 +113,35 @@ class GemmClock:
             if self.flat is not None:
                 out = out + count * 2.0 * m * n * k / self.flat
             else:
-                write = ACT / r.memory  # each chunk's output through HBM (gemm_seconds)
-                out = out + gemm_seconds(m, n, k, rate, r.sms, count, concurrent, write=write)
+                w = write / r.memory  # each chunk's output through HBM (gemm_seconds)
+                out = out + gemm_seconds(m, n, k, rate, r.sms, count, concurrent, write=w)
         return out
 
 
 def pair(clock: GemmClock, cols, row, comm: Comm, tp):
     """(forward, backward) seconds a column-parallel GEMM group `cols` (reading the gathered
     input) and its row-parallel GEMM `row` take beyond the GEMMs alone. Forward: the gather
-    by ring exchange under `cols`, the reduce-scatter by pipeline under `row`. Backward
-    (each GEMM's data and weight gradients priced at its forward's shape, as the roofline
-    prices them): the output gradient's gather by ring exchange under `row`'s data gradient,
-    the input's gather under `cols`' data gradient and the data gradient's reduce-scatter
-    under `cols`' weight gradient, both bulk."""
+    by ring exchange under `cols`, the reduce-scatter by pipeline under `row`; backward:
+    _backward."""
     c_alone, r_alone = clock(cols), clock([row])
     c_ring = ring_exchange(clock(cols, rows=tp), comm.ag_step, tp) - c_alone
-    r_ring = ring_exchange(clock([row], rows=tp), comm.ag_step, tp) - r_alone
     chunk = clock([row], cols=NUM_SPLITS, taken=COMM_SMS)
     r_pipe = pipeline(chunk, comm.rs_chunk, NUM_SPLITS) - r_alone
-    c_left = clock(cols, taken=COMM_SMS)
-    c_bulk = bulk(c_left, comm.ag) + bulk(c_left, comm.rs) - 2 * c_alone
-    return c_ring + r_pipe, r_ring + c_bulk
+    return c_ring + r_pipe, _backward(clock, cols, row, comm, tp)
+
+
+def _backward(clock: GemmClock, cols, row, comm: Comm, tp):
+    """Seconds the backward of a pair takes beyond its GEMMs alone, each gradient GEMM at its
+    own shape and output bytes as step.compute prices it (block_gemms.grad_gemms): the output
+    gradient's gather by ring exchange under `row`'s data gradient (its m rows in tp chunks),
+    the input's gather under `cols`' data gradients and the data gradient's reduce-scatter
+    under `cols`' weight gradients, both bulk."""
+    (r_dgrad,), _ = grad_gemms([row])
+    dgrad, wgrad = grad_gemms(cols)
+    r_ring = ring_exchange(clock([r_dgrad], rows=tp), comm.ag_step, tp) - clock([r_dgrad])
+    d_bulk = bulk(clock(dgrad, taken=COMM_SMS), comm.ag) - clock(dgrad)
+    w_left, w_alone = (clock(wgrad, taken=t, write=clock.wgrad) for t in (COMM_SMS, 0.0))
+    return r_ring + d_bulk + bulk(w_left, comm.rs) - w_alone
 
 
 def block_overlap(arch, shape, tokens, tp, clock: GemmClock, comm: Comm):
@@ -153,8 +164,10 @@ def userbuffers(model, L, nbytes):
     collectives under userbuffers on `model` (a StepModel), `nbytes` the bf16 bytes of a
     block's activations on the wire (model.tp_bytes); FP8 layouts gather FP8 inputs (TE's
     all-gather buffers are FP8 under an FP8 recipe: fp8_buf), reduce-scatter bf16. Priced
-    once per distinct (algorithm, tp groups, micro-batch, precision): all it depends on."""
+    once per distinct (algorithm, tp groups, micro-batch, precision, gradient accumulation):
+    all it depends on."""
     cols = [L.algorithm, L.placement, L.tp, L.dp, L.pp, L.cp, L.order, L.micro_batch, L.fp8]
+    cols.append(L.grad_accumulation)  # the weight gradients' output bytes
     inverse, firsts = group_rows(cols)
     fwd, bwd = _userbuffers(model, L.take(firsts), np.broadcast_to(nbytes, L.tp.shape)[firsts])
     return fwd[inverse], bwd[inverse]
@@ -171,10 +184,11 @@ def _userbuffers(model, L, nbytes):
         rs=price("reduce-scatter", "tp", L, nbytes),
         rs_chunk=price("reduce-scatter", "tp", L, nbytes / NUM_SPLITS),
     )
+    wgrad = wgrad_bytes(L.grad_accumulation)
     if model.efficiency is None:
-        clock = GemmClock(Rates.of(gpu), L.fp8)
+        clock = GemmClock(Rates.of(gpu), L.fp8, wgrad=wgrad)
     else:  # the rate step.model prices the linear layers at under one efficiency
-        clock = GemmClock(None, L.fp8, model.linear_flops(L.fp8))
+        clock = GemmClock(None, L.fp8, model.linear_flops(L.fp8), wgrad)
     tokens = L.micro_batch * model.shape.seq_len / L.cp
     fwd, bwd = block_overlap(model.workload.arch, model.shape, tokens, tp, clock, comm)
     return np.where(tp > 1, fwd, 0.0), np.where(tp > 1, bwd, 0.0)  # tp 1: no userbuffers
