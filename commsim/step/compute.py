@@ -23,7 +23,8 @@ A model without blocks (a CNN, custom layers) runs its FLOPs at the GEMM rate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -37,6 +38,7 @@ from commsim.step.block_gemms import (
     mlp_gemms,
     wgrad_bytes,
 )
+from commsim.step.distinct import distinct_rows
 from commsim.step.eager import Prices, fsdp2_copy_out, stack_prices
 from commsim.step.gemm import Rates, gemm_seconds
 from commsim.step.kernel_bytes import (
@@ -84,10 +86,37 @@ class StageTimes:
     post_wgrad: np.ndarray
 
 
+# The Layouts columns _stage_times reads: a planner's layouts take a few thousand distinct
+# combinations of them (and of the rates beside a collective) among millions of rows
+READS = (
+    *("micro_batch", "micro_batches", "tp", "cp", "ep", "expert_tp", "fp8", "flash"),
+    *("kernels", "zero", "reshard", "recompute", "recompute_parts", "sequence_parallel"),
+    *("norm_backward", "grad_accumulation"),
+)
+
+
 def stage_times(workload: Workload, gpu: GPUSpec, L, rates: Rates | None = None) -> StageTimes:
     """The roofline times of every layout's block and end layers (step.layouts.Layouts), at
-    the GPU's rates or at `rates` (per layout where they are arrays: step.contention)."""
+    the GPU's rates or at `rates` (per layout where they are arrays: step.contention): priced
+    once per distinct row of the READS columns and the rates (step.distinct), the same
+    numbers as row by row, as every operation is element-wise."""
     rates = rates or Rates.of(gpu)
+    cols = {n: getattr(L, n) for n in READS}
+    per_row = {f.name: getattr(rates, f.name) for f in fields(rates)}
+    per_row = {k: v for k, v in per_row.items() if np.ndim(v)}
+    groups = distinct_rows([*cols.values(), *per_row.values()], len(L))
+    if groups is None:  # a hash collision: row by row
+        return _stage_times(workload, L, rates)
+    inverse, first = groups
+    few = SimpleNamespace(**{n: c[first] for n, c in cols.items()})  # READS alone
+    t = _stage_times(workload, few, replace(rates, **{k: v[first] for k, v in per_row.items()}))
+    return StageTimes(
+        *(np.broadcast_to(getattr(t, f.name), first.shape)[inverse] for f in fields(t))
+    )
+
+
+def _stage_times(workload: Workload, L, rates: Rates) -> StageTimes:
+    """stage_times for every row of L (its READS columns)."""
     arch = workload.arch
     b, tp = L.micro_batch.astype(float), L.tp.astype(float)
     cp, fp8, flash = L.cp.astype(float), L.fp8, L.flash
@@ -97,7 +126,7 @@ def stage_times(workload: Workload, gpu: GPUSpec, L, rates: Rates | None = None)
     copies = _per_param(workload, L, fsdp2_copy_out(L.kernels, L.zero) / rates.memory)
     if arch is None:  # no blocks: every FLOP at the GEMM rate, as one "pre" layer
         fwd = workload.forward_flops * b / (tp * rates.gemm)
-        zero = np.zeros(len(L))
+        zero = np.zeros(b.shape)
         pre_bwd = BACKWARD_FACTOR * fwd + adds.model + copies.model
         wgrad = weight_gradient(fwd, adds.model)
         fwd = fwd + copies.model
