@@ -15,11 +15,12 @@ install: $(BIN)/commsim
 demo: install
 	$(BIN)/commsim plan
 
-# Two phases: the pure-CPU tests on every core (pytest-xdist), then the tests that time real
-# processes and shaped links (root, torch) alone, so that nothing else shares the cores.
+# Two phases: the tests that time nothing on every core (pytest-xdist; torch tests that only
+# count bytes are marked shared), then the tests that time real processes and shaped links
+# (root, torch) alone, so that nothing else shares the cores.
 test: install
-	$(BIN)/pytest -q -n auto -m "not root and not torch"
-	$(BIN)/pytest -q -m "root or torch"
+	$(BIN)/pytest -q -n auto -m "not root and not torch or shared"
+	$(BIN)/pytest -q -m "(root or torch) and not shared"
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

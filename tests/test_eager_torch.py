@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from commsim.step import eager  # noqa: E402
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.shared]  # ATen byte counts: no timing
 BF16 = torch.bfloat16
 # ops that index their tensor inputs rather than stream them: nll_loss reads one log-probability
 # a row, and its backward takes the log-probabilities for their shape only, writing the

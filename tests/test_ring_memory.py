@@ -156,6 +156,7 @@ print(json.dumps(peaks))
 
 
 @pytest.mark.torch
+@pytest.mark.shared  # MemTracker counts bytes: no timing
 def test_torch_ring_is_what_pytorch_holds():
     """The eager ring's peak, measured on PyTorch's own code, is held_bytes at every cp (the
     all-gathered K and V and the backward's buffers), and its forward holds less."""

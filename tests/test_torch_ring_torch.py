@@ -17,7 +17,7 @@ from test_eager_torch import Traffic as StorageTraffic  # noqa: E402
 
 from commsim.step.torch_ring import merge_bytes  # noqa: E402
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.shared]  # ATen bytes, Inductor: no timing
 BF16, FP32 = torch.bfloat16, torch.float32
 B, HEADS, TOKENS, WIDTH = 1, 4, 64, 16  # a rank's b, heads, s / cp, head width
 # fills only write; the CPU's log_sigmoid_forward returns a full buffer, CUDA's an empty one
