@@ -55,6 +55,9 @@ def _math_share(best: float, shape, out_bytes: int, stream: float, peak: float) 
     return flops / math / (peak * 1e12)
 
 
+_A100_MATH = _math_share(271.2, (1024, 10240, 5120), 2, 1.70, 312)  # both A100s' SMs
+_GH100_MATH = _math_share(792.1, (6144, 17920, 2816), 2, 2.97, 989)  # H100's and H200's
+
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
@@ -78,7 +81,7 @@ GPUS: dict[str, GPUSpec] = {
             source="NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 1,555 GB/s, "
             "NVLink 600 GB/s bidirectional",
             sm_count=108,
-            gemm_efficiency=_math_share(271.2, (1024, 10240, 5120), 2, 1.70, 312),
+            gemm_efficiency=_A100_MATH,
             attention_efficiency=_FA2_AMPERE,
             kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
             "A100 SXM 271.2 of 312 TFLOPS (ml-engineering, torch 2.6.0)",
@@ -94,7 +97,7 @@ GPUS: dict[str, GPUSpec] = {
             source="NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16 dense, 2,039 GB/s, "
             "NVLink 600 GB/s bidirectional",
             sm_count=108,
-            gemm_efficiency=_math_share(271.2, (1024, 10240, 5120), 2, 1.70, 312),
+            gemm_efficiency=_A100_MATH,
             attention_efficiency=_FA2_AMPERE,
             hbm_efficiency=1.70 / 2.039,
             kernel_source="108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); MAMF "
@@ -113,7 +116,7 @@ GPUS: dict[str, GPUSpec] = {
             "sparsity), 80 GB, 3.35 TB/s, NVLink 900 GB/s bidirectional; FP8 1,979 dense",
             sm_count=132,
             fp8_flops=1979e12,
-            gemm_efficiency=_math_share(792.1, (6144, 17920, 2816), 2, 2.97, 989),
+            gemm_efficiency=_GH100_MATH,
             fp8_gemm_efficiency=_math_share(1402.6, (1024, 9216, 14336), 1, 2.97, 1979),
             attention_efficiency=_FA2_HOPPER,
             hbm_efficiency=2.97 / 3.35,
@@ -133,7 +136,7 @@ GPUS: dict[str, GPUSpec] = {
             "NVLink 900 GB/s bidirectional; FP8 1,979 dense",
             sm_count=132,
             fp8_flops=1979e12,
-            gemm_efficiency=_math_share(792.1, (6144, 17920, 2816), 2, 2.97, 989),  # as H100
+            gemm_efficiency=_GH100_MATH,  # the H100's die
             fp8_gemm_efficiency=_math_share(1453.4, (1280, 4096, 12032), 1, 4.15, 1979),
             attention_efficiency=_FA2_HOPPER,
             hbm_efficiency=4.15 / 4.8,

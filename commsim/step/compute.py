@@ -447,9 +447,11 @@ def _ends(arch, rates: Rates, tokens, tp, split, prices: Prices, wgrad_write):
     tp rank holds (`split`: tp with sequence parallelism, else 1)."""
     h, v, mem, sms = arch.hidden, arch.vocab, rates.memory, rates.sms
     embed = 2 * tokens / split * h * ACT / mem
-    head = gemm_seconds(tokens, v / tp, h, rates.gemm, sms, write=ACT / mem)
-    dgrad = gemm_seconds(tokens, h, v / tp, rates.gemm, sms, write=ACT / mem)
-    wgrad = gemm_seconds(h, v / tp, tokens, rates.gemm, sms, write=wgrad_write)
+    fwd = (tokens, v / tp, h, 1.0)
+    (dgrad,), (wgrad,) = grad_gemms([fwd])
+    head = gemm_seconds(*fwd[:3], rates.gemm, sms, write=ACT / mem)
+    dgrad = gemm_seconds(*dgrad[:3], rates.gemm, sms, write=ACT / mem)
+    wgrad = gemm_seconds(*wgrad[:3], rates.gemm, sms, write=wgrad_write)
     logits = tokens * v / tp / mem
     norm_f, norm_b = (n * tokens / split * h / mem for n in prices.norm)
     post_fwd = norm_f + head + prices.loss[0] * logits
