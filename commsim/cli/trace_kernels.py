@@ -72,7 +72,7 @@ def kernels_cmd(
         fit = fit_kernels(setup, read, setup.scenario.micro_batch)
         doc = {"gpu": setup.gpu.name, "steps": fit.steps, "classes": fit.rows()}
         if gpu_out:
-            text = gpu_yaml(fit.fitted_gpu(", ".join(traces)))
+            text = gpu_yaml(fit.fitted_gpu())
             write_atomic(gpu_out, text)
             doc["gpu_out"] = gpu_out
     if json_out:
@@ -83,13 +83,14 @@ def kernels_cmd(
     from commsim.units import fmt_time
 
     table = Table(title=f"compute per micro-batch by kernel class ({doc['gpu']}, roofline)")
-    for col in ("class", "traced", "roofline", "figure", "catalog", "fitted"):
+    for col in ("class", "traced", "roofline", "of it write", "figure", "catalog", "fitted"):
         table.add_column(col, justify="left" if col in ("class", "figure") else "right")
     for r in doc["classes"]:
         table.add_row(
             r["class"],
             fmt_time(r["traced_s"]),
             fmt_time(r["roofline_s"]),
+            fmt_time(r["write_s"]) if r["write_s"] else "-",
             r["field"],
             "-" if r["catalog"] is None else f"{r['catalog']:.3g}",
             "-" if r["fitted"] is None else f"{r['fitted']:.3g}",

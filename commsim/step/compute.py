@@ -138,7 +138,7 @@ def _stage_times(workload: Workload, L, rates: Rates) -> StageTimes:
     norm_b = np.where(L.norm_backward == 1, NORM_ONE_PASS_BACKWARD, ELEMENTWISE["norm"][1])
     prices = _prices(arch, L, norm_b)  # the stack's kernels (Strategy.kernels), bytes
     # seconds a weight-gradient GEMM moves an output element (block_gemms.wgrad_bytes)
-    wgrad_write = wgrad_bytes(L.grad_accumulation) / rates.memory
+    wgrad_write = wgrad_bytes(L.grad_accumulation) / rates.write
     block = _Block(
         arch, rates, tokens, tp, ep, etp, fp8, flash, workload, split, prices, wgrad_write
     )
@@ -347,7 +347,7 @@ class _Block:
         layouts' precision (or at `rate`, no FP8 casts): the forward X W (m x n out); its
         backward, the data gradient dY W^T (m x k out, over n) and the weight gradient
         X^T dY (k x n out, over the m tokens; wgrad_write an element)."""
-        sms, act, casts = self.rates.sms, ACT / self.rates.memory, rate is None
+        sms, act, casts = self.rates.sms, ACT / self.rates.write, rate is None
         rate = self._rate() if casts else rate
         out = [0.0] * 4
         for (m, n, k, count), d, w in zip(shapes, *grad_gemms(shapes), strict=True):
@@ -449,8 +449,8 @@ def _ends(arch, rates: Rates, tokens, tp, split, prices: Prices, wgrad_write):
     embed = 2 * tokens / split * h * ACT / mem
     fwd = (tokens, v / tp, h, 1.0)
     (dgrad,), (wgrad,) = grad_gemms([fwd])
-    head = gemm_seconds(*fwd[:3], rates.gemm, sms, write=ACT / mem)
-    dgrad = gemm_seconds(*dgrad[:3], rates.gemm, sms, write=ACT / mem)
+    head = gemm_seconds(*fwd[:3], rates.gemm, sms, write=ACT / rates.write)
+    dgrad = gemm_seconds(*dgrad[:3], rates.gemm, sms, write=ACT / rates.write)
     wgrad = gemm_seconds(*wgrad[:3], rates.gemm, sms, write=wgrad_write)
     logits = tokens * v / tp / mem
     norm_f, norm_b = (n * tokens / split * h / mem for n in prices.norm)

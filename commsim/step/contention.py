@@ -54,17 +54,19 @@ def contended_rates(rates: Rates, sms_taken, hbm_taken) -> Rates:
     moving `hbm_taken` bytes/s through HBM: GEMMs tile onto the SMs left (compute's wave
     quantisation on `sms` SMs, each wave as long as before: the rates scale with the share
     of SMs left), FlashAttention's many waves slow with that share, and memory-bound
-    kernels get the bandwidth the collective leaves, or at worst half of it (max-min fair
-    shares of a saturated HBM)."""
+    kernels and GEMMs' output writes get the bandwidth the collective leaves, or at worst
+    half of it (max-min fair shares of a saturated HBM)."""
     share = sm_share(rates.sms, sms_taken)
     sms = share * rates.sms
-    memory = np.maximum(rates.memory - np.asarray(hbm_taken, dtype=float), rates.memory / 2)
+    taken = np.asarray(hbm_taken, dtype=float)
+    memory, write = (np.maximum(bw - taken, bw / 2) for bw in (rates.memory, rates.write))
     return replace(
         rates,
         gemm=rates.gemm * share,
         fp8=rates.fp8 * share,
         attention=rates.attention * share,
         memory=memory,
+        write=write,
         sms=sms,
     )
 

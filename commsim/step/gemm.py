@@ -30,6 +30,9 @@ class Rates:
     fp8: float | np.ndarray  # FP8 GEMM math FLOP/s on every SM (0: no FP8)
     attention: float | np.ndarray  # FlashAttention FLOP/s
     memory: float | np.ndarray  # HBM bytes/s that streaming kernels reach
+    # HBM bytes/s a GEMM writes its output at: memory's, a field of its own so that a fit
+    # can tell the GEMMs' writes from the element-wise work (traces.kernels)
+    write: float | np.ndarray
     sms: int | np.ndarray  # SMs the kernels may use (fewer beside a collective: step.contention)
 
     @classmethod
@@ -51,6 +54,7 @@ class Rates:
             fp8=fp8,
             attention=gpu.peak_flops * gpu.attention_efficiency,
             memory=gpu.stream_bandwidth,
+            write=gpu.stream_bandwidth,
             sms=int(gpu.sm_count),
         )
 

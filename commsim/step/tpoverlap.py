@@ -113,7 +113,7 @@ class GemmClock:
             if self.flat is not None:
                 out = out + count * 2.0 * m * n * k / self.flat
             else:
-                w = write / r.memory  # each chunk's output through HBM (gemm_seconds)
+                w = write / r.write  # each chunk's output through HBM (gemm_seconds)
                 out = out + gemm_seconds(m, n, k, rate, r.sms, count, concurrent, write=w)
         return out
 

@@ -3,35 +3,41 @@ attention and element-wise work per micro-batch, beside what commsim's roofline
 (step.compute) gives the same model and layout, and the GPU efficiencies that make the two
 agree.
 
-The roofline's time is a sum over classes, each inversely proportional to its rate (GEMM:
-peak x gemm_efficiency, or the FP8 rate; attention: peak x attention_efficiency;
-element-wise: HBM bandwidth): T = G / r_gemm + A / r_att + M / r_mem. So each class's part
-is exact from two evaluations: doubling one rate halves its part, G / r = 2 (T - T(2 r)).
-The fitted efficiency is the catalog's times roofline / traced for that class; the
+The roofline's time is a sum of parts, each inversely proportional to one of its rates
+(step.gemm.Rates): the GEMMs' math (peak x gemm_efficiency, or the FP8 rate), their output
+writes (the HBM streaming bandwidth, step.gemm.gemm_seconds), FlashAttention (peak x
+attention_efficiency) and the element-wise work (the streaming bandwidth):
+T = G / r_gemm + W / r_write + A / r_att + M / r_mem. So each part is exact from two
+evaluations: doubling one rate halves its part, G / r = 2 (T - T(2 r)). A traced GEMM
+kernel includes its output's write, so the GEMM class is the math and the writes; the
 element-wise class has no efficiency (the roofline takes the datasheet HBM bandwidth): its
 achieved share of that bandwidth is reported.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from commsim.scenario import Setup
 from commsim.specs import GPUSpec, SpecError, Strategy
+from commsim.step.gemm import Rates
 from commsim.step.layouts import Layouts
 from commsim.step.model import StepModel
 from commsim.traces.intervals import clip, measure
 from commsim.traces.kineto import RankTrace
 from commsim.traces.summary import step_figures
+from commsim.units import fmt_time
 
 CLASSES = ("gemm", "attention", "other")
-# the GPU figure each class's rate scales with (other: HBM bandwidth, not an efficiency)
-RATE_FIELDS = {
-    "gemm": ("gemm_efficiency", "fp8_gemm_efficiency"),
-    "attention": ("attention_efficiency",),
-    "other": ("hbm_bandwidth",),
+# the roofline's parts (see the module docstring) and the Rates fields each is inversely
+# proportional to; the GEMM class is "math" and "write"
+PARTS = {
+    "math": ("gemm", "fp8"),
+    "write": ("write",),
+    "attention": ("attention",),
+    "other": ("memory",),
 }
 
 
@@ -57,55 +63,84 @@ def measured(traces: list[RankTrace]) -> tuple[dict[str, float], int]:
 
 
 def roofline(setup: Setup, strategy: Strategy, micro_batch: int) -> dict[str, float]:
-    """Seconds per micro-batch of each class on the slowest stage, by the roofline at the
-    setup's GPU (see the module docstring)."""
+    """Seconds per micro-batch of each part of the roofline (PARTS) on the slowest stage, at
+    the setup's GPU (see the module docstring)."""
     L = Layouts.of([strategy], micro_batch, setup.dp, setup.micro_batches)
+    s = setup.scenario
+    model = StepModel(setup.workload, setup.cluster, setup.gpu, setup.n_gpus, s.global_batch, None)
 
-    def total(gpu: GPUSpec) -> float:
-        s = setup.scenario
-        model = StepModel(setup.workload, setup.cluster, gpu, setup.n_gpus, s.global_batch, None)
-        c = model.compute(L)
+    def total(rates: Rates) -> float:
+        c = model.compute(L, rates)
         return float(c.forward[0] + c.backward[0])
 
-    gpu = setup.gpu
     try:
-        base = total(gpu)
+        rates = Rates.of(setup.gpu)
+        base = total(rates)
     except ValueError as e:
         raise SpecError(setup.source, "node.gpu", str(e)) from None
     out = {}
-    for cls, fields in RATE_FIELDS.items():
-        faster = {f: 2 * getattr(gpu, f) for f in fields if getattr(gpu, f) is not None}
-        out[cls] = 2 * (base - total(gpu.model_copy(update=faster)))
+    for part, fields in PARTS.items():
+        faster = replace(rates, **{f: 2 * getattr(rates, f) for f in fields})
+        out[part] = 2 * (base - total(faster))
     return out
 
 
 @dataclass(frozen=True)
 class KernelFit:
-    """Each class: traced and roofline seconds per micro-batch, and the efficiency fitted."""
+    """Each class: traced seconds per micro-batch (traces `source`), the roofline's parts
+    (roofline), and the efficiency fitted; a SpecError where the traced GEMMs take no
+    longer than the roofline's writes of their outputs alone."""
 
     gpu: GPUSpec
     traced: dict[str, float]
-    roofline: dict[str, float]
+    parts: dict[str, float]
     fp8: bool
     steps: int
+    source: str
+
+    def __post_init__(self):
+        t, w = self.traced["gemm"], self.parts["write"]
+        if 0 < t <= w:
+            raise SpecError(
+                self.source,
+                self.field("gemm"),
+                f"the traced GEMMs take {fmt_time(t)} a micro-batch, no longer than the "
+                f"roofline's writes of their outputs alone ({fmt_time(w)} at the "
+                f"{self.gpu.name}'s HBM bandwidth): not the model or layout traced",
+            )
 
     def field(self, cls: str) -> str | None:
         """The GPUSpec field the class's time fits (None: element-wise)."""
         if cls == "other":
             return None
-        return "fp8_gemm_efficiency" if cls == "gemm" and self.fp8 else RATE_FIELDS[cls][0]
+        if cls == "gemm":
+            return "fp8_gemm_efficiency" if self.fp8 else "gemm_efficiency"
+        return "attention_efficiency"
+
+    def roofline(self, cls: str) -> float:
+        """The roofline's seconds of a class: the GEMMs' are their math and their writes."""
+        return self.parts["math"] + self.parts["write"] if cls == "gemm" else self.parts[cls]
+
+    def fixed(self, cls: str) -> float:
+        """The seconds of a class's roofline that no fitted figure scales: the GEMMs' output
+        writes (at the catalog's HBM bandwidth, as the fitted GPU prices them)."""
+        return self.parts["write"] if cls == "gemm" else 0.0
 
     def fitted(self, cls: str) -> float | None:
-        """The catalog's efficiency times roofline / traced (other: the share of the
-        datasheet HBM bandwidth the traced element-wise work reached, the roofline running
-        it at hbm_efficiency of it); None where the trace or the roofline has none."""
-        t, r = self.traced[cls], self.roofline[cls]
+        """The figure that makes the class's roofline the traced time (other: the share of
+        the datasheet HBM bandwidth the traced element-wise work reached, the roofline
+        running it at hbm_efficiency of it); None where the trace or the roofline has none.
+        The roofline's scaled seconds r (all but `fixed`, f) run at the catalog's figure c,
+        so at a figure e they take r c / e: r c / e + f = traced gives e = c r / (traced - f)."""
+        f = self.fixed(cls)
+        t, r = self.traced[cls], self.roofline(cls) - f
         if t <= 0 or r <= 0:
             return None
         field = self.field(cls)
-        return (getattr(self.gpu, field) if field else self.gpu.hbm_efficiency or 1.0) * r / t
+        c = getattr(self.gpu, field) if field else self.gpu.hbm_efficiency or 1.0
+        return c * r / (t - f)
 
-    def fitted_gpu(self, source: str) -> GPUSpec:
+    def fitted_gpu(self) -> GPUSpec:
         """The GPU with the fitted efficiencies; a SpecError where one exceeds 1 (faster than
         the GPU's peak: not the model or layout traced) or none can be fitted."""
         update = {}
@@ -115,15 +150,15 @@ class KernelFit:
                 continue
             if value > 1:
                 raise SpecError(
-                    source,
+                    self.source,
                     cls,
                     f"traced {value:.0%} of the {self.gpu.name}'s peak: not the "
                     "model or layout traced",
                 )
             update[self.field(cls)] = value
         if not update:
-            raise SpecError(source, "", "no GEMM or attention time to fit in the traces")
-        note = f"gemm/attention efficiencies fitted from profiler traces ({source})"
+            raise SpecError(self.source, "", "no GEMM or attention time to fit in the traces")
+        note = f"gemm/attention efficiencies fitted from profiler traces ({self.source})"
         name = f"{self.gpu.name}-traced"
         return self.gpu.model_copy(update=update | {"kernel_source": note, "name": name})
 
@@ -132,7 +167,8 @@ class KernelFit:
             {
                 "class": cls,
                 "traced_s": self.traced[cls],
-                "roofline_s": self.roofline[cls],
+                "roofline_s": self.roofline(cls),
+                "write_s": self.fixed(cls),
                 "field": self.field(cls) or "hbm_share",
                 "catalog": getattr(self.gpu, self.field(cls)) if self.field(cls) else None,
                 "fitted": self.fitted(cls),
@@ -158,4 +194,6 @@ def fit_kernels(setup: Setup, traces: list[RankTrace], micro_batch: int) -> Kern
     traced, steps = measured(traces)
     strategy = setup.scenario.strategy
     fp8 = strategy.precision == "fp8"
-    return KernelFit(setup.gpu, traced, roofline(setup, strategy, micro_batch), fp8, steps)
+    parts = roofline(setup, strategy, micro_batch)
+    source = ", ".join(t.source for t in traces)
+    return KernelFit(setup.gpu, traced, parts, fp8, steps, source)
