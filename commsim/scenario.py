@@ -174,7 +174,7 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
         )
     if strategy.data_parallel_only:
         return
-    _check_model_parallel(setup, strategy)
+    _check_cp_chunks(setup, strategy)
     _check_hybrid(w, strategy, src)
     _check_stages(setup, strategy)
     _check_experts(setup, strategy)
@@ -410,7 +410,7 @@ def _check_reshard(strategy: Strategy, src: str, pinned: bool = True) -> None:
         raise SpecError(src, "strategy.reshard_after_forward", problem)
 
 
-def _check_model_parallel(setup: Setup, strategy: Strategy) -> None:
+def _check_cp_chunks(setup: Setup, strategy: Strategy) -> None:
     """Context parallelism splits each sequence into 2 cp chunks (Megatron-core balances the
     causal mask that way), so the sequence must divide by 2 cp."""
     seq = setup.workload.seq_len or 0

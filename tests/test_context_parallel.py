@@ -80,3 +80,18 @@ def test_the_step_model_charges_each_layer_its_merges():
     # recomputation that replays attention replays its ring steps
     full = hm.evaluate(Layouts.build(dp=2, cp=8, micro_batches=8, recompute=2)).row(0)
     assert full["cp_comm"] - b["cp_comm"] == pytest.approx(b["comm_forward"], rel=1e-9)
+
+
+def test_the_sequence_must_split_into_2_cp_chunks():
+    # scenario._check_cp_chunks: Megatron-core's load-balanced causal split gives each cp
+    # rank 2 chunks, so 4096 tokens take cp 2 (4 chunks of 1024) and 4095 do not
+    from commsim.cli.options import setup_from_flags
+    from commsim.specs import SpecError
+
+    flags = {"model": "llama2-7b", "cluster": "dgx-h100-ib", "gpus": 256, "tp": 2, "cp": 2}
+    assert setup_from_flags(None, seq_len=4096, **flags).scenario.strategy.cp == 2
+    with pytest.raises(SpecError, match="sequence length 4095 does not split into 2 x cp = 4"):
+        setup_from_flags(None, seq_len=4095, **flags)
+    with pytest.raises(SpecError) as e:
+        setup_from_flags(None, seq_len=4094, **flags | {"cp": 4})
+    assert e.value.field == "strategy.cp"

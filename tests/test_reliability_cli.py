@@ -119,6 +119,20 @@ def test_stragglers_json():
     assert bad.exit_code == 2 and "no such link" in bad.output
 
 
+def test_every_stragglers_flag_reaches_its_document():
+    # cli.stragglers gathers them in one Upsets (named as the flags): each one given, each seen
+    doc = _json([
+        "stragglers", "--model", "gpt2-xl", "--cluster", "dgx-h100-ib", "--gpus", "64",
+        "--global-batch", "512", "--slow-rank", "1.5", "--duration", "2h", "--jitter",
+        "exponential:0.2", "--local-steps", "4", "--link", "leaf0:spine0", "--link-factor", "2",
+    ])  # fmt: skip
+    slow = doc["slow_rank"]
+    assert (doc["gpus"], slow["factor"], slow["duration_s"]) == (64, 1.5, 7200.0)
+    jitter = doc["jitter"]
+    assert (jitter["distribution"], jitter["cv"], jitter["local_steps"]) == ("exponential", 0.2, 4)
+    assert doc["link"]["factor"] == 2.0
+
+
 def test_goodput_falls_with_size_and_where_more_gpus_stop_paying():
     base = whatif.load(
         None,

@@ -1,9 +1,8 @@
-"""`commsim goodput` and `commsim stragglers`: the cluster as it behaves.
+"""`commsim goodput`: the cluster as it behaves under failures.
 
-goodput: a scenario's mean time to interruption, checkpoint interval, restart cost, goodput
-and badput under one recovery strategy or all of them side by side; with --gpus LOW:HIGH the
-same across cluster sizes (time to train ideal and with failures). stragglers: a slow rank,
-a degraded link and per-rank jitter, and what each mitigation leaves.
+A scenario's mean time to interruption, checkpoint interval, restart cost, goodput and
+badput under one recovery strategy or all of them side by side; with --gpus LOW:HIGH the
+same across cluster sizes (time to train ideal and with failures).
 """
 
 from __future__ import annotations
@@ -15,6 +14,20 @@ import typer
 
 from commsim.cli.given import pick
 from commsim.cli.options import gpu_sizes
+from commsim.cli.reliability_flags import (
+    SHARED_FLAGS,
+    ClusterOpt,
+    GlobalBatchOpt,
+    MicroBatchOpt,
+    ModelOpt,
+    Opt,
+    PpOpt,
+    ScenarioArg,
+    SeqLenOpt,
+    TpOpt,
+    overrides,
+)
+from commsim.cli.stragglers import stragglers_cmd
 from commsim.files import check_output
 from commsim.reliability.recovery import STRATEGIES, Policy
 from commsim.report import terminal
@@ -23,19 +36,11 @@ from commsim.units import parse_time
 if TYPE_CHECKING:
     from commsim.scenario import Setup
 
-Opt = typer.Option
-ScenarioArg = Annotated[str | None, typer.Argument(help="Scenario YAML (default: built-in).")]
 GpusOpt = Annotated[str | None, Opt(help="GPU count, or LOW:HIGH to sweep sizes (doubling).")]
 # goodput's flags that set scenario fields, and those that set the recovery Policy (_policy)
-SCENARIO_FLAGS = ("model", "cluster", "global_batch", "micro_batch", "seq_len", "tp", "pp")
-SCENARIO_FLAGS += ("zero", "tokens", "price_per_gpu_hour")
+SCENARIO_FLAGS = (*SHARED_FLAGS, "zero", "tokens", "price_per_gpu_hour")
 POLICY_FLAGS = ("interval", "async_save", "spares", "spare_target", "detect", "reschedule")
 POLICY_FLAGS += ("warmup", "init")
-
-
-def _overrides(**kw: Any) -> dict[str, Any]:
-    """The flags given (not None), as scenario overrides."""
-    return {k: v for k, v in kw.items() if v is not None}
 
 
 def _policy(recovery, interval, async_save, spares, spare_target, detect, reschedule, warmup, init):
@@ -65,14 +70,14 @@ def _rates(setup: Setup, rate_scale: float, repair: str | None):
 
 def goodput_cmd(
     scenario: ScenarioArg = None,
-    model: Annotated[str | None, Opt(help="Model preset.")] = None,
-    cluster: Annotated[str | None, Opt(help="Topology name or YAML path.")] = None,
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
     gpus: GpusOpt = None,
-    global_batch: Annotated[int | None, Opt(help="Samples per step.")] = None,
-    micro_batch: Annotated[int | None, Opt(help="Samples per GPU per micro-step.")] = None,
-    seq_len: Annotated[int | None, Opt(help="Tokens per sample.")] = None,
-    tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree.")] = None,
-    pp: Annotated[int | None, Opt("--pp", help="Pipeline stages.")] = None,
+    global_batch: GlobalBatchOpt = None,
+    micro_batch: MicroBatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    tp: TpOpt = None,
+    pp: PpOpt = None,
     zero: Annotated[int | None, Opt("--zero", help="ZeRO stage.")] = None,
     tokens: Annotated[float | None, Opt(help="Training tokens (time to train).")] = None,
     price_per_gpu_hour: Annotated[float | None, Opt(help="Price of a GPU-hour.")] = None,
@@ -136,7 +141,7 @@ def _inputs(args: dict[str, Any]) -> tuple[Any, str, list[int], list[Policy]]:
     recovery = args["recovery"]
     if recovery != "all" and recovery not in STRATEGIES:
         raise ValueError(f"--recovery must be one of {', '.join(STRATEGIES)} or all")
-    spec, source = load_scenario(args["scenario"], _overrides(**pick(args, SCENARIO_FLAGS)))
+    spec, source = load_scenario(args["scenario"], overrides(**pick(args, SCENARIO_FLAGS)))
     sizes = gpu_sizes(args["gpus"], spec.gpus)
     names = STRATEGIES if recovery == "all" else (recovery,)
     return spec, source, sizes, [_policy(n, **pick(args, POLICY_FLAGS)) for n in names]
@@ -243,134 +248,6 @@ def _sizing(spec, source, sizes, policies, rate_scale, repair, plot, json_out) -
     first = next((d for d in docs if "assumptions" in d), None)
     if first:
         _assumptions(first["assumptions"], plot)
-
-
-def stragglers_cmd(
-    scenario: ScenarioArg = None,
-    model: Annotated[str | None, Opt(help="Model preset.")] = None,
-    cluster: Annotated[str | None, Opt(help="Topology name or YAML path.")] = None,
-    gpus: Annotated[int | None, Opt(help="GPU count.")] = None,
-    global_batch: Annotated[int | None, Opt(help="Samples per step.")] = None,
-    micro_batch: Annotated[int | None, Opt(help="Samples per GPU per micro-step.")] = None,
-    seq_len: Annotated[int | None, Opt(help="Tokens per sample.")] = None,
-    tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree.")] = None,
-    pp: Annotated[int | None, Opt("--pp", help="Pipeline stages.")] = None,
-    slow_rank: Annotated[float, Opt(help="One rank's compute this many times slower.")] = 1.2,
-    duration: Annotated[str, Opt(help="How long the slow rank lasts (Falcon: s to ~10 h).")] = "1h",
-    link: Annotated[
-        str | None, Opt(help="A link to degrade, both directions: leaf0:spine0 (see topo show).")
-    ] = None,
-    link_factor: Annotated[float, Opt(help="The link carries 1/this of its bandwidth.")] = 4.0,
-    jitter: Annotated[
-        str, Opt(help="Per-rank jitter DIST:CV (normal, lognormal, exponential).")
-    ] = "normal:0.05",
-    local_steps: Annotated[int, Opt(help="Local SGD: steps between syncs.")] = 8,
-    json_out: terminal.JsonOpt = False,
-) -> None:
-    """A slow rank, a degraded link and per-rank jitter: step time and what each mitigation
-    (drop, rebalance, async, local SGD, hierarchical fallback) leaves."""
-    from commsim.report import goodput as out
-    from commsim.scenario import load_scenario, resolve
-
-    with terminal.user_errors():
-        flags = _overrides(
-            model=model,
-            cluster=cluster,
-            gpus=gpus,
-            global_batch=global_batch,
-            micro_batch=micro_batch,
-            seq_len=seq_len,
-            tp=tp,
-            pp=pp,
-        )
-        spec, source = load_scenario(scenario, flags)
-        setup = resolve(spec, source)
-        doc = _stragglers_doc(setup, slow_rank, parse_time(duration), jitter, local_steps)
-        if link:
-            doc["link"] = _link(setup, doc["prediction"], link, link_factor)
-    prediction = doc.pop("prediction")
-    if json_out:
-        terminal.print_json(doc)
-        return
-    title = (
-        f"{setup.scenario.name}: one rank {slow_rank:g}x slower for {duration} on "
-        f"{setup.n_gpus:,} GPUs: step {prediction.step_time_s:.3g} s -> "
-        f"{doc['slow_rank']['step_time_s']:.3g} s"
-    )
-    terminal.console.print(out.straggler_table(title, doc["slow_rank"]["mitigations"]))
-    _print_jitter(doc["jitter"], setup.n_gpus)
-    if link:
-        _print_link(doc["link"], link, link_factor)
-
-
-def _stragglers_doc(setup: Setup, slow_rank: float, duration_s: float, jitter: str, local_steps):
-    """The step with one slow rank and what each mitigation leaves, and per-rank jitter's
-    cost synchronised and with local SGD; `prediction` holds the healthy step."""
-    from commsim.reliability import stragglers
-
-    p = stragglers.predict_step(setup)
-    rows = [dataclasses.asdict(r) for r in stragglers.slow_rank(setup, p, slow_rank, duration_s)]
-    dist, _, cv = jitter.partition(":")
-    jit = {h: stragglers.jitter(p, dist, float(cv or 0.05), h) for h in (1, local_steps)}
-    return {
-        "scenario": setup.scenario.name,
-        "gpus": setup.n_gpus,
-        "step_time_s": p.step_time_s,
-        "slow_rank": {
-            "factor": slow_rank,
-            "duration_s": duration_s,
-            "step_time_s": stragglers.slow_rank_step(setup, p, slow_rank),
-            "mitigations": rows,
-        },
-        "jitter": {
-            "distribution": dist,
-            "cv": float(cv or 0.05),
-            "sync": jit[1],
-            "local_sgd": jit[local_steps],
-            "local_steps": local_steps,
-        },
-        "prediction": p,
-    }
-
-
-def _print_jitter(j: dict[str, Any], gpus: int) -> None:
-    terminal.console.print(
-        f"jitter {j['distribution']} cv {j['cv']:g} over {gpus:,} ranks: the slowest rank takes "
-        f"{j['sync']['expected_max']:.3f}x the mean, throughput {j['sync']['throughput']:.1%} "
-        f"of the synchronous step without jitter; local SGD every {j['local_steps']} steps: "
-        f"{j['local_sgd']['throughput']:.1%} (one data-parallel sync in {j['local_steps']})",
-        highlight=False,
-    )
-
-
-def _print_link(lk: dict[str, Any], link: str, link_factor: float) -> None:
-    rec = lk["hierarchical_recovers"]
-    terminal.console.print(
-        f"{link} at 1/{link_factor:g}: step {lk['healthy_step_s']:.3g} s -> "
-        f"{lk['degraded_step_s']:.3g} s; groups crossing it: "
-        + ", ".join(f"{k} {len(v)}" for k, v in lk["crossing"].items())
-        + (
-            f"; hierarchical fallback wins back {rec:.0%} of the ring's loss"
-            if rec is not None
-            else ""
-        ),
-        highlight=False,
-    )
-
-
-def _link(setup, prediction, link: str, factor: float) -> dict[str, Any]:
-    from commsim.reliability import stragglers
-
-    a, sep, b = link.partition(":")
-    names = setup.cluster.names
-    ids = [i for i, n in enumerate(names) if n in (f"{a}->{b}", f"{b}->{a}")]
-    if not sep or not ids:
-        raise ValueError(
-            f"--link {link!r}: no such link in the job's cluster (e.g. "
-            f"{names[-1].replace('->', ':')})"
-        )
-    report = stragglers.degraded_link(setup, prediction, ids, factor)
-    return dataclasses.asdict(report) | {"hierarchical_recovers": report.hierarchical_recovers}
 
 
 def register(app: typer.Typer) -> None:

@@ -14,7 +14,6 @@ from commsim.cli.given import (
     blame_flags,
     flag,
     pick,
-    refuse_ignored,
 )
 from commsim.cli.options import (
     FSDP,
@@ -51,7 +50,6 @@ from commsim.cli.options import (
     TokensOpt,
     TpOverlapOpt,
     gpu_count,
-    setup_from_flags,
 )
 from commsim.cli.plan_options import (
     FAILURE_FLAGS,
@@ -86,6 +84,7 @@ from commsim.cli.plan_options import (
     TopOpt,
 )
 from commsim.cli.sizing import size_clusters_cmd
+from commsim.cli.step_setup import step_setup
 from commsim.cli.traced import (
     TRACE_FLAGS,
     TraceMbOpt,
@@ -93,7 +92,6 @@ from commsim.cli.traced import (
     TracePpOpt,
     TraceTpOpt,
     print_trace,
-    with_trace,
 )
 from commsim.report import terminal
 
@@ -219,17 +217,7 @@ def _plan_one_cluster(args: dict[str, Any], flags: dict[str, Any], pins: set[str
     given = pick(args, ("model", "cluster", "gpus", "profile", "deepspeed"))
     given |= pick(args, TRAINING_FLAGS) | flags | pick(args, STACK_FLAGS)
     with terminal.user_errors(), blame_flags(scenario, given):
-        setup = setup_from_flags(
-            scenario,
-            fsdp=args["fsdp"],
-            check=False,
-            layers_per_virtual_stage=args["layers_per_virtual_stage"],
-            backend=args["backend"],
-            **nccl,
-            **given | {"gpus": gpu_count(args["gpus"])},
-        )
-        refuse_ignored(setup.scenario, given)
-        setup, traced = with_trace(setup, *(args[k] for k in TRACE_FLAGS))
+        setup, traced = step_setup(args, given | {"gpus": gpu_count(args["gpus"])}, check=False)
         pinned = pins | ({"interleave"} if args["layers_per_virtual_stage"] else set())
         check_pins(setup.workload, setup.scenario.strategy, pinned, setup.source)
         result, sweep = _search(setup, pinned, plot)

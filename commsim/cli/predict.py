@@ -13,7 +13,6 @@ from commsim.cli.given import (
     TRAINING_FLAGS,
     blame_flags,
     pick,
-    refuse_ignored,
 )
 from commsim.cli.options import (
     AlgorithmOpt,
@@ -65,16 +64,14 @@ from commsim.cli.options import (
     TpOpt,
     TpOverlapOpt,
     ZeroOpt,
-    setup_from_flags,
 )
+from commsim.cli.step_setup import step_setup
 from commsim.cli.traced import (
-    TRACE_FLAGS,
     TraceMbOpt,
     TraceOpt,
     TracePpOpt,
     TraceTpOpt,
     print_trace,
-    with_trace,
 )
 from commsim.report import terminal
 
@@ -172,16 +169,7 @@ def _predict(args: dict[str, Any]) -> tuple[Setup, dict[str, Any]]:
         check_output(plot, "--plot", image=True)
         check_output(html, "--html")
         check_output(csv, "--csv")
-        setup = setup_from_flags(
-            scenario,
-            fsdp=args["fsdp"],
-            layers_per_virtual_stage=args["layers_per_virtual_stage"],
-            backend=args["backend"],
-            **nccl,
-            **flags,
-        )
-        refuse_ignored(setup.scenario, flags)
-        setup, traced = with_trace(setup, *(args[k] for k in TRACE_FLAGS))
+        setup, traced = step_setup(args, flags)
         pred = predict(setup)
         doc = _document(setup, pred, traced)
         terminal.require_finite(doc, "--tokens, --price-per-gpu-hour and the sizes given")

@@ -1,0 +1,171 @@
+"""`commsim stragglers`: a slow rank, a degraded link and per-rank jitter, and what each
+mitigation (drop, rebalance, async, local SGD, hierarchical fallback) leaves."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Annotated, Any
+
+from commsim.cli.given import pick
+from commsim.cli.reliability_flags import (
+    SHARED_FLAGS,
+    ClusterOpt,
+    GlobalBatchOpt,
+    MicroBatchOpt,
+    ModelOpt,
+    Opt,
+    PpOpt,
+    ScenarioArg,
+    SeqLenOpt,
+    TpOpt,
+    overrides,
+)
+from commsim.report import terminal
+from commsim.units import parse_time
+
+if TYPE_CHECKING:
+    from commsim.scenario import Setup
+
+STRAGGLER_FLAGS = (*SHARED_FLAGS, "gpus")  # the flags that set scenario fields
+
+
+@dataclasses.dataclass(frozen=True)
+class Upsets:
+    """What stragglers_cmd's flags make go wrong, a field a flag (named as it): one rank
+    `slow_rank` times slower for `duration`, per-rank `jitter` (DIST:CV) synchronised every
+    step and every `local_steps` (local SGD), `link` (None: none) at 1/`link_factor`."""
+
+    slow_rank: float
+    duration: str
+    jitter: str
+    local_steps: int
+    link: str | None
+    link_factor: float
+
+
+UPSET_FLAGS = tuple(f.name for f in dataclasses.fields(Upsets))
+
+
+def stragglers_cmd(
+    scenario: ScenarioArg = None,
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
+    gpus: Annotated[int | None, Opt(help="GPU count.")] = None,
+    global_batch: GlobalBatchOpt = None,
+    micro_batch: MicroBatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    tp: TpOpt = None,
+    pp: PpOpt = None,
+    slow_rank: Annotated[float, Opt(help="One rank's compute this many times slower.")] = 1.2,
+    duration: Annotated[str, Opt(help="How long the slow rank lasts (Falcon: s to ~10 h).")] = "1h",
+    link: Annotated[
+        str | None, Opt(help="A link to degrade, both directions: leaf0:spine0 (see topo show).")
+    ] = None,
+    link_factor: Annotated[float, Opt(help="The link carries 1/this of its bandwidth.")] = 4.0,
+    jitter: Annotated[
+        str, Opt(help="Per-rank jitter DIST:CV (normal, lognormal, exponential).")
+    ] = "normal:0.05",
+    local_steps: Annotated[int, Opt(help="Local SGD: steps between syncs.")] = 8,
+    json_out: terminal.JsonOpt = False,
+) -> None:
+    """A slow rank, a degraded link and per-rank jitter: step time and what each mitigation
+    (drop, rebalance, async, local SGD, hierarchical fallback) leaves."""
+    args = locals()  # the flags as given
+    from commsim.report import goodput as out
+    from commsim.scenario import load_scenario, resolve
+
+    upsets = Upsets(**pick(args, UPSET_FLAGS))
+    with terminal.user_errors():
+        spec, source = load_scenario(scenario, overrides(**pick(args, STRAGGLER_FLAGS)))
+        setup = resolve(spec, source)
+        doc = _stragglers_doc(setup, upsets)
+        if upsets.link:
+            doc["link"] = _link(setup, doc["prediction"], upsets)
+    prediction = doc.pop("prediction")
+    if json_out:
+        terminal.print_json(doc)
+        return
+    title = (
+        f"{setup.scenario.name}: one rank {upsets.slow_rank:g}x slower for {upsets.duration} on "
+        f"{setup.n_gpus:,} GPUs: step {prediction.step_time_s:.3g} s -> "
+        f"{doc['slow_rank']['step_time_s']:.3g} s"
+    )
+    terminal.console.print(out.straggler_table(title, doc["slow_rank"]["mitigations"]))
+    _print_jitter(doc["jitter"], setup.n_gpus)
+    if upsets.link:
+        _print_link(doc["link"], upsets)
+
+
+def _stragglers_doc(setup: Setup, upsets: Upsets) -> dict[str, Any]:
+    """The step with one slow rank and what each mitigation leaves, and per-rank jitter's
+    cost synchronised and with local SGD; `prediction` holds the healthy step."""
+    from commsim.reliability import stragglers
+
+    duration_s = parse_time(upsets.duration)
+    slow_rank, jitter, local_steps = upsets.slow_rank, upsets.jitter, upsets.local_steps
+    p = stragglers.predict_step(setup)
+    rows = [dataclasses.asdict(r) for r in stragglers.slow_rank(setup, p, slow_rank, duration_s)]
+    dist, _, cv = jitter.partition(":")
+    jit = {h: stragglers.jitter(p, dist, float(cv or 0.05), h) for h in (1, local_steps)}
+    return {
+        "scenario": setup.scenario.name,
+        "gpus": setup.n_gpus,
+        "step_time_s": p.step_time_s,
+        "slow_rank": {
+            "factor": slow_rank,
+            "duration_s": duration_s,
+            "step_time_s": stragglers.slow_rank_step(setup, p, slow_rank),
+            "mitigations": rows,
+        },
+        "jitter": {
+            "distribution": dist,
+            "cv": float(cv or 0.05),
+            "sync": jit[1],
+            "local_sgd": jit[local_steps],
+            "local_steps": local_steps,
+        },
+        "prediction": p,
+    }
+
+
+def _print_jitter(j: dict[str, Any], gpus: int) -> None:
+    terminal.console.print(
+        f"jitter {j['distribution']} cv {j['cv']:g} over {gpus:,} ranks: the slowest rank takes "
+        f"{j['sync']['expected_max']:.3f}x the mean, throughput {j['sync']['throughput']:.1%} "
+        f"of the synchronous step without jitter; local SGD every {j['local_steps']} steps: "
+        f"{j['local_sgd']['throughput']:.1%} (one data-parallel sync in {j['local_steps']})",
+        highlight=False,
+    )
+
+
+def _print_link(lk: dict[str, Any], upsets: Upsets) -> None:
+    rec = lk["hierarchical_recovers"]
+    terminal.console.print(
+        f"{upsets.link} at 1/{upsets.link_factor:g}: step {lk['healthy_step_s']:.3g} s -> "
+        f"{lk['degraded_step_s']:.3g} s; groups crossing it: "
+        + ", ".join(f"{k} {len(v)}" for k, v in lk["crossing"].items())
+        + (
+            f"; hierarchical fallback wins back {rec:.0%} of the ring's loss"
+            if rec is not None
+            else ""
+        ),
+        highlight=False,
+    )
+
+
+def _link(setup, prediction, upsets: Upsets) -> dict[str, Any]:
+    """--link's link at 1/--link-factor of its bandwidth: the step, the groups crossing it,
+    what the hierarchical fallback wins back."""
+    from commsim.reliability import stragglers
+
+    link = upsets.link
+    a, sep, b = link.partition(":")
+    names = setup.cluster.names
+    ids = [i for i, n in enumerate(names) if n in (f"{a}->{b}", f"{b}->{a}")]
+    if not sep or not ids:
+        raise ValueError(
+            f"--link {link!r}: no such link in the job's cluster (e.g. "
+            f"{names[-1].replace('->', ':')})"
+        )
+    report = stragglers.degraded_link(setup, prediction, ids, upsets.link_factor)
+    return dataclasses.asdict(report) | {"hierarchical_recovers": report.hierarchical_recovers}
