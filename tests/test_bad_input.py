@@ -325,3 +325,28 @@ def test_a_memory_saver_the_layout_cannot_use_is_refused(tmp_path, command, stra
     doc = dict(model="llama2-7b", cluster="dgx-h100-ib", gpus=8, global_batch=64)
     path.write_text(json.dumps(doc | {"strategy": strategy}))
     refused(command, str(path), says=says)
+
+
+_CP_JOB = ("--model", "llama2-7b", "--cluster", "dgx-h100-ib", "--gpus", "256")
+_CP_SPLIT = "sequence length 4095 does not split into 2 x cp = 4 chunks"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("predict", *_CP_JOB, "--tp", "2"),
+        ("plan", *_CP_JOB),  # plan ranked cp 2 layouts that predict refused
+        ("plan", *_CP_JOB[:4], "--gpus", "64:256", "--tokens", "1e9"),  # sizing checks pins too
+    ],
+)
+def test_a_cp_that_cannot_split_the_sequence_is_refused_alike(args):
+    extra = ("--global-batch", "1024", "--seq-len", "4095", "--cp", "2")
+    refused(*args, *extra, says=f"--cp 2, --seq-len 4095: {_CP_SPLIT}")
+
+
+def test_a_sequence_flag_that_a_files_cp_cannot_split_is_blamed(tmp_path):
+    path = tmp_path / "s.yaml"
+    doc = dict(model="llama2-7b", cluster="dgx-h100-ib", gpus=256, global_batch=1024)
+    path.write_text(json.dumps(doc | {"strategy": {"tp": 2, "cp": 2}}))
+    refused("predict", str(path), "--seq-len", "4095", says=f"--seq-len 4095: {_CP_SPLIT}")
+    assert "s.yaml" not in run("predict", str(path), "--seq-len", "4095").output
