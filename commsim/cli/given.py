@@ -68,7 +68,7 @@ def refuse_ignored(scenario: Any, given: dict[str, Any]) -> None:
         )
 
 
-def _as_typed(key: str, value: Any) -> str:
+def as_typed(key: str, value: Any) -> str:
     """A flag and its value as the user typed them: --x 3, --ep-overlap, --no-ep-overlap."""
     if isinstance(value, bool):
         return flag(key) if value else "--no-" + flag(key)[2:]
@@ -100,5 +100,5 @@ def blame_flags(scenario: str | None, overrides: dict[str, Any]) -> Iterator[Non
             keys = [k for k in SHARED_BLAME[e.field] if k in given]
         if not keys:
             raise
-        named = ", ".join(_as_typed(k, given[k]) for k in keys)
+        named = ", ".join(as_typed(k, given[k]) for k in keys)
         raise SpecError(named, "", e.problem) from None
