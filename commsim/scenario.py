@@ -174,7 +174,7 @@ def check_layout(setup: Setup, strategy: Strategy) -> None:
         )
     if strategy.data_parallel_only:
         return
-    _check_cp_chunks(setup, strategy)
+    _check_cp_chunks(w, strategy.cp, src)
     _check_hybrid(w, strategy, src)
     _check_stages(setup, strategy)
     _check_experts(setup, strategy)
@@ -282,11 +282,13 @@ def _check_experts(setup: Setup, strategy: Strategy) -> None:
 
 def check_pins(w: Workload, strategy: Strategy, pins: set[str], src: str) -> None:
     """The strategy fields a search holds (`pins`) against the model's own limits
-    (check_model_axes), the other fields at their defaults: a pin no layout can take."""
+    (check_model_axes) and its sequence (a pinned cp must split it), the other fields at
+    their defaults: a pin no layout can take."""
     pinned = {k: getattr(strategy, k) for k in pins if k in Strategy.model_fields}
     stack = {"sequence_parallel": strategy.sequence_parallel}  # never searched: as given
     check_model_axes(w, Strategy(**(stack | pinned)), src)
     _check_param_gather(strategy, pinned.get("zero", 1), pinned.get("overlap", True), src)
+    _check_cp_chunks(w, pinned.get("cp", 1), src)  # the search tries only degrees that split
     _check_recompute_modules(w, strategy, src)
     _check_reshard(strategy, src, pinned=False)
 
@@ -410,13 +412,19 @@ def _check_reshard(strategy: Strategy, src: str, pinned: bool = True) -> None:
         raise SpecError(src, "strategy.reshard_after_forward", problem)
 
 
-def _check_cp_chunks(setup: Setup, strategy: Strategy) -> None:
-    """Context parallelism splits each sequence into 2 cp chunks (Megatron-core balances the
-    causal mask that way), so the sequence must divide by 2 cp."""
-    seq = setup.workload.seq_len or 0
-    if strategy.cp > 1 and seq % (2 * strategy.cp):
-        raise SpecError(
-            setup.source,
-            "strategy.cp",
-            f"sequence length {seq} does not split into 2 x cp = {2 * strategy.cp} chunks",
-        )
+def cp_split_problem(seq_len: int, cp: int) -> str:
+    """Why `cp` context-parallel ranks cannot split a `seq_len`-token sequence, or "" when
+    they can: each rank takes 2 of 2 cp equal chunks (Megatron-core's load-balanced causal
+    split pairs chunk i with chunk 2 cp - 1 - i), so seq_len must divide by 2 cp. The one
+    statement of the rule: the search filters its degrees with it, a layout is checked by it."""
+    if cp > 1 and seq_len % (2 * cp):
+        return f"sequence length {seq_len} does not split into 2 x cp = {2 * cp} chunks"
+    return ""
+
+
+def _check_cp_chunks(w: Workload, cp: int, src: str) -> None:
+    """The sequence splits into 2 cp chunks (cp_split_problem), else a SpecError on cp (a
+    flag that set the sequence length is named with it: cli.given.blame_flags)."""
+    problem = cp_split_problem(w.seq_len or 0, cp)  # no sequence: not a transformer (_check_hybrid)
+    if problem:
+        raise SpecError(src, "strategy.cp", problem)

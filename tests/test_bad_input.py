@@ -325,3 +325,93 @@ def test_a_memory_saver_the_layout_cannot_use_is_refused(tmp_path, command, stra
     doc = dict(model="llama2-7b", cluster="dgx-h100-ib", gpus=8, global_batch=64)
     path.write_text(json.dumps(doc | {"strategy": strategy}))
     refused(command, str(path), says=says)
+
+
+_CP_JOB = ("--model", "llama2-7b", "--cluster", "dgx-h100-ib", "--gpus", "256")
+_CP_SPLIT = "sequence length 4095 does not split into 2 x cp = 4 chunks"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("predict", *_CP_JOB, "--tp", "2"),
+        ("plan", *_CP_JOB),  # plan ranked cp 2 layouts that predict refused
+        ("plan", *_CP_JOB[:4], "--gpus", "64:256", "--tokens", "1e9"),  # sizing checks pins too
+    ],
+)
+def test_a_cp_that_cannot_split_the_sequence_is_refused_alike(args):
+    extra = ("--global-batch", "1024", "--seq-len", "4095", "--cp", "2")
+    refused(*args, *extra, says=f"--cp 2, --seq-len 4095: {_CP_SPLIT}")
+
+
+def test_a_sequence_flag_that_a_files_cp_cannot_split_is_blamed(tmp_path):
+    path = tmp_path / "s.yaml"
+    doc = dict(model="llama2-7b", cluster="dgx-h100-ib", gpus=256, global_batch=1024)
+    path.write_text(json.dumps(doc | {"strategy": {"tp": 2, "cp": 2}}))
+    refused("predict", str(path), "--seq-len", "4095", says=f"--seq-len 4095: {_CP_SPLIT}")
+    assert "s.yaml" not in run("predict", str(path), "--seq-len", "4095").output
+
+
+_STRAGGLERS = [
+    (("--duration", "soon"), "--duration soon: not a time: 'soon'"),
+    (("--duration", "0s"), "--duration 0s: must be positive"),
+    (("--jitter", "normal:abc"), "--jitter normal:abc: the CV 'abc' is not a number"),
+    (("--jitter", "bogus:0.1"), "--jitter bogus:0.1: unknown distribution 'bogus'"),
+    (("--jitter", "lognormal:nan"), "--jitter lognormal:nan: the coefficient of variation"),
+    (("--jitter", "exponential:2"), "--jitter exponential:2: a shifted exponential with cv 2"),
+    (("--local-steps", "0"), "--local-steps 0: at least 1 step between syncs"),
+    (("--slow-rank", "0"), "--slow-rank 0.0: a slowdown factor must be finite and at least 1"),
+    (("--slow-rank", "nan"), "--slow-rank nan: a slowdown factor"),
+    (("--slow-rank", "inf"), "--slow-rank inf: a slowdown factor"),
+    (("--link-factor", "0"), "--link-factor 0.0: a slowdown factor"),
+    (("--link-factor", "2"), "--link-factor 2.0: degrades a --link; none given"),
+    (("--link", ""), "--link '': give a link as A:B"),
+    (("--link", "leaf0:nowhere"), "--link 'leaf0:nowhere': no such link in the job's cluster"),
+    (("--tp", "3"), "--tp 3: tp x pp x cp = 3 x 1 x 1 does not divide the 64 GPUs"),
+    (("--pp", "0"), "--pp 0: Input should be greater than or equal to 1"),
+    (("--gpus", "0"), "--gpus 0: Input should be greater than or equal to 1"),
+    (("--model", "nope"), "--model nope: unknown model 'nope'"),
+    (("--cluster", "nope"), "--cluster nope: unknown topology 'nope'"),
+    (("--global-batch", "7"), "--global-batch 7: 7 is not a multiple"),
+    (("--micro-batch", "0"), "--micro-batch 0: Input should be"),
+    (("--seq-len", "0"), "--seq-len 0: Input should be"),
+]
+_GOODPUT = [
+    (("--gpus", "100000"), "--gpus 100000: 100000 GPUs requested"),
+    (("--tp", "3"), "--tp 3: tp x pp x cp = 3 x 1 x 1 does not divide the 64 GPUs"),
+    (("--zero", "5"), "--zero 5: Input should be 0, 1, 2 or 3"),
+    (("--tokens", "0"), "--tokens 0.0: Input should be greater than 0"),
+    (("--price-per-gpu-hour", "nan"), "--price-per-gpu-hour nan: Input should be a finite"),
+    (("--recovery", "bogus"), "--recovery bogus: must be one of cold"),
+    (("--interval", "soon"), "--interval soon: not a time"),
+    (("--interval", "0s"), "--interval 0s: the checkpoint interval must be positive"),
+    (("--spares", "-1"), "--spares -1: spares must not be negative"),
+    (("--spare-target", "1.5"), "--spare-target 1.5: spare_target must be in (0, 1)"),
+    *(((f"--{k}", "soon"), f"--{k} soon: not a time") for k in ("repair", "detect", "init")),
+    *(((f"--{k}", "-1s"), f"--{k} -1s: not a time") for k in ("reschedule", "warmup")),
+    (("--rate-scale", "0"), "--rate-scale 0.0: must be a positive, finite factor"),
+    (("--rate-scale", "nan"), "--rate-scale nan: must be a positive, finite factor"),
+    (("--monte-carlo", "-1"), "--monte-carlo -1: must not be negative"),
+    (("--seed", "-1", "--monte-carlo", "2"), "--seed -1: must not be negative"),
+    (("--seed", "3"), "--seed 3: seeds the --monte-carlo runs; none asked for"),
+    (("--gpus", "64:128", "--tokens", "1e9", "--monte-carlo", "2"), "--monte-carlo 2: applies"),
+    (("--recovery", "ring-rebuild", "--zero", "1"), "--recovery ring-rebuild: no recovery"),
+]
+
+
+@pytest.mark.parametrize(
+    "command,args,says",
+    [("stragglers", *case) for case in _STRAGGLERS] + [("goodput", *case) for case in _GOODPUT],
+)
+def test_each_reliability_flag_names_itself(tmp_path, monkeypatch, command, args, says):
+    """`stragglers --duration soon` said "not a time: 'soon'", `--tp 3` blamed default.yaml,
+    `--rate-scale 0` printed an inf MTTI, `--seed 3` alone was ignored: each flag's bad value
+    is one line naming the flag, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    plot = ("--plot", str(tmp_path / "g.png")) if command == "goodput" else ()
+    result = run(command, *args, *plot)
+    assert result.exit_code == 2, result.output
+    lines = result.output.splitlines()  # (refused() would take a nan given for a nan printed)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.output
+    assert "Traceback" not in result.output and "default.yaml" not in result.output
+    assert list(tmp_path.iterdir()) == []

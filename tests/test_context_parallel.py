@@ -95,3 +95,35 @@ def test_the_sequence_must_split_into_2_cp_chunks():
     with pytest.raises(SpecError) as e:
         setup_from_flags(None, seq_len=4094, **flags | {"cp": 4})
     assert e.value.field == "strategy.cp"
+
+
+def test_the_cp_split_rule_by_hand_and_against_megatrons_split():
+    # scenario.cp_split_problem, the one statement of the rule, against the split itself:
+    # Megatron-core cuts the sequence into 2 cp chunks and gives rank r chunks r and
+    # 2 cp - 1 - r, so every rank holds the same tokens only when the chunks are equal
+    from commsim.scenario import cp_split_problem
+
+    assert cp_split_problem(4096, 2) == ""
+    assert cp_split_problem(4095, 2) == "sequence length 4095 does not split into 2 x cp = 4 chunks"
+    assert all(cp_split_problem(seq, 1) == "" for seq in (1, 2, 4095))  # no split at cp 1
+    for cp in (2, 3, 4, 8):
+        for seq in range(2 * cp, 40 * cp):
+            chunks = [len(c) for c in np.array_split(np.arange(seq), 2 * cp)]
+            ranks = {chunks[r] + chunks[2 * cp - 1 - r] for r in range(cp)}
+            even = len(set(chunks)) == 1 and len(ranks) == 1
+            assert (cp_split_problem(seq, cp) == "") == even, (seq, cp)
+
+
+@pytest.mark.parametrize("seq,cps", [(4095, {1}), (6144, {1, 2, 4}), (12288, {1, 2, 4, 8})])
+def test_the_search_proposes_only_a_cp_that_splits_the_sequence(seq, cps):
+    # unpinned, the search's cp degrees split the sequence (and keep 512-token chunks)
+    from commsim.planner.search import context_parallel_choices, enumerate_layouts
+    from commsim.scenario import cp_split_problem, load_scenario, resolve
+
+    assert all(
+        not cp_split_problem(s, c) for s in range(1, 20000, 7) for c in context_parallel_choices(s)
+    )
+    flags = dict(model="llama2-7b", cluster="dgx-h100-ib", gpus=32, global_batch=64, seq_len=seq)
+    setup = resolve(*load_scenario(None, flags), check=False)
+    layouts = enumerate_layouts(setup, {"micro_batch": 1, "recompute": "none"})
+    assert set(layouts.cp.tolist()) == cps

@@ -87,7 +87,7 @@ def test_goodput_table_plot_and_policy_flags(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--recovery", "nope"], "--recovery must be one of"),
+        (["--recovery", "nope"], "--recovery nope: must be one of"),
         (["--gpus", "8:4"], "HIGH must not be below LOW"),
         (["--interval", "soon"], "not a time"),
         (["--spare-target", "1.5"], "spare_target"),

@@ -63,8 +63,9 @@ def test_one_slow_rank_in_1024_way_data_parallel(dp1024):
     assert rows["rebalance"].throughput == pytest.approx((1023 + 1 / slow) / 1024)
     assert rows["local-sgd"].throughput == rows["wait"].throughput  # persistent: no help
     assert rows["wait"].lost_s == pytest.approx(3600 * (1 - rows["wait"].throughput))
-    with pytest.raises(ValueError, match="factor must be >= 1"):
-        slow_rank_step(setup, p, 0.5)
+    for bad in (0.5, float("inf"), float("nan")):  # nan passed a `< 1` check
+        with pytest.raises(ValueError, match="must be finite and at least 1"):
+            slow_rank_step(setup, p, bad)
 
 
 def test_a_slow_stage_costs_less_than_all_stages_slow():
@@ -214,3 +215,19 @@ def test_grouped_jitter_against_monte_carlo(dist):
     # every step: the slowest of all 1,024 ranks
     assert jt.expected_max_grouped(64, 16, dist, 0.05) == jt.expected_max(1024, dist, 0.05)
     assert jt.expected_max_grouped(64, 1, dist, 0.05, 8) == jt.expected_max(64, dist, 0.05, 8)
+
+
+def test_a_spread_that_cannot_be_priced_is_named():
+    # jitter.spread_problem: a shifted exponential X = 1 - cv + cv E starts at 1 - cv, so a cv
+    # above 1 draws negative compute times; nan and inf spreads are no spread at all
+    from commsim.reliability import jitter as jt
+
+    assert jt._frozen("exponential", 1.0).ppf(0.0) == pytest.approx(0.0)
+    assert jt._frozen("exponential", 1.5).ppf(0.0) == pytest.approx(-0.5)
+    assert jt.spread_problem("exponential", 1.0) == ""
+    assert "draws negative times" in jt.spread_problem("exponential", 1.5)
+    assert jt.spread_problem("lognormal", 3.0) == ""  # positive whatever its cv
+    for cv in (-0.1, float("nan"), float("inf")):
+        assert "finite and not negative" in jt.spread_problem("normal", cv)
+    with pytest.raises(ValueError, match="finite and not negative"):
+        jt.expected_max(8, "normal", float("nan"))

@@ -19,6 +19,9 @@ LAYOUT_FLAGS = (  # the search's dimensions: a flag pins one
 STACK_FLAGS = ("flash_attention", "overlap_param_gather", "sequence_parallel", "kernels")
 STACK_FLAGS += ("grad_dtype",)
 NCCL_FLAGS = ("nccl_version", "nccl_algo", "nccl_proto")
+# refusals of one field that another field shares: a product of degrees (scenario.check_layout),
+# context parallelism's split of the sequence (scenario.cp_split_problem)
+SHARED_BLAME = {"strategy": ("tp", "pp", "cp"), "strategy.cp": ("cp", "seq_len")}
 
 
 def pick(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
@@ -65,7 +68,7 @@ def refuse_ignored(scenario: Any, given: dict[str, Any]) -> None:
         )
 
 
-def _as_typed(key: str, value: Any) -> str:
+def as_typed(key: str, value: Any) -> str:
     """A flag and its value as the user typed them: --x 3, --ep-overlap, --no-ep-overlap."""
     if isinstance(value, bool):
         return flag(key) if value else "--no-" + flag(key)[2:]
@@ -93,9 +96,9 @@ def blame_flags(scenario: str | None, overrides: dict[str, Any]) -> Iterator[Non
         if e.source != source:
             raise
         keys = [k for k in given if e.field in (k, f"strategy.{k}")]
-        if not keys and e.field == "strategy":  # a product of degrees: the ones flags set
-            keys = [k for k in ("tp", "pp", "cp") if k in given]
+        if e.field in SHARED_BLAME:  # a problem of several fields: the flags that set them
+            keys = [k for k in SHARED_BLAME[e.field] if k in given]
         if not keys:
             raise
-        named = ", ".join(_as_typed(k, given[k]) for k in keys)
+        named = ", ".join(as_typed(k, given[k]) for k in keys)
         raise SpecError(named, "", e.problem) from None

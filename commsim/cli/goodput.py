@@ -8,11 +8,12 @@ same across cluster sizes (time to train ideal and with failures).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from commsim.cli.given import pick
+from commsim.cli.given import blame_flags, pick
 from commsim.cli.options import gpu_sizes
 from commsim.cli.reliability_flags import (
     SHARED_FLAGS,
@@ -25,50 +26,69 @@ from commsim.cli.reliability_flags import (
     ScenarioArg,
     SeqLenOpt,
     TpOpt,
+    flag_time,
+    naming,
     overrides,
+    refuse,
+    typed,
 )
 from commsim.cli.stragglers import stragglers_cmd
 from commsim.files import check_output
 from commsim.reliability.recovery import STRATEGIES, Policy
 from commsim.report import terminal
-from commsim.units import parse_time
 
 if TYPE_CHECKING:
     from commsim.scenario import Setup
 
 GpusOpt = Annotated[str | None, Opt(help="GPU count, or LOW:HIGH to sweep sizes (doubling).")]
-# goodput's flags that set scenario fields, and those that set the recovery Policy (_policy)
+# goodput's flags that set scenario fields, and those that set a recovery Policy's fields:
+# (flag, field, whether a time)
 SCENARIO_FLAGS = (*SHARED_FLAGS, "zero", "tokens", "price_per_gpu_hour")
-POLICY_FLAGS = ("interval", "async_save", "spares", "spare_target", "detect", "reschedule")
-POLICY_FLAGS += ("warmup", "init")
+POLICY_FIELDS = (("interval", "interval_s", True), ("async_save", "async_save", False))
+POLICY_FIELDS += (("spares", "spares", False), ("spare_target", "spare_target", False))
+POLICY_FIELDS += tuple((k, f"{k}_s", True) for k in ("detect", "reschedule", "warmup", "init"))
+POLICY_FLAGS = tuple(key for key, _, _ in POLICY_FIELDS)
 
 
-def _policy(recovery, interval, async_save, spares, spare_target, detect, reschedule, warmup, init):
-    """The recovery `recovery` with the flags' checkpointing, spares and times (parsed)."""
-    return Policy(
-        strategy=recovery,
-        interval_s=parse_time(interval) if interval else None,
-        async_save=async_save,
-        spares=spares,
-        spare_target=spare_target,
-        detect_s=parse_time(detect),
-        reschedule_s=parse_time(reschedule),
-        warmup_s=parse_time(warmup),
-        init_s=parse_time(init) if init else None,
-    )
+def _policies(names: tuple[str, ...], flags: dict[str, Any]) -> list[Policy]:
+    """The recoveries `names` with the flags' checkpointing, spares and times (parsed). Each
+    flag's value is checked alone against Policy's own rules (the other fields at their
+    defaults), so that a refusal names the flag."""
+    fields = {}
+    for key, name, is_time in POLICY_FIELDS:
+        value = flag_time(key, flags[key]) if is_time and flags[key] is not None else flags[key]
+        with naming(key, flags[key]):
+            Policy(**{name: value})
+        fields[name] = value
+    return [Policy(strategy=n, **fields) for n in names]
 
 
 def _rates(setup: Setup, rate_scale: float, repair: str | None):
     """The cluster's failure rates, scaled by --rate-scale, with --repair's repair time."""
     from commsim.reliability.rates import rates_for
 
-    if rate_scale < 0:
-        raise ValueError(f"--rate-scale must not be negative, got {rate_scale}")
+    scale = "" if 0 < rate_scale < math.inf else "must be a positive, finite factor"
+    refuse("rate_scale", rate_scale, scale)
     rates = rates_for(setup.cluster.spec).scaled(rate_scale)
-    return dataclasses.replace(rates, repair_s=parse_time(repair)) if repair else rates
+    return dataclasses.replace(rates, repair_s=flag_time("repair", repair)) if repair else rates
+
+
+def _check_simulation(ctx: typer.Context, monte_carlo: int, seed: int, sweep: bool) -> None:
+    """--monte-carlo's runs (0: none) check one size's goodput, seeded by --seed: neither
+    is taken and ignored by a size sweep, nor --seed without runs."""
+    refuse("monte_carlo", monte_carlo, "must not be negative" if monte_carlo < 0 else "")
+    refuse("seed", seed, "must not be negative (numpy's seeds)" if seed < 0 else "")
+    for key, value in (("monte_carlo", monte_carlo), ("seed", seed)):
+        if sweep and typed(ctx, key):
+            refuse(
+                key, value, "applies to one size's Monte-Carlo check, not a --gpus LOW:HIGH sweep"
+            )
+    if not sweep and not monte_carlo and typed(ctx, "seed"):
+        refuse("seed", seed, "seeds the --monte-carlo runs; none asked for")
 
 
 def goodput_cmd(
+    ctx: typer.Context,
     scenario: ScenarioArg = None,
     model: ModelOpt = None,
     cluster: ClusterOpt = None,
@@ -117,14 +137,18 @@ def goodput_cmd(
     from commsim.report import goodput as out
     from commsim.scenario import resolve
 
-    with terminal.user_errors():
+    given = overrides(**pick(args, (*SCENARIO_FLAGS, "gpus")))
+    with terminal.user_errors(), blame_flags(scenario, given):
         check_output(plot, "--plot", image=True)
         spec, source, sizes, policies = _inputs(args)
-        if len(sizes) > 1 or (gpus and ":" in gpus):
+        sweep = len(sizes) > 1 or ":" in (gpus or "")
+        _check_simulation(ctx, monte_carlo, seed, sweep)
+        if sweep:
             return _sizing(spec, source, sizes, policies, rate_scale, repair, plot, json_out)
         setup = resolve(spec.model_copy(update={"gpus": sizes[0]}), source)
         rates = _rates(setup, rate_scale, repair)
         doc, title = _one_size(setup, policies, rates, monte_carlo, seed)
+        terminal.require_finite(doc, "--rate-scale, --tokens and --price-per-gpu-hour")
         if plot:
             out.plot_badput(doc["reports"], plot, title)
     if json_out:
@@ -139,12 +163,12 @@ def _inputs(args: dict[str, Any]) -> tuple[Any, str, list[int], list[Policy]]:
     from commsim.scenario import load_scenario
 
     recovery = args["recovery"]
-    if recovery != "all" and recovery not in STRATEGIES:
-        raise ValueError(f"--recovery must be one of {', '.join(STRATEGIES)} or all")
+    known = recovery == "all" or recovery in STRATEGIES
+    refuse("recovery", recovery, "" if known else f"must be one of {', '.join(STRATEGIES)} or all")
     spec, source = load_scenario(args["scenario"], overrides(**pick(args, SCENARIO_FLAGS)))
     sizes = gpu_sizes(args["gpus"], spec.gpus)
     names = STRATEGIES if recovery == "all" else (recovery,)
-    return spec, source, sizes, [_policy(n, **pick(args, POLICY_FLAGS)) for n in names]
+    return spec, source, sizes, _policies(names, pick(args, POLICY_FLAGS))
 
 
 def _one_size(setup: Setup, policies, rates, monte_carlo: int, seed: int):
@@ -167,8 +191,9 @@ def _one_size(setup: Setup, policies, rates, monte_carlo: int, seed: int):
         if monte_carlo:
             sim = simulate(model, 30 * 86400.0, runs=monte_carlo, seed=seed)
             checks[policy.strategy] = {"goodput": sim.goodput, "failures": sim.failures}
-    if not reports:
-        raise ValueError("no recovery applies: " + "; ".join(skipped.values()))
+    if not reports:  # one policy: the --recovery given
+        given = f"--recovery {policies[0].strategy}: " if len(policies) == 1 else ""
+        raise ValueError(f"{given}no recovery applies: " + "; ".join(skipped.values()))
     title = (
         f"{setup.scenario.name}: {setup.workload.name} on {setup.n_gpus:,} GPUs of "
         f"{setup.cluster.spec.name}, step {prediction.step_time_s:.3g} s"
@@ -209,32 +234,33 @@ def _assumptions(lines, plot) -> None:
 
 
 def _sizing(spec, source, sizes, policies, rate_scale, repair, plot, json_out) -> None:
-    """goodput across cluster sizes, one recovery at a time (the first given)."""
+    """goodput across cluster sizes under one recovery: the one given, or cold (with the
+    flags' checkpointing, spares and times either way). Called inside goodput_cmd's
+    user_errors."""
     from commsim.reliability import sizing
     from commsim.report import goodput as out
     from commsim.specs import SpecError
 
-    with terminal.user_errors():
-        if spec.tokens is None:
-            raise SpecError(source, "tokens", "a size sweep needs the training tokens (--tokens)")
-        policy = policies[0] if len(policies) == 1 else Policy("cold")
-        points = []
-        for n in sizes:
-            try:
-                setup = sizing.grown_setup(spec, source, n)
-            except SpecError as e:
-                points.append(sizing.SizePoint(n, None, None, e.problem))
-                continue
-            points.append(sizing.size_point(setup, policy, rates=_rates(setup, rate_scale, repair)))
-        knee = sizing.knee(points)
-        docs = [p.to_dict() for p in points]
-        model = spec.model if isinstance(spec.model, str) else spec.model.name
-        title = (
-            f"goodput by cluster size: {model}, {spec.tokens:.3g} tokens, "
-            f"{policy.strategy} recovery"
-        )
-        if plot:
-            out.plot_sizing(docs, plot, title)
+    if spec.tokens is None:
+        raise SpecError(source, "tokens", "a size sweep needs the training tokens (--tokens)")
+    policy = next(p for p in policies if len(policies) == 1 or p.strategy == "cold")
+    points = []
+    for n in sizes:
+        try:
+            setup = sizing.grown_setup(spec, source, n)
+        except SpecError as e:
+            points.append(sizing.SizePoint(n, None, None, e.problem))
+            continue
+        points.append(sizing.size_point(setup, policy, rates=_rates(setup, rate_scale, repair)))
+    knee = sizing.knee(points)
+    docs = [p.to_dict() for p in points]
+    terminal.require_finite({"sizing": docs}, "--rate-scale and --tokens")
+    model = spec.model if isinstance(spec.model, str) else spec.model.name
+    title = (
+        f"goodput by cluster size: {model}, {spec.tokens:.3g} tokens, {policy.strategy} recovery"
+    )
+    if plot:
+        out.plot_sizing(docs, plot, title)
     if json_out:
         terminal.print_json({"recovery": policy.strategy, "sizing": docs, "knee": knee})
         return

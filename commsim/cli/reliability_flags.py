@@ -1,11 +1,16 @@
 """The scenario flags `goodput` and `stragglers` share, as `Annotated` option types (their
-help shorter than predict's), and the ones given as scenario overrides."""
+help shorter than predict's), and the ones given as scenario overrides; a value their own
+flags give refused naming the flag."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
+
+from commsim.cli.given import as_typed
 
 Opt = typer.Option
 ScenarioArg = Annotated[str | None, typer.Argument(help="Scenario YAML (default: built-in).")]
@@ -22,3 +27,34 @@ SHARED_FLAGS = ("model", "cluster", "global_batch", "micro_batch", "seq_len", "t
 def overrides(**kw: Any) -> dict[str, Any]:
     """The flags given (not None), as scenario overrides."""
     return {k: v for k, v in kw.items() if v is not None}
+
+
+@contextlib.contextmanager
+def naming(key: str, value: Any) -> Iterator[None]:
+    """A value refused where it is read (a ValueError; a UnitError is one) as one error that
+    names the flag and its value as typed: `--duration soon: not a time: 'soon' ...`."""
+    try:
+        yield
+    except ValueError as e:
+        raise ValueError(f"{as_typed(key, value)}: {e}") from None
+
+
+def refuse(key: str, value: Any, problem: str) -> None:
+    """Flag `key`'s value refused for `problem` ("": accepted), naming the flag."""
+    if problem:
+        raise ValueError(f"{as_typed(key, value)}: {problem}")
+
+
+def flag_time(key: str, text: str) -> float:
+    """Flag `key`'s time in seconds (units.parse_time), refused naming the flag."""
+    from commsim.units import parse_time
+
+    with naming(key, text):
+        return parse_time(text)
+
+
+def typed(ctx: typer.Context, key: str) -> bool:
+    """Whether the command's flag `key` was given (not left at its default): a flag that
+    acts only with another must be refused without it, not accepted and ignored."""
+    source = ctx.get_parameter_source(key)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Annotated, Any
 
-from commsim.cli.given import pick
+import typer
+
+from commsim.cli.given import blame_flags, pick
 from commsim.cli.reliability_flags import (
     SHARED_FLAGS,
     ClusterOpt,
@@ -18,10 +20,13 @@ from commsim.cli.reliability_flags import (
     ScenarioArg,
     SeqLenOpt,
     TpOpt,
+    flag_time,
+    naming,
     overrides,
+    refuse,
+    typed,
 )
 from commsim.report import terminal
-from commsim.units import parse_time
 
 if TYPE_CHECKING:
     from commsim.scenario import Setup
@@ -42,11 +47,40 @@ class Upsets:
     link: str | None
     link_factor: float
 
+    def __post_init__(self) -> None:
+        """Each value checked before any work, refused naming its flag."""
+        from commsim.reliability.jitter import spread_problem
+        from commsim.reliability.stragglers import slower_problem
+
+        refuse("slow_rank", self.slow_rank, slower_problem(self.slow_rank))
+        refuse("link_factor", self.link_factor, slower_problem(self.link_factor))
+        refuse("duration", self.duration, "" if self.duration_s > 0 else "must be positive")
+        steps = "" if self.local_steps >= 1 else "at least 1 step between syncs"
+        refuse("local_steps", self.local_steps, steps)
+        refuse("link", self.link, "give a link as A:B (see topo show)" if self.link == "" else "")
+        refuse("jitter", self.jitter, spread_problem(*self.spread))
+
+    @property
+    def duration_s(self) -> float:
+        return flag_time("duration", self.duration)
+
+    @property
+    def spread(self) -> tuple[str, float]:
+        """--jitter's distribution and coefficient of variation (DIST alone: cv 0.05)."""
+        dist, sep, text = self.jitter.partition(":")
+        with naming("jitter", self.jitter):
+            try:
+                return dist, float(text) if sep else DEFAULT_CV
+            except ValueError:
+                raise ValueError(f"the CV {text!r} is not a number (DIST:CV)") from None
+
 
 UPSET_FLAGS = tuple(f.name for f in dataclasses.fields(Upsets))
+DEFAULT_CV = 0.05  # --jitter DIST without a CV: the default's
 
 
 def stragglers_cmd(
+    ctx: typer.Context,
     scenario: ScenarioArg = None,
     model: ModelOpt = None,
     cluster: ClusterOpt = None,
@@ -74,13 +108,18 @@ def stragglers_cmd(
     from commsim.report import goodput as out
     from commsim.scenario import load_scenario, resolve
 
-    upsets = Upsets(**pick(args, UPSET_FLAGS))
-    with terminal.user_errors():
-        spec, source = load_scenario(scenario, overrides(**pick(args, STRAGGLER_FLAGS)))
+    given = overrides(**pick(args, STRAGGLER_FLAGS))
+    with terminal.user_errors(), blame_flags(scenario, given):
+        upsets = Upsets(**pick(args, UPSET_FLAGS))
+        alone = upsets.link is None and typed(ctx, "link_factor")
+        refuse("link_factor", link_factor, "degrades a --link; none given" if alone else "")
+        spec, source = load_scenario(scenario, given)
         setup = resolve(spec, source)
+        edges = None if upsets.link is None else _link_edges(setup, upsets.link)
         doc = _stragglers_doc(setup, upsets)
-        if upsets.link:
-            doc["link"] = _link(setup, doc["prediction"], upsets)
+        if edges is not None:
+            doc["link"] = _link(setup, doc["prediction"], edges, upsets.link_factor)
+        terminal.require_finite(doc, "--slow-rank, --jitter and --link-factor")
     prediction = doc.pop("prediction")
     if json_out:
         terminal.print_json(doc)
@@ -92,7 +131,7 @@ def stragglers_cmd(
     )
     terminal.console.print(out.straggler_table(title, doc["slow_rank"]["mitigations"]))
     _print_jitter(doc["jitter"], setup.n_gpus)
-    if upsets.link:
+    if upsets.link is not None:
         _print_link(doc["link"], upsets)
 
 
@@ -101,12 +140,11 @@ def _stragglers_doc(setup: Setup, upsets: Upsets) -> dict[str, Any]:
     cost synchronised and with local SGD; `prediction` holds the healthy step."""
     from commsim.reliability import stragglers
 
-    duration_s = parse_time(upsets.duration)
-    slow_rank, jitter, local_steps = upsets.slow_rank, upsets.jitter, upsets.local_steps
+    duration_s, (dist, cv) = upsets.duration_s, upsets.spread
+    slow_rank, local_steps = upsets.slow_rank, upsets.local_steps
     p = stragglers.predict_step(setup)
     rows = [dataclasses.asdict(r) for r in stragglers.slow_rank(setup, p, slow_rank, duration_s)]
-    dist, _, cv = jitter.partition(":")
-    jit = {h: stragglers.jitter(p, dist, float(cv or 0.05), h) for h in (1, local_steps)}
+    jit = {h: stragglers.jitter(p, dist, cv, h) for h in (1, local_steps)}
     return {
         "scenario": setup.scenario.name,
         "gpus": setup.n_gpus,
@@ -119,7 +157,7 @@ def _stragglers_doc(setup: Setup, upsets: Upsets) -> dict[str, Any]:
         },
         "jitter": {
             "distribution": dist,
-            "cv": float(cv or 0.05),
+            "cv": cv,
             "sync": jit[1],
             "local_sgd": jit[local_steps],
             "local_steps": local_steps,
@@ -153,12 +191,8 @@ def _print_link(lk: dict[str, Any], upsets: Upsets) -> None:
     )
 
 
-def _link(setup, prediction, upsets: Upsets) -> dict[str, Any]:
-    """--link's link at 1/--link-factor of its bandwidth: the step, the groups crossing it,
-    what the hierarchical fallback wins back."""
-    from commsim.reliability import stragglers
-
-    link = upsets.link
+def _link_edges(setup: Setup, link: str) -> list[int]:
+    """--link's two directed edges in the job's cluster (checked before any work)."""
     a, sep, b = link.partition(":")
     names = setup.cluster.names
     ids = [i for i, n in enumerate(names) if n in (f"{a}->{b}", f"{b}->{a}")]
@@ -167,5 +201,13 @@ def _link(setup, prediction, upsets: Upsets) -> dict[str, Any]:
             f"--link {link!r}: no such link in the job's cluster (e.g. "
             f"{names[-1].replace('->', ':')})"
         )
-    report = stragglers.degraded_link(setup, prediction, ids, upsets.link_factor)
+    return ids
+
+
+def _link(setup: Setup, prediction, edges: list[int], factor: float) -> dict[str, Any]:
+    """--link's `edges` at 1/--link-factor of their bandwidth: the step, the groups crossing
+    them, what the hierarchical fallback wins back."""
+    from commsim.reliability import stragglers
+
+    report = stragglers.degraded_link(setup, prediction, edges, factor)
     return dataclasses.asdict(report) | {"hierarchical_recovers": report.hierarchical_recovers}

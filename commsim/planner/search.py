@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from commsim.collectives.algorithms import SEARCHED
-from commsim.scenario import Setup
+from commsim.scenario import Setup, cp_split_problem
 from commsim.specs import Strategy
 from commsim.step.activations import RECOMPUTE, recompute_code
 from commsim.step.buckets import first_bucket_mb
@@ -96,10 +96,12 @@ def _choices(pins: dict[str, Any], name: str, default) -> list:
 
 
 def context_parallel_choices(seq_len: int) -> list[int]:
-    """Context-parallel degrees worth trying for a sequence: its 2 cp chunks divide it and
-    keep MIN_CP_CHUNK tokens or more."""
+    """Context-parallel degrees worth trying for a sequence: those that split it
+    (scenario.cp_split_problem) into 2 cp chunks of MIN_CP_CHUNK tokens or more."""
     return [
-        c for c in CONTEXT_PARALLEL if seq_len % (2 * c) == 0 and seq_len // (2 * c) >= MIN_CP_CHUNK
+        c
+        for c in CONTEXT_PARALLEL
+        if not cp_split_problem(seq_len, c) and seq_len // (2 * c) >= MIN_CP_CHUNK
     ] or [1]
 
 

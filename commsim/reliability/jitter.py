@@ -50,12 +50,25 @@ def _frozen(dist: str, cv: float, local_steps: int = 1):
     raise ValueError(f"unknown distribution {dist!r} (one of {', '.join(DISTRIBUTIONS)})")
 
 
+def spread_problem(dist: str, cv: float) -> str:
+    """Why jitter drawn from `dist` with coefficient of variation `cv` cannot be priced, or
+    "" when it can."""
+    if dist not in DISTRIBUTIONS:
+        return f"unknown distribution {dist!r} (one of {', '.join(DISTRIBUTIONS)})"
+    if not 0.0 <= cv < math.inf:
+        return f"the coefficient of variation must be finite and not negative, got {cv}"
+    if dist == "exponential" and cv > 1.0:  # X = 1 - cv + cv E reaches 1 - cv < 0
+        return f"a shifted exponential with cv {cv} > 1 draws negative times"
+    return ""
+
+
 def expected_max(n: int, dist: str, cv: float, local_steps: int = 1) -> float:
     """E[max over n ranks] of the per-step compute factor (1 without jitter)."""
     if n < 1 or local_steps < 1:
         raise ValueError("ranks and local steps must be at least 1")
-    if cv < 0:
-        raise ValueError(f"cv must not be negative, got {cv}")
+    problem = spread_problem(dist, cv)
+    if problem:
+        raise ValueError(problem)
     if cv == 0 or n == 1:
         return 1.0
     d = _frozen(dist, cv, local_steps)

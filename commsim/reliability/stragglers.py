@@ -30,6 +30,7 @@ Mitigations, each as the throughput it leaves (relative to the healthy step):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,10 +63,21 @@ def _episode(throughput: float, duration_s: float | None) -> float | None:
     return None if duration_s is None else duration_s * (1.0 - throughput)
 
 
+def slower_problem(factor: float) -> str:
+    """Why `factor` cannot slow a rank or a link down (k times slower: finite, at least 1),
+    or "" when it can."""
+    return "" if 1.0 <= factor < math.inf else "a slowdown factor must be finite and at least 1"
+
+
+def _check_slower(what: str, factor: float) -> None:
+    problem = slower_problem(factor)
+    if problem:
+        raise ValueError(f"{what} factor {factor}: {problem}")
+
+
 def slow_rank_step(setup: Setup, prediction: Prediction, factor: float) -> float:
     """Step time with one rank computing `factor` times slower (module docstring)."""
-    if factor < 1.0:
-        raise ValueError(f"a straggler is slower: factor must be >= 1, got {factor}")
+    _check_slower("a straggler's", factor)
     slowed = predict_step(with_compute_slowed(setup, factor), prediction.strategy)
     growth = slowed.parts.get("bubble_s", 0.0) - prediction.parts.get("bubble_s", 0.0)
     return slowed.step_time_s - growth
@@ -145,8 +157,7 @@ def degraded_link(
     setup: Setup, prediction: Prediction, edges, factor: float, sync_bytes: float | None = None
 ) -> LinkReport:
     """The step with `edges` (directed edge ids) at 1/factor of their bandwidth."""
-    if factor < 1.0:
-        raise ValueError(f"a degraded link is slower: factor must be >= 1, got {factor}")
+    _check_slower("a degraded link's", factor)
     edges = np.atleast_1d(np.asarray(edges, dtype=np.int64))
     cluster = setup.cluster
     worse = degraded(cluster, edges, factor)
