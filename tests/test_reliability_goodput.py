@@ -261,3 +261,20 @@ def test_nodes_out_equal_the_dense_convolution():
         pmf = np.convolve(pmf, kernel)[: n + 1]
     assert nodes_out_pmf(repairs) == pytest.approx(pmf, rel=1e-12, abs=1e-300)
     assert pmf.sum() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_a_strategy_ignores_exactly_the_fields_it_is_said_not_to_use(jobs):
+    # recovery.UNUSED is what `plan --gpus LOW:HIGH` and `goodput` refuse as an ignored flag:
+    # changing such a field leaves the strategy's report as it was, any other field moves it
+    from commsim.reliability.recovery import STRATEGIES, UNUSED
+
+    prediction, setup = jobs[4096]
+    changes = dict(interval_s=3600.0, async_save=True, spares=5, spare_target=0.5)
+    for strategy in STRATEGIES:
+        if strategy == "ring-rebuild":  # tp x pp = 128 spans nodes: priced like per-step
+            continue
+        base = expected_goodput(prediction, setup, Policy(strategy)).to_dict()
+        for name, value in changes.items():
+            moved = expected_goodput(prediction, setup, Policy(strategy, **{name: value}))
+            same = moved.to_dict() == base
+            assert same == (name in UNUSED[strategy] if strategy in UNUSED else False), name

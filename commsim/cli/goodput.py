@@ -27,8 +27,8 @@ from commsim.cli.reliability_flags import (
     SeqLenOpt,
     TpOpt,
     flag_time,
-    naming,
     overrides,
+    policy_fields,
     refuse,
     typed,
 )
@@ -51,15 +51,9 @@ POLICY_FLAGS = tuple(key for key, _, _ in POLICY_FIELDS)
 
 
 def _policies(names: tuple[str, ...], flags: dict[str, Any]) -> list[Policy]:
-    """The recoveries `names` with the flags' checkpointing, spares and times (parsed). Each
-    flag's value is checked alone against Policy's own rules (the other fields at their
-    defaults), so that a refusal names the flag."""
-    fields = {}
-    for key, name, is_time in POLICY_FIELDS:
-        value = flag_time(key, flags[key]) if is_time and flags[key] is not None else flags[key]
-        with naming(key, flags[key]):
-            Policy(**{name: value})
-        fields[name] = value
+    """The recoveries `names` with the flags' checkpointing, spares and times (parsed, each
+    refused naming its flag)."""
+    fields = policy_fields(flags, POLICY_FIELDS, names)
     return [Policy(strategy=n, **fields) for n in names]
 
 
@@ -168,7 +162,8 @@ def _inputs(args: dict[str, Any]) -> tuple[Any, str, list[int], list[Policy]]:
     spec, source = load_scenario(args["scenario"], overrides(**pick(args, SCENARIO_FLAGS)))
     sizes = gpu_sizes(args["gpus"], spec.gpus)
     names = STRATEGIES if recovery == "all" else (recovery,)
-    return spec, source, sizes, _policies(names, pick(args, POLICY_FLAGS))
+    given = {k: v if typed(args["ctx"], k) else None for k, v in pick(args, POLICY_FLAGS).items()}
+    return spec, source, sizes, _policies(names, given)
 
 
 def _one_size(setup: Setup, policies, rates, monte_carlo: int, seed: int):
