@@ -359,6 +359,7 @@ _STRAGGLERS = [
     (("--jitter", "bogus:0.1"), "--jitter bogus:0.1: unknown distribution 'bogus'"),
     (("--jitter", "lognormal:nan"), "--jitter lognormal:nan: the coefficient of variation"),
     (("--jitter", "exponential:2"), "--jitter exponential:2: a shifted exponential with cv 2"),
+    (("--jitter", "normal:10"), "--jitter normal:10: a normal with cv 10 draws a negative time"),
     (("--local-steps", "0"), "--local-steps 0: at least 1 step between syncs"),
     (("--slow-rank", "0"), "--slow-rank 0.0: a slowdown factor must be finite and at least 1"),
     (("--slow-rank", "nan"), "--slow-rank nan: a slowdown factor"),
