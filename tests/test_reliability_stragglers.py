@@ -266,3 +266,27 @@ def test_grouped_local_sgd_needs_the_standard_normal_maximum_not_a_refused_sprea
         assert jt._mean_max(n, stats.norm()) == pytest.approx(simulated, abs=0.015)
         assert jt._mean_max(n, stats.norm()) == pytest.approx(jt.blom_normal_max(n), abs=0.03)
     assert jt.expected_max_grouped(64, 8, "normal", 0.05, 8) > 1.0
+
+
+def test_local_sgd_over_100_percent_is_the_saved_sync(dp1024):
+    # local SGD against the synchronous step without jitter: H steps of a timeline take
+    # H (step - dp sync exposed) + one sync, plus each step's wait for the slowest rank; so
+    # with no jitter at all it is over 100% by exactly the sync it sends H - 1 times less,
+    # and against local SGD without jitter it is 100%
+    _, p = dp1024
+    dp_sync = p.parts["dp_exposed_s"]
+    assert dp_sync > 0
+    h = 8
+    calm = jitter(p, "normal", 0.0, local_steps=h)
+    timeline = (h * (p.step_time_s - dp_sync) + dp_sync) / h
+    assert calm["step_time_s"] == pytest.approx(timeline)
+    assert calm["saved_sync_s"] == pytest.approx(dp_sync * (h - 1) / h)
+    assert calm["throughput"] == pytest.approx(p.step_time_s / timeline) and calm["throughput"] > 1
+    assert calm["throughput_same_schedule"] == pytest.approx(1.0)
+    noisy = jitter(p, "lognormal", 0.1, local_steps=h)
+    assert noisy["throughput_same_schedule"] == pytest.approx(timeline / noisy["step_time_s"])
+    assert noisy["step_time_s"] == pytest.approx(timeline + noisy["jitter_s"])
+    assert noisy["throughput"] == pytest.approx(p.step_time_s / noisy["step_time_s"])
+    assert noisy["throughput_same_schedule"] < 1  # here (~1% exposed sync) jitter outweighs it
+    sync = jitter(p, "lognormal", 0.1)
+    assert sync["saved_sync_s"] == 0 and sync["throughput_same_schedule"] == sync["throughput"]
