@@ -359,6 +359,7 @@ _STRAGGLERS = [
     (("--jitter", "bogus:0.1"), "--jitter bogus:0.1: unknown distribution 'bogus'"),
     (("--jitter", "lognormal:nan"), "--jitter lognormal:nan: the coefficient of variation"),
     (("--jitter", "exponential:2"), "--jitter exponential:2: a shifted exponential with cv 2"),
+    (("--jitter", "normal:10"), "--jitter normal:10: a normal with cv 10 draws a negative time"),
     (("--local-steps", "0"), "--local-steps 0: at least 1 step between syncs"),
     (("--slow-rank", "0"), "--slow-rank 0.0: a slowdown factor must be finite and at least 1"),
     (("--slow-rank", "nan"), "--slow-rank nan: a slowdown factor"),
@@ -396,6 +397,8 @@ _GOODPUT = [
     (("--seed", "3"), "--seed 3: seeds the --monte-carlo runs; none asked for"),
     (("--gpus", "64:128", "--tokens", "1e9", "--monte-carlo", "2"), "--monte-carlo 2: applies"),
     (("--recovery", "ring-rebuild", "--zero", "1"), "--recovery ring-rebuild: no recovery"),
+    (("--recovery", "cold", "--spares", "2"), "--spares 2: cold recovery does not use it"),
+    (("--recovery", "per-step", "--interval", "1h"), "--interval 1h: per-step recovery does"),
 ]
 
 
@@ -412,6 +415,44 @@ def test_each_reliability_flag_names_itself(tmp_path, monkeypatch, command, args
     result = run(command, *args, *plot)
     assert result.exit_code == 2, result.output
     lines = result.output.splitlines()  # (refused() would take a nan given for a nan printed)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.output
+    assert "Traceback" not in result.output and "default.yaml" not in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+_SIZING = [
+    (("--recovery", "bogus"), "--recovery bogus: must be one of cold, hot-spare"),
+    (("--checkpoint-interval", "soon"), "--checkpoint-interval soon: not a time: 'soon'"),
+    (("--checkpoint-interval", "0s"), "--checkpoint-interval 0s: the checkpoint interval must"),
+    (("--recovery", "hot-spare", "--spares", "-1"), "--spares -1: spares must not be negative"),
+    (("--spare-target", "2"), "--spare-target 2.0: spare_target must be in (0, 1)"),
+    (("--recovery", "in-memory", "--spare-target", "nan"), "--spare-target nan: spare_target"),
+    (("--spares", "2"), "--spares 2: cold recovery does not use it"),  # cold is the default
+    (("--recovery", "per-step", "--checkpoint-interval", "1h"), "--checkpoint-interval 1h: per"),
+    (("--recovery", "in-memory", "--sync-save"), "--no-async-save: in-memory recovery does not"),
+    (("--recovery", "none", "--async-save"), "--async-save: --recovery none prices no failures"),
+    (("--deadline", "soon"), "--deadline soon: not a time: 'soon'"),
+    (("--deadline", "-1d"), "--deadline -1d: not a time"),
+    (("--budget", "nan"), "--budget nan: must be a positive, finite amount"),
+    (("--objective", "bogus"), "--objective bogus: must be one of time-to-train"),
+    (("--fabric", "nope"), "--fabric nope: unknown topology 'nope'"),
+    (("--fabric", ","), "--fabric ,: empty: give a topology name"),
+    (("--gpu", "nope"), "--gpu nope: unknown GPU 'nope'"),
+    (("--gpus", "64:32"), "--gpus 64:32: HIGH must not be below LOW"),
+]
+
+
+@pytest.mark.parametrize("args,says", _SIZING)
+def test_each_sizing_flag_names_itself(tmp_path, monkeypatch, args, says):
+    """`plan --gpus LOW:HIGH --checkpoint-interval soon` said "not a time: 'soon'", `--gpu nope`
+    blamed default.yaml, `--spares 2` under cold recovery was ignored: each sweep-mode flag's
+    bad value is one line naming the flag and value, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    files = ("--plot", "s.png", "--csv", "s.csv", "--html", "s.html")
+    sweep = ("plan", "--gpus", "64:128", "--tokens", "1e9")
+    result = run(*sweep, *files, *args)  # a later --gpus replaces the sweep's
+    assert result.exit_code == 2, result.output
+    lines = result.output.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.output
     assert "Traceback" not in result.output and "default.yaml" not in result.output
     assert list(tmp_path.iterdir()) == []

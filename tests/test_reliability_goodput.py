@@ -261,3 +261,40 @@ def test_nodes_out_equal_the_dense_convolution():
         pmf = np.convolve(pmf, kernel)[: n + 1]
     assert nodes_out_pmf(repairs) == pytest.approx(pmf, rel=1e-12, abs=1e-300)
     assert pmf.sum() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_a_strategy_ignores_exactly_the_fields_it_is_said_not_to_use(jobs):
+    # recovery.UNUSED is what `plan --gpus LOW:HIGH` and `goodput` refuse as an ignored flag:
+    # changing such a field leaves the strategy's report as it was, any other field moves it
+    from commsim.reliability.recovery import STRATEGIES, UNUSED
+
+    prediction, setup = jobs[4096]
+    changes = dict(interval_s=3600.0, async_save=True, spares=5, spare_target=0.5)
+    for strategy in STRATEGIES:
+        if strategy == "ring-rebuild":  # tp x pp = 128 spans nodes: priced like per-step
+            continue
+        base = expected_goodput(prediction, setup, Policy(strategy)).to_dict()
+        for name, value in changes.items():
+            moved = expected_goodput(prediction, setup, Policy(strategy, **{name: value}))
+            same = moved.to_dict() == base
+            assert same == (name in UNUSED[strategy] if strategy in UNUSED else False), name
+
+
+def test_simulation_progress_changes_no_draw(jobs):
+    # `goodput --monte-carlo N` drives a progress bar from simulate's `done`: told every
+    # RUNS_PER_REPORT runs and at the end, adding up to N; the runs draw one after another
+    # from one generator, so the figures are those of a silent run with the same seed
+    from commsim.reliability.montecarlo import RUNS_PER_REPORT
+
+    prediction, setup = jobs[4096]
+    rates = rates_for(setup.cluster.spec).scaled(30)  # failures in every run
+    for strategy in ("cold", "per-step"):
+        m = model_for(prediction, setup, Policy(strategy), rates)
+        told: list[int] = []
+        runs = 2 * RUNS_PER_REPORT + 7
+        watched = simulate(m, DAY / 4, runs=runs, seed=5, done=told.append)
+        assert watched == simulate(m, DAY / 4, runs=runs, seed=5)
+        assert told == [RUNS_PER_REPORT, RUNS_PER_REPORT, 7] and watched.failures > runs
+    told = []
+    simulate(m, DAY / 4, runs=RUNS_PER_REPORT, seed=5, done=told.append)
+    assert told == [RUNS_PER_REPORT]

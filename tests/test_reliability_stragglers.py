@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import make_spec
+from scipy import stats
 
 from commsim import whatif
 from commsim.reliability import jitter as jt
@@ -231,3 +232,61 @@ def test_a_spread_that_cannot_be_priced_is_named():
         assert "finite and not negative" in jt.spread_problem("normal", cv)
     with pytest.raises(ValueError, match="finite and not negative"):
         jt.expected_max(8, "normal", float("nan"))
+
+
+def test_a_normal_spread_that_draws_negative_times_is_refused():
+    # X ~ N(1, cv^2) is negative with probability Phi(-1/cv); refused above 1e-4. By hand
+    # (normal tables): Phi^-1(1 - 1e-4) = 3.7190, so the largest cv is 1/3.7190 = 0.26889;
+    # Phi(-4) = 3.167e-5 (cv 0.25 passes), Phi(-3.3333) = 4.29e-4 (cv 0.3 is refused),
+    # Phi(-0.1) = 0.4602 (cv 10 draws a negative time almost every other step)
+    assert pytest.approx(1 / 3.7190, rel=1e-4) == jt.MAX_NORMAL_CV
+    assert jt.spread_problem("normal", 0.25) == ""
+    assert jt.spread_problem("normal", jt.MAX_NORMAL_CV * (1 - 1e-9)) == ""
+    assert "probability 0.00043, over 0.0001" in jt.spread_problem("normal", 0.3)
+    assert "probability 0.46" in jt.spread_problem("normal", 10.0)
+    assert jt.spread_problem("lognormal", 10.0) == ""  # the way out the refusal names
+    with pytest.raises(ValueError, match="draws a negative time"):
+        jt.expected_max(8, "normal", 10.0)
+    # Monte Carlo: the share of negative draws is Phi(-1/cv) (4e6 draws at cv 0.3: ~1,716
+    # negatives, sd 41), and at the bound the negative tail E[X^-] is the comment's 6.4e-6
+    rng = np.random.default_rng(11)
+    x = rng.normal(1.0, 0.3, 4_000_000)
+    assert (x < 0).mean() == pytest.approx(4.29e-4, rel=0.1)
+    tail = np.maximum(-rng.normal(1.0, jt.MAX_NORMAL_CV, 4_000_000), 0.0).mean()
+    assert tail == pytest.approx(6.4e-6, rel=0.3)
+
+
+def test_grouped_local_sgd_needs_the_standard_normal_maximum_not_a_refused_spread():
+    # expected_max_grouped's E[max of standard normals] (cv 1 would be refused as a spread)
+    # by quadrature against a simulation (20,000 maxima: standard error about 0.003) and
+    # Blom's approximation (within 0.03 here)
+    rng = np.random.default_rng(5)
+    for n in (16, 256):
+        simulated = rng.standard_normal((20_000, n)).max(axis=1).mean()
+        assert jt._mean_max(n, stats.norm()) == pytest.approx(simulated, abs=0.015)
+        assert jt._mean_max(n, stats.norm()) == pytest.approx(jt.blom_normal_max(n), abs=0.03)
+    assert jt.expected_max_grouped(64, 8, "normal", 0.05, 8) > 1.0
+
+
+def test_local_sgd_over_100_percent_is_the_saved_sync(dp1024):
+    # local SGD against the synchronous step without jitter: H steps of a timeline take
+    # H (step - dp sync exposed) + one sync, plus each step's wait for the slowest rank; so
+    # with no jitter at all it is over 100% by exactly the sync it sends H - 1 times less,
+    # and against local SGD without jitter it is 100%
+    _, p = dp1024
+    dp_sync = p.parts["dp_exposed_s"]
+    assert dp_sync > 0
+    h = 8
+    calm = jitter(p, "normal", 0.0, local_steps=h)
+    timeline = (h * (p.step_time_s - dp_sync) + dp_sync) / h
+    assert calm["step_time_s"] == pytest.approx(timeline)
+    assert calm["saved_sync_s"] == pytest.approx(dp_sync * (h - 1) / h)
+    assert calm["throughput"] == pytest.approx(p.step_time_s / timeline) and calm["throughput"] > 1
+    assert calm["throughput_same_schedule"] == pytest.approx(1.0)
+    noisy = jitter(p, "lognormal", 0.1, local_steps=h)
+    assert noisy["throughput_same_schedule"] == pytest.approx(timeline / noisy["step_time_s"])
+    assert noisy["step_time_s"] == pytest.approx(timeline + noisy["jitter_s"])
+    assert noisy["throughput"] == pytest.approx(p.step_time_s / noisy["step_time_s"])
+    assert noisy["throughput_same_schedule"] < 1  # here (~1% exposed sync) jitter outweighs it
+    sync = jitter(p, "lognormal", 0.1)
+    assert sync["saved_sync_s"] == 0 and sync["throughput_same_schedule"] == sync["throughput"]

@@ -27,8 +27,8 @@ from commsim.cli.reliability_flags import (
     SeqLenOpt,
     TpOpt,
     flag_time,
-    naming,
     overrides,
+    policy_fields,
     refuse,
     typed,
 )
@@ -51,15 +51,9 @@ POLICY_FLAGS = tuple(key for key, _, _ in POLICY_FIELDS)
 
 
 def _policies(names: tuple[str, ...], flags: dict[str, Any]) -> list[Policy]:
-    """The recoveries `names` with the flags' checkpointing, spares and times (parsed). Each
-    flag's value is checked alone against Policy's own rules (the other fields at their
-    defaults), so that a refusal names the flag."""
-    fields = {}
-    for key, name, is_time in POLICY_FIELDS:
-        value = flag_time(key, flags[key]) if is_time and flags[key] is not None else flags[key]
-        with naming(key, flags[key]):
-            Policy(**{name: value})
-        fields[name] = value
+    """The recoveries `names` with the flags' checkpointing, spares and times (parsed, each
+    refused naming its flag)."""
+    fields = policy_fields(flags, POLICY_FIELDS, names)
     return [Policy(strategy=n, **fields) for n in names]
 
 
@@ -168,7 +162,8 @@ def _inputs(args: dict[str, Any]) -> tuple[Any, str, list[int], list[Policy]]:
     spec, source = load_scenario(args["scenario"], overrides(**pick(args, SCENARIO_FLAGS)))
     sizes = gpu_sizes(args["gpus"], spec.gpus)
     names = STRATEGIES if recovery == "all" else (recovery,)
-    return spec, source, sizes, _policies(names, pick(args, POLICY_FLAGS))
+    given = {k: v if typed(args["ctx"], k) else None for k, v in pick(args, POLICY_FLAGS).items()}
+    return spec, source, sizes, _policies(names, given)
 
 
 def _one_size(setup: Setup, policies, rates, monte_carlo: int, seed: int):
@@ -177,21 +172,15 @@ def _one_size(setup: Setup, policies, rates, monte_carlo: int, seed: int):
     document and the table's title."""
     from commsim.reliability import goodput as gp
     from commsim.reliability import stragglers
-    from commsim.reliability.montecarlo import simulate
 
     prediction = stragglers.predict_step(setup)
-    reports, skipped, checks = [], {}, {}
+    models, skipped = {}, {}
     for policy in policies:
         try:
-            model = gp.model_for(prediction, setup, policy, rates)
+            models[policy.strategy] = gp.model_for(prediction, setup, policy, rates)
         except ValueError as e:
             skipped[policy.strategy] = str(e)
-            continue
-        reports.append(gp.report(model).to_dict())
-        if monte_carlo:
-            sim = simulate(model, 30 * 86400.0, runs=monte_carlo, seed=seed)
-            checks[policy.strategy] = {"goodput": sim.goodput, "failures": sim.failures}
-    if not reports:  # one policy: the --recovery given
+    if not models:  # one policy: the --recovery given
         given = f"--recovery {policies[0].strategy}: " if len(policies) == 1 else ""
         raise ValueError(f"{given}no recovery applies: " + "; ".join(skipped.values()))
     title = (
@@ -202,11 +191,25 @@ def _one_size(setup: Setup, policies, rates, monte_carlo: int, seed: int):
         "scenario": setup.scenario.name,
         "gpus": setup.n_gpus,
         "step_time_s": prediction.step_time_s,
-        "reports": reports,
+        "reports": [gp.report(m).to_dict() for m in models.values()],
         "skipped": skipped,
-        "monte_carlo": checks,
+        "monte_carlo": _simulated(models, monte_carlo, seed) if monte_carlo else {},
     }
     return doc, title
+
+
+def _simulated(models: dict[str, Any], runs: int, seed: int) -> dict[str, dict[str, Any]]:
+    """--monte-carlo's check: `runs` simulated 30-day runs of each recovery's model, seeded,
+    under a progress bar (no bound on runs: they take constant memory, the bar shows the
+    pace)."""
+    from commsim.reliability.montecarlo import simulate
+
+    checks = {}
+    with terminal.progress(runs * len(models), "simulating 30-day runs") as bar:
+        for name, model in models.items():
+            sim = simulate(model, 30 * 86400.0, runs, seed, lambda k: bar.advance(0, k))
+            checks[name] = {"goodput": sim.goodput, "failures": sim.failures}
+    return checks
 
 
 def _print_goodput(doc: dict[str, Any], title: str, plot: str | None) -> None:

@@ -53,6 +53,27 @@ def flag_time(key: str, text: str) -> float:
         return parse_time(text)
 
 
+def policy_fields(
+    flags: dict[str, Any], fields: tuple[tuple[str, str, bool], ...], strategies: tuple[str, ...]
+) -> dict[str, Any]:
+    """A recovery Policy's fields from flags: `fields` lists (flag, Policy field, whether a
+    time). Each value given (None: Policy's default) is checked alone against Policy's own
+    rules, so that a refusal names its flag, and refused if none of `strategies` reads it."""
+    from commsim.reliability.recovery import UNUSED, Policy
+
+    out = {}
+    for key, name, is_time in fields:
+        if flags[key] is None:
+            continue
+        value = flag_time(key, flags[key]) if is_time else flags[key]
+        with naming(key, flags[key]):
+            Policy(**{name: value})
+        if all(name in UNUSED.get(s, ()) for s in strategies):
+            refuse(key, flags[key], f"{', '.join(strategies)} recovery does not use it")
+        out[name] = value
+    return out
+
+
 def typed(ctx: typer.Context, key: str) -> bool:
     """Whether the command's flag `key` was given (not left at its default): a flag that
     acts only with another must be refused without it, not accepted and ignored."""

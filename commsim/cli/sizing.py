@@ -11,6 +11,7 @@ import typer
 from commsim.cli import plan_show
 from commsim.cli.given import blame_flags
 from commsim.cli.options import gpu_sizes
+from commsim.cli.reliability_flags import flag_time, policy_fields, refuse
 from commsim.report import terminal
 
 if TYPE_CHECKING:
@@ -32,20 +33,26 @@ def _sizing_title(spec, gpu: str | None) -> str:
 MAX_SIZING_GPUS = 2**20
 
 
-def _policy(recovery, checkpoint_interval, async_save, spares, spare_target) -> Policy | None:
-    """The sizing's recovery Policy from its flags (None: --recovery none, ideal only)."""
-    from commsim.reliability.recovery import Policy
-    from commsim.units import parse_time
+# the sizing's recovery flags that set a Policy's fields: (flag, field, whether a time)
+SIZING_POLICY = (("checkpoint_interval", "interval_s", True), ("async_save", "async_save", False))
+SIZING_POLICY += (("spares", "spares", False), ("spare_target", "spare_target", False))
 
+
+def _policy(failures: dict[str, Any]) -> Policy | None:
+    """The sizing's recovery Policy from its flags (None: --recovery none, ideal only), each
+    bad value, or one the recovery would ignore, refused naming its flag."""
+    from commsim.reliability.recovery import STRATEGIES, Policy
+
+    recovery = failures["recovery"]
+    known = recovery in (None, "none", *STRATEGIES)
+    refuse("recovery", recovery, "" if known else f"must be one of {', '.join(STRATEGIES)}, none")
     if recovery == "none":
+        for key, value in failures.items():
+            if key != "recovery" and value is not None:
+                refuse(key, value, "--recovery none prices no failures")
         return None
-    return Policy(
-        strategy=recovery or "cold",
-        interval_s=parse_time(checkpoint_interval) if checkpoint_interval else None,
-        async_save=bool(async_save),
-        spares=spares,
-        spare_target=0.999 if spare_target is None else spare_target,
-    )
+    strategy = recovery or "cold"
+    return Policy(strategy=strategy, **policy_fields(failures, SIZING_POLICY, (strategy,)))
 
 
 def size_clusters_cmd(
@@ -75,11 +82,12 @@ def size_clusters_cmd(
     from commsim.specs import SpecError
 
     given = overrides | {"model": model, "cluster": cluster}
-    with terminal.user_errors(), blame_flags(scenario, given):
-        if objective not in OBJECTIVES:
-            raise ValueError(f"--objective must be one of {', '.join(OBJECTIVES)}")
+    named = given | {"fabric": fabric, "gpu": gpu}  # a bad fabric or GPU is the flag's fault
+    with terminal.user_errors(), blame_flags(scenario, named):
+        known = objective in OBJECTIVES
+        refuse("objective", objective, "" if known else f"must be one of {', '.join(OBJECTIVES)}")
         deadline_s, budget = _limits(deadline, budget)
-        policy = _policy(**failures)
+        policy = _policy(failures)
         spec, source = load_scenario(scenario, given)
         if spec.tokens is None:
             raise SpecError(source, "tokens", "cluster sizing needs the training tokens (--tokens)")
@@ -109,9 +117,7 @@ def size_clusters_cmd(
 
 def _limits(deadline: str | None, budget: float | None) -> tuple[float | None, float | None]:
     """--deadline in seconds and --budget, each positive when given."""
-    from commsim.units import parse_time
-
-    deadline_s = parse_time(deadline) if deadline is not None else None
+    deadline_s = flag_time("deadline", deadline) if deadline is not None else None
     if deadline_s is not None and not deadline_s > 0:
         raise ValueError(f"--deadline {deadline}: must be a positive time (e.g. 30d)")
     if budget is not None and not 0 < budget < float("inf"):

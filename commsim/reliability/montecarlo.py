@@ -18,6 +18,7 @@ no stall covers.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,15 +130,30 @@ def _run_running(m: Model, horizon: float, rng: np.random.Generator, spent: dict
     return progress, n
 
 
-def simulate(m: Model, work_s: float, runs: int = 20, seed: int = 0) -> Simulated:
+# simulate reports progress every this many runs: often enough for a bar to move (a run
+# takes microseconds to milliseconds), rarely enough that reporting costs nothing
+RUNS_PER_REPORT = 100
+
+
+def simulate(
+    m: Model,
+    work_s: float,
+    runs: int = 20,
+    seed: int = 0,
+    done: Callable[[int], None] | None = None,
+) -> Simulated:
     """`runs` runs of `work_s` seconds of failure-free work (restarting strategies), or of
-    `work_s` seconds of wall time (strategies that keep running), with a fixed seed."""
+    `work_s` seconds of wall time (strategies that keep running), with a fixed seed; `done`
+    is told how many runs finished every RUNS_PER_REPORT runs and at the end. The runs draw
+    one after another from one generator, so reporting changes no draw."""
     rng = np.random.default_rng(seed)
     spent = dict.fromkeys(("useful", "checkpoint_save", "lost_progress", *PHASES), 0.0)
     spent |= {"stalled": 0.0, "reduced_capacity": 0.0}
     work = wall = 0.0
     failures = 0
-    for _ in range(runs):
+    for i in range(runs):
+        if done and i and i % RUNS_PER_REPORT == 0:
+            done(RUNS_PER_REPORT)
         if m.rate == 0:
             work, wall = work + work_s, wall + work_s
             continue
@@ -148,4 +164,6 @@ def simulate(m: Model, work_s: float, runs: int = 20, seed: int = 0) -> Simulate
             progress, f = _run_running(m, work_s, rng, spent)
             work, wall = work + progress, wall + work_s
         failures += f
+    if done and runs:
+        done(runs - (runs - 1) // RUNS_PER_REPORT * RUNS_PER_REPORT)
     return Simulated(work, wall, {k: v for k, v in spent.items() if v > 0}, failures)

@@ -41,6 +41,12 @@ STRATEGIES = ("cold", "hot-spare", "in-memory", "per-step", "ring-rebuild")
 RESTARTING = ("cold", "hot-spare", "in-memory")
 PHASES = ("detection", "reschedule", "initialization", "checkpoint_restore", "warmup")
 
+# The Policy fields a strategy never reads: cold keeps no spares (build_model), in-memory
+# saves to a peer's host memory, never to storage (save_costs), per-step and ring-rebuild
+# take no checkpoints (running_costs).
+UNUSED = {"cold": ("spares", "spare_target"), "in-memory": ("async_save",)}
+UNUSED |= dict.fromkeys(("per-step", "ring-rebuild"), ("interval_s", "async_save"))
+
 NCCL_INIT_S = 265.0  # stock NCCL communicator set-up at 96k GPUs (NCCLX paper, as summarised)
 NCCL_INIT_GPUS = 96_000
 # TorchFT's example lighthouse waits 10 s for a quorum (--join_timeout_ms 10000,

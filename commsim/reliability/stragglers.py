@@ -188,17 +188,23 @@ def jitter(prediction: Prediction, dist: str, cv: float, local_steps: int = 1) -
     """Step time and throughput with per-rank compute jitter: each step's compute waits for
     the slowest rank of every tensor/pipeline group, and the data-parallel replicas wait for
     each other once every local_steps (jitter.expected_max_grouped); local SGD also sends
-    the data-parallel sync once in H steps."""
+    the data-parallel sync once in H steps, which saves its exposed time on the other H - 1.
+    `throughput` is against the synchronous step without jitter, so local SGD's saved sync
+    can lift it over 1; `throughput_same_schedule` is against the same schedule (sync or
+    local SGD) without jitter: what jitter alone costs."""
     s = prediction.strategy
     dp = (prediction.layout or {}).get("dp", 1)
     compute = prediction.parts["compute_s"] - prediction.parts.get("optimizer_s", 0.0)
     factor = expected_max_grouped(dp, s.tp * s.pp, dist, cv, local_steps)
     dp_exposed = prediction.parts.get("dp_exposed_s", prediction.parts["exposed_comm_s"])
-    step = prediction.step_time_s + compute * (factor - 1.0)
-    if local_steps > 1:
-        step -= dp_exposed * (1.0 - 1.0 / local_steps)
+    waited = compute * (factor - 1.0)  # the compute the slowest rank adds
+    saved = dp_exposed * (1.0 - 1.0 / local_steps)  # the sync sent once in H steps
+    step = prediction.step_time_s + waited - saved
     return {
         "expected_max": factor,
         "step_time_s": step,
         "throughput": prediction.step_time_s / step,
+        "jitter_s": waited,
+        "saved_sync_s": saved,
+        "throughput_same_schedule": (prediction.step_time_s - saved) / step,
     }
