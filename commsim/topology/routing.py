@@ -175,31 +175,34 @@ def maxmin_rates(
     bottleneck structure, not the number of distinct rates (Bertsekas & Gallager 6.5.2
     give the sequential form, which tests/test_topology.py checks this against).
     A flow with no edges (a self-send) gets an infinite rate. weights (paths' shape): how
-    many flows each hop stands for on its edge (topology.symmetry's orbits; default 1)."""
+    many flows each hop stands for on its edge (topology.symmetry's orbits; default 1).
+    A padding hop sits on one extra edge of infinite capacity that is never a bottleneck,
+    so no pass needs a mask; every real edge sums the same terms in the same order."""
     used = paths >= 0
     rate = np.full(paths.shape[0], np.inf)
     live = np.nonzero(used.any(axis=1))[0]  # the active flows, shrinking every round
-    edge, used = np.where(used, paths, 0)[live], used[live]
-    weight = np.ones(used.shape) if weights is None else np.asarray(weights, dtype=float)[live]
-    remaining = capacity.astype(float).copy()
-    counts = np.bincount(edge[used], weights=weight[used], minlength=capacity.size)
+    pad = capacity.size  # the padding hops' edge
+    edge = np.where(used, paths, pad).astype(np.intp)[live]
+    weight = np.ones(edge.shape) if weights is None else np.asarray(weights, dtype=float)[live]
+    remaining = np.append(capacity.astype(float), np.inf)
+    counts = np.bincount(edge.ravel(), weights=weight.ravel(), minlength=pad + 1)
     while live.size:
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(counts > 0, remaining / counts, np.inf)
-        hop_share = np.where(used, share[edge], np.inf)
+        share[pad] = np.inf
+        hop_share = share[edge]
         least = hop_share.min(axis=1)  # each active flow's tightest share
-        not_least = used & (hop_share > least[:, None] * (1 + 1e-12))
-        bottleneck = (counts > 0) & (np.bincount(edge[not_least], minlength=capacity.size) == 0)
-        frozen = (used & bottleneck[edge]).any(axis=1)
+        not_least = hop_share > least[:, None] * (1 + 1e-12)
+        bottleneck = (counts > 0) & (np.bincount(edge[not_least], minlength=pad + 1) == 0)
+        bottleneck[pad] = False
+        frozen = bottleneck[edge].any(axis=1)
         rate[live[frozen]] = least[frozen]
-        hops = used & frozen[:, None]
-        freed = (least[:, None] * weight)[hops]
-        remaining = np.maximum(
-            remaining - np.bincount(edge[hops], weights=freed, minlength=capacity.size), 0.0
-        )
-        counts -= np.bincount(edge[hops], weights=weight[hops], minlength=capacity.size)
+        hops, held = edge[frozen].ravel(), weight[frozen]
+        freed = (least[frozen, None] * held).ravel()
+        remaining = np.maximum(remaining - np.bincount(hops, weights=freed, minlength=pad + 1), 0.0)
+        counts -= np.bincount(hops, weights=held.ravel(), minlength=pad + 1)
         keep = ~frozen
-        live, edge, used, weight = live[keep], edge[keep], used[keep], weight[keep]
+        live, edge, weight = live[keep], edge[keep], weight[keep]
     return rate
 
 
