@@ -176,33 +176,34 @@ def maxmin_rates(
     give the sequential form, which tests/test_topology.py checks this against).
     A flow with no edges (a self-send) gets an infinite rate. weights (paths' shape): how
     many flows each hop stands for on its edge (topology.symmetry's orbits; default 1).
-    A padding hop sits on one extra edge of infinite capacity that is never a bottleneck,
-    so no pass needs a mask; every real edge sums the same terms in the same order."""
+    The passes run over the real hops only, flow by flow (most flows of a step stay in
+    their node: 2 hops of up to 12), which is also the order every edge sums its terms in."""
     used = paths >= 0
     rate = np.full(paths.shape[0], np.inf)
-    live = np.nonzero(used.any(axis=1))[0]  # the active flows, shrinking every round
-    pad = capacity.size  # the padding hops' edge
-    edge = np.where(used, paths, pad).astype(np.intp)[live]
-    weight = np.ones(edge.shape) if weights is None else np.asarray(weights, dtype=float)[live]
-    remaining = np.append(capacity.astype(float), np.inf)
-    counts = np.bincount(edge.ravel(), weights=weight.ravel(), minlength=pad + 1)
+    hops = used.sum(axis=1)
+    live = np.nonzero(hops)[0]  # the active flows, shrinking every round
+    length, edge = hops[live], paths[used].astype(np.intp)
+    weight = np.ones(edge.size) if weights is None else np.asarray(weights, dtype=float)[used]
+    remaining = capacity.astype(float).copy()
+    counts = np.bincount(edge, weights=weight, minlength=capacity.size)
     while live.size:
+        start, owner = np.cumsum(length) - length, np.repeat(np.arange(live.size), length)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(counts > 0, remaining / counts, np.inf)
-        share[pad] = np.inf
         hop_share = share[edge]
-        least = hop_share.min(axis=1)  # each active flow's tightest share
-        not_least = hop_share > least[:, None] * (1 + 1e-12)
-        bottleneck = (counts > 0) & (np.bincount(edge[not_least], minlength=pad + 1) == 0)
-        bottleneck[pad] = False
-        frozen = bottleneck[edge].any(axis=1)
+        least = np.minimum.reduceat(hop_share, start)  # each active flow's tightest share
+        not_least = hop_share > least[owner] * (1 + 1e-12)
+        bottleneck = (counts > 0) & (np.bincount(edge[not_least], minlength=capacity.size) == 0)
+        frozen = np.logical_or.reduceat(bottleneck[edge], start)
         rate[live[frozen]] = least[frozen]
-        hops, held = edge[frozen].ravel(), weight[frozen]
-        freed = (least[frozen, None] * held).ravel()
-        remaining = np.maximum(remaining - np.bincount(hops, weights=freed, minlength=pad + 1), 0.0)
-        counts -= np.bincount(hops, weights=held.ravel(), minlength=pad + 1)
-        keep = ~frozen
-        live, edge, weight = live[keep], edge[keep], weight[keep]
+        gone = frozen[owner]
+        freed = (least[owner] * weight)[gone]
+        remaining = np.maximum(
+            remaining - np.bincount(edge[gone], weights=freed, minlength=capacity.size), 0.0
+        )
+        counts -= np.bincount(edge[gone], weights=weight[gone], minlength=capacity.size)
+        live, length = live[~frozen], length[~frozen]
+        edge, weight = edge[~gone], weight[~gone]
     return rate
 
 
