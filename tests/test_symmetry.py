@@ -127,3 +127,41 @@ def test_orbits_of_a_pod_shift():
     r = symmetry.reduce(c, src, dst, np.full(16, -1), np.ones(16), paths)
     assert r is not None and r.reps.size == 4  # one pod's four flows stand for all
     assert np.bincount(r.orbit).tolist() == [4, 4, 4, 4]
+
+
+def test_link_map_by_hand():
+    cap = np.ones(9)
+    # link 0 carried onto links 1 and 2 at once: no permutation
+    assert (
+        symmetry._link_map(np.array([[0, 5], [0, 6]]), np.array([[1, 7], [2, 8]]), [0, 5, 6], cap)
+        is None
+    )
+    sigma = symmetry._link_map(
+        np.array([[0, 5], [3, -1]]), np.array([[1, 7], [2, -1]]), [0, 3, 5], cap
+    )
+    assert sigma[[0, 3, 5]].tolist() == [1, 2, 7]
+    # a route of another length has no image
+    assert symmetry._link_map(np.array([[0, 5]]), np.array([[1, -1]]), [0, 5], cap) is None
+
+
+def test_a_conflict_on_some_routes_refutes_all():
+    # reduce refuses a move on a block of the flows before all of them: sound only if a
+    # block's refusal is the whole step's (checked on hashed routes, where most moves fail)
+    c = make_cluster(**dict(FABRICS["3-tier"], routing="hash"))
+    src = np.arange(c.n_gpus)
+    dst, rail = np.roll(src, -1), np.full(src.size, -1)
+    paths, _ = routes(c, src, dst, rail)
+    used = symmetry._used(paths, c.capacity.size)
+    refused = 0
+    for _, move in symmetry._moves(c):
+        image, moved_dst, _ = move(src, dst, rail)  # flow i starts at GPU i: its image's index
+        if (moved_dst != dst[image]).any():
+            continue  # not onto the step's flows (a NIC turn of a ring): no link map asked
+        whole = symmetry._link_map(paths, paths[image], used, c.capacity)
+        for block in (slice(0, src.size // 4), slice(0, src.size // 16)):
+            part = paths[block]
+            mine = symmetry._used(part, c.capacity.size)
+            if symmetry._link_map(part, paths[image[block]], mine, c.capacity) is None:
+                refused += 1
+                assert whole is None
+    assert refused > 0

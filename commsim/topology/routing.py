@@ -175,31 +175,35 @@ def maxmin_rates(
     bottleneck structure, not the number of distinct rates (Bertsekas & Gallager 6.5.2
     give the sequential form, which tests/test_topology.py checks this against).
     A flow with no edges (a self-send) gets an infinite rate. weights (paths' shape): how
-    many flows each hop stands for on its edge (topology.symmetry's orbits; default 1)."""
+    many flows each hop stands for on its edge (topology.symmetry's orbits; default 1).
+    The passes run over the real hops only, flow by flow (most flows of a step stay in
+    their node: 2 hops of up to 12), which is also the order every edge sums its terms in."""
     used = paths >= 0
     rate = np.full(paths.shape[0], np.inf)
-    live = np.nonzero(used.any(axis=1))[0]  # the active flows, shrinking every round
-    edge, used = np.where(used, paths, 0)[live], used[live]
-    weight = np.ones(used.shape) if weights is None else np.asarray(weights, dtype=float)[live]
+    hops = used.sum(axis=1)
+    live = np.nonzero(hops)[0]  # the active flows, shrinking every round
+    length, edge = hops[live], paths[used].astype(np.intp)
+    weight = np.ones(edge.size) if weights is None else np.asarray(weights, dtype=float)[used]
     remaining = capacity.astype(float).copy()
-    counts = np.bincount(edge[used], weights=weight[used], minlength=capacity.size)
+    counts = np.bincount(edge, weights=weight, minlength=capacity.size)
     while live.size:
+        start, owner = np.cumsum(length) - length, np.repeat(np.arange(live.size), length)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(counts > 0, remaining / counts, np.inf)
-        hop_share = np.where(used, share[edge], np.inf)
-        least = hop_share.min(axis=1)  # each active flow's tightest share
-        not_least = used & (hop_share > least[:, None] * (1 + 1e-12))
+        hop_share = share[edge]
+        least = np.minimum.reduceat(hop_share, start)  # each active flow's tightest share
+        not_least = hop_share > least[owner] * (1 + 1e-12)
         bottleneck = (counts > 0) & (np.bincount(edge[not_least], minlength=capacity.size) == 0)
-        frozen = (used & bottleneck[edge]).any(axis=1)
+        frozen = np.logical_or.reduceat(bottleneck[edge], start)
         rate[live[frozen]] = least[frozen]
-        hops = used & frozen[:, None]
-        freed = (least[:, None] * weight)[hops]
+        gone = frozen[owner]
+        freed = (least[owner] * weight)[gone]
         remaining = np.maximum(
-            remaining - np.bincount(edge[hops], weights=freed, minlength=capacity.size), 0.0
+            remaining - np.bincount(edge[gone], weights=freed, minlength=capacity.size), 0.0
         )
-        counts -= np.bincount(edge[hops], weights=weight[hops], minlength=capacity.size)
-        keep = ~frozen
-        live, edge, used, weight = live[keep], edge[keep], used[keep], weight[keep]
+        counts -= np.bincount(edge[gone], weights=weight[gone], minlength=capacity.size)
+        live, length = live[~frozen], length[~frozen]
+        edge, weight = edge[~gone], weight[~gone]
     return rate
 
 

@@ -94,6 +94,7 @@ def _first_of(labels: np.ndarray, count: int) -> np.ndarray:
 
 
 _PROBES = 64  # flows a move is tried on before all of them: most moves fail at once
+_BLOCK = 16  # then the first 1 / _BLOCK of the flows (whole groups, sharing links), routes too
 _SPAN = 1 << 20  # room under a flow's key for its size class and repeat index
 
 
@@ -131,15 +132,17 @@ def _flow_map(sorted_keys, order, shape, target, mine) -> np.ndarray | None:
     return None if (shape[image] != mine).any() else image
 
 
-def _link_map(paths, hop, used, image, capacity) -> np.ndarray | None:
-    """The link permutation that carries every route onto its image's route, or None when
-    there is none (a link would go to two links, two links to one, or capacities differ)."""
-    mapped = paths[image]
+def _link_map(own, mapped, used, capacity) -> np.ndarray | None:
+    """The link permutation that carries every route `own` onto its image's route `mapped`
+    (the same flows' rows), or None when there is none (a link would go to two links, two
+    links to one, or capacities differ). On some of the flows a None refutes the whole
+    step's: every conflict among some routes is one among all of them."""
+    hop = own >= 0
     if (hop != (mapped >= 0)).any():
         return None
     sigma = np.full(capacity.size, -1, dtype=np.int64)
-    sigma[paths[hop]] = mapped[hop]
-    if (sigma[paths[hop]] != mapped[hop]).any():
+    sigma[own[hop]] = mapped[hop]
+    if (sigma[own[hop]] != mapped[hop]).any():
         return None
     if np.bincount(sigma[used]).max() > 1 or (capacity[sigma[used]] != capacity[used]).any():
         return None
@@ -167,25 +170,42 @@ def reduce(cluster: Cluster, src, dst, rail, shape, paths) -> Reduction | None:
     rest = tag - own * _SPAN  # size class and repeat index: a move keeps both
     order = np.argsort(tag)
     keys = tag[order]
-    hop = paths >= 0
-    length = hop.sum(axis=1)
+    length = (paths >= 0).sum(axis=1)
 
     def _target(move, at: slice) -> np.ndarray:
         """The tags of the flows `at` once moved."""
         return _keys(*move(src[at], dst[at], rail[at]), width, ports) * _SPAN + rest[at]
 
-    used = _used(paths, cluster.capacity.size)
+    def _image(move, at: slice) -> np.ndarray | None:
+        """Where the move takes the flows `at` (None: not onto the step's flows, or onto
+        routes of other lengths, which no link map carries)."""
+        image = _flow_map(keys, order, shape, _target(move, at), shape[at])
+        return None if image is None or (length[image] != length[at]).any() else image
+
+    def _refuted(move) -> bool:
+        """A cheap refusal first, on some flows: most moves fail at once, and under hashed
+        ECMP most fail only on the links, which a block of whole groups' flows shows."""
+        if _image(move, slice(None, None, max(1, n_flows // _PROBES))) is None:
+            return True
+        block = slice(0, max(1, n_flows // _BLOCK))
+        image = _image(move, block)
+        if image is None:
+            return True
+        part = paths[block]
+        return _link_map(part, paths[image], _used(part, n_links), cluster.capacity) is None
+
+    n_links = cluster.capacity.size
+    used = _used(paths, n_links)
     flow_pairs, link_pairs, shifted = [], [], []
     for t, move in _moves(cluster):
         if t and any(t % s == 0 for s in shifted):
             continue  # a multiple of an accepted shift: already in the group
-        probe = slice(None, None, max(1, n_flows // _PROBES))  # a cheap refusal first
-        if _flow_map(keys, order, shape, _target(move, probe), shape[probe]) is None:
+        if _refuted(move):
             continue
-        image = _flow_map(keys, order, shape, _target(move, slice(None)), shape)
-        if image is None or (length[image] != length).any():
-            continue  # not the step's flows, or routes of other lengths: no link map
-        sigma = _link_map(paths, hop, used, image, cluster.capacity)
+        image = _image(move, slice(None))
+        if image is None:
+            continue
+        sigma = _link_map(paths, paths[image], used, cluster.capacity)
         if sigma is None:
             continue
         shifted += [t] if t else []
