@@ -23,7 +23,8 @@ torch = pytest.importorskip("torch")
 from commsim.calibrate.harness.collectives import tier_groups  # noqa: E402
 from commsim.calibrate.harness.config import HarnessConfig  # noqa: E402
 
-pytestmark = pytest.mark.torch
+# loopback runs checked for what they record, never for how fast: beside other tests
+pytestmark = [pytest.mark.torch, pytest.mark.shared]
 
 LOCAL_CLUSTER = """
 name: loopback-{n}
