@@ -23,8 +23,7 @@ torch = pytest.importorskip("torch")
 from commsim.calibrate.harness.collectives import tier_groups  # noqa: E402
 from commsim.calibrate.harness.config import HarnessConfig  # noqa: E402
 
-# loopback runs checked for what they record, never for how fast: beside other tests
-pytestmark = [pytest.mark.torch, pytest.mark.shared]
+pytestmark = pytest.mark.torch
 
 LOCAL_CLUSTER = """
 name: loopback-{n}

@@ -112,7 +112,6 @@ def test_config_checks_hook_names():
 
 
 @pytest.mark.slow
-@pytest.mark.shared  # what the steps record, not how fast: beside other tests
 def test_local_run_records_one_step_per_hook_and_bucket(tmp_path):
     """Two gloo ranks: one ddp record per (bucket cap, hook), named as commsim spells it,
     and hook_speedups turns them into one row each (the uncompressed one at speedup 1)."""

@@ -17,8 +17,7 @@ from test_calibrate_harness import _kill_quietly, _wait_for  # noqa: E402
 
 from commsim.calibrate.records import read_results  # noqa: E402
 
-# the ranks wait on a signal and their own exit: nothing timed, so beside other tests
-pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.shared]
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
 def _alive(pid: int) -> bool:
