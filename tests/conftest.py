@@ -22,6 +22,15 @@ from commsim.specs import ClusterSpec  # noqa: E402
 from commsim.topology.build import build_cluster  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (make test's first phase) the slow tests go first: the scheduler
+    deals the first tests out one at a time, so the long ones split between the workers and
+    the short ones fill the end, where a long test dealt last would keep one worker busy
+    while the other idles. Otherwise in file order (stable: each file's order kept)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def make_spec(
     *,
     nodes: int = 4,
