@@ -52,6 +52,7 @@ from commsim.cli.options import (
     gpu_count,
 )
 from commsim.cli.plan_options import (
+    DEFAULT_TOP,
     FAILURE_FLAGS,
     AsyncSaveOpt,
     BudgetOpt,
@@ -163,7 +164,7 @@ def plan_cmd(
     async_save: AsyncSaveOpt = None,
     spares: SparesOpt = None,
     spare_target: SpareTargetOpt = None,
-    top: TopOpt = 15,
+    top: TopOpt = None,
     plot: SweepPlotOpt = None,
     html: HtmlOpt = None,
     csv: CsvOpt = None,
@@ -212,7 +213,8 @@ def _plan_one_cluster(args: dict[str, Any], flags: dict[str, Any], pins: set[str
     """Rank one cluster's layouts, the flags' values pinned; print, or write the files."""
     from commsim.scenario import check_pins
 
-    scenario, top, plot, html, csv = (args[k] for k in ("scenario", "top", "plot", "html", "csv"))
+    scenario, plot, html, csv = (args[k] for k in ("scenario", "plot", "html", "csv"))
+    top = DEFAULT_TOP if args["top"] is None else args["top"]
     nccl = pick(args, NCCL_FLAGS)
     given = pick(args, ("model", "cluster", "gpus", "profile", "deepspeed"))
     given |= pick(args, TRAINING_FLAGS) | flags | pick(args, STACK_FLAGS)
@@ -238,15 +240,16 @@ def _plan_one_cluster(args: dict[str, Any], flags: dict[str, Any], pins: set[str
 
 def _check_mode(
     sizing: bool,
-    top: int,
+    top: int | None,
     sizing_only: dict[str, Any],
     failures: dict[str, Any],
     one_cluster: dict[str, Any],
 ) -> None:
     """Refuse a flag the chosen mode would ignore: --gpu, --objective and the failure flags
-    only size clusters; a profile, an NCCL version, a DeepSpeed config and Megatron's layers
-    per virtual stage describe one cluster's layout, which sizing does not build."""
-    if top < 1:
+    only size clusters; a profile, an NCCL version, a DeepSpeed config, Megatron's layers
+    per virtual stage and --top (the ranking's rows) describe one cluster's layout, which
+    sizing does not build (it shows every size it priced)."""
+    if top is not None and top < 1:
         raise ValueError(f"--top {top}: show at least 1 row")
     if not sizing:
         for name, value in sizing_only.items():
@@ -263,6 +266,8 @@ def _check_mode(
                 "prices one cluster"
             )
         return
+    if top is not None:
+        raise ValueError(f"--top {top}: rows of one cluster's ranking; sizing shows every size")
     given = [flag(k) for k, v in one_cluster.items() if v is not None]
     if given:
         raise ValueError(

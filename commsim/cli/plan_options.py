@@ -112,7 +112,10 @@ OnlyReshardOpt = Annotated[
     str | None,
     typer.Option(help="Search only this FSDP reshard_after_forward: true, false, all-but-last."),
 ]
-TopOpt = Annotated[int, typer.Option(help="Rows to show (at least 1).")]
+TopOpt = Annotated[
+    int | None, typer.Option(help="Rows to show (at least 1; 15 if not given; one cluster only).")
+]
+DEFAULT_TOP = 15  # rows the one-cluster ranking shows when --top is not given
 SweepPlotOpt = Annotated[
     str | None,
     typer.Option(help="PNG: the winner's step time against NIC bandwidth per compressor."),
