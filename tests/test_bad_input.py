@@ -439,6 +439,7 @@ _SIZING = [
     (("--fabric", ","), "--fabric ,: empty: give a topology name"),
     (("--gpu", "nope"), "--gpu nope: unknown GPU 'nope'"),
     (("--gpus", "64:32"), "--gpus 64:32: HIGH must not be below LOW"),
+    (("--gpus", "a:128"), "--gpus a:128: must be a positive count or LOW:HIGH, not 'a'"),
     (("--top", "5"), "--top 5: rows of one cluster's ranking; sizing shows every size"),
 ]
 

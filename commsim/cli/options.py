@@ -271,12 +271,14 @@ NcclProtoOpt = Annotated[
 ]
 
 
-def gpu_count(text: str | None) -> int | None:
-    """--gpus as one positive count (None when not given)."""
+def gpu_count(text: str | None, whole: str | None = None) -> int | None:
+    """--gpus as one positive count (None when not given); `whole`, the flag's value this
+    count is part of (LOW:HIGH), is the one the refusal names."""
     if text is None:
         return None
     if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"--gpus must be a positive count or LOW:HIGH, not {text!r}")
+        named = text if whole is None else whole
+        raise ValueError(f"--gpus {named}: must be a positive count or LOW:HIGH, not {text!r}")
     return int(text)
 
 
@@ -285,7 +287,7 @@ def gpu_sizes(text: str | None, default: int) -> list[int]:
     if text is None:
         return [default]
     lo, _, hi = text.partition(":")
-    low, high = gpu_count(lo), gpu_count(hi or lo)
+    low, high = gpu_count(lo, text), gpu_count(hi or lo, text)
     if high < low:
         raise ValueError(f"--gpus {text}: HIGH must not be below LOW")
     sizes = [low]
