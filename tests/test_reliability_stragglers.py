@@ -62,7 +62,15 @@ def test_one_slow_rank_in_1024_way_data_parallel(dp1024):
     assert rows["drop"].throughput == pytest.approx(1023 / 1024)
     slow = step / p.step_time_s
     assert rows["rebalance"].throughput == pytest.approx((1023 + 1 / slow) / 1024)
-    assert rows["local-sgd"].throughput == rows["wait"].throughput  # persistent: no help
+    # local SGD (8 steps a sync) against itself without the straggler: the sync it sends once
+    # in 8 no longer dilutes the slow compute, so a persistent straggler costs it more than wait
+    saved = p.parts["dp_exposed_s"] * 7 / 8
+    assert saved > 0
+    by_hand_sgd = (p.step_time_s - saved) / (step - saved)
+    assert rows["local-sgd"].throughput == pytest.approx(by_hand_sgd, rel=1e-12)
+    assert rows["local-sgd"].throughput < rows["wait"].throughput
+    one = {r.name: r for r in slow_rank(setup, p, 1.2, local_steps=1)}
+    assert one["local-sgd"].throughput == pytest.approx(one["wait"].throughput)  # H 1: DDP
     assert rows["wait"].lost_s == pytest.approx(3600 * (1 - rows["wait"].throughput))
     for bad in (0.5, float("inf"), float("nan")):  # nan passed a `< 1` check
         with pytest.raises(ValueError, match="must be finite and at least 1"):

@@ -143,7 +143,10 @@ def _stragglers_doc(setup: Setup, upsets: Upsets) -> dict[str, Any]:
     duration_s, (dist, cv) = upsets.duration_s, upsets.spread
     slow_rank, local_steps = upsets.slow_rank, upsets.local_steps
     p = stragglers.predict_step(setup)
-    rows = [dataclasses.asdict(r) for r in stragglers.slow_rank(setup, p, slow_rank, duration_s)]
+    rows = [
+        dataclasses.asdict(r)
+        for r in stragglers.slow_rank(setup, p, slow_rank, duration_s, local_steps)
+    ]
     jit = {h: stragglers.jitter(p, dist, cv, h) for h in (1, local_steps)}
     return {
         "scenario": setup.scenario.name,

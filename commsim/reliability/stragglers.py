@@ -21,8 +21,10 @@ Mitigations, each as the throughput it leaves (relative to the healthy step):
               (Malleus, Li et al. 2024, arXiv:2410.13333, re-plans per GPU): (dp - 1 + 1/k) / dp
   async       asynchronous SGD: no replica waits, the same (dp - 1 + 1/k) / dp, with stale
               gradients (the convergence cost is not modelled)
-  local-sgd   H local steps between syncs: a persistent straggler still holds every sync (as
-              wait), but jitter averages over the H steps and the sync costs 1/H as much
+  local-sgd   H local steps between syncs: a persistent straggler still holds every sync, and
+              its slow compute is a larger share of local SGD's shorter step (the sync is
+              sent once in H steps), so against local SGD without it:
+              (healthy - saved) / (slowed - saved); jitter averages over the H steps
   hierarchical  seed 002's fallback when an inter-rack link degrades: the gradient sync as a
               hierarchical all-reduce (intra-node reduce-scatter, inter-node all-reduce per
               rail, intra-node all-gather) on the degraded graph
@@ -83,12 +85,26 @@ def slow_rank_step(setup: Setup, prediction: Prediction, factor: float) -> float
     return slowed.step_time_s - growth
 
 
+def saved_sync_s(prediction: Prediction, local_steps: int) -> float:
+    """Seconds a step local SGD saves by sending the data-parallel sync once in
+    `local_steps` steps: its exposed time on the other H - 1."""
+    dp_exposed = prediction.parts.get("dp_exposed_s", prediction.parts["exposed_comm_s"])
+    return dp_exposed * (1.0 - 1.0 / local_steps)
+
+
 def slow_rank(
-    setup: Setup, prediction: Prediction, factor: float, duration_s: float | None = None
+    setup: Setup,
+    prediction: Prediction,
+    factor: float,
+    duration_s: float | None = None,
+    local_steps: int = 8,
 ) -> list[Mitigation]:
-    """One rank `factor` times slower for `duration_s`: each mitigation's throughput."""
+    """One rank `factor` times slower for `duration_s`: each mitigation's throughput
+    (local SGD's against local SGD every `local_steps` steps without the straggler)."""
     healthy = prediction.step_time_s
     step = slow_rank_step(setup, prediction, factor)
+    saved = saved_sync_s(prediction, local_steps)
+    local = (healthy - saved) / (step - saved)
     dp = (prediction.layout or {}).get("dp", setup.n_gpus)
     slow = step / healthy  # the slow replica's own slowdown
     shared = (dp - 1 + 1.0 / slow) / dp
@@ -97,7 +113,7 @@ def slow_rank(
         Mitigation("drop", (dp - 1) / dp, None, "the slow replica leaves; the batch shrinks"),
         Mitigation("rebalance", shared, None, "work in proportion to each replica's speed"),
         Mitigation("async", shared, None, "no waiting; gradients go stale"),
-        Mitigation("local-sgd", healthy / step, None, "a persistent straggler holds every sync"),
+        Mitigation("local-sgd", local, None, "holds every sync; against local SGD without it"),
     ]
     if dp < 2:
         rows = [r for r in rows if r.name in ("wait", "local-sgd")]
@@ -196,9 +212,8 @@ def jitter(prediction: Prediction, dist: str, cv: float, local_steps: int = 1) -
     dp = (prediction.layout or {}).get("dp", 1)
     compute = prediction.parts["compute_s"] - prediction.parts.get("optimizer_s", 0.0)
     factor = expected_max_grouped(dp, s.tp * s.pp, dist, cv, local_steps)
-    dp_exposed = prediction.parts.get("dp_exposed_s", prediction.parts["exposed_comm_s"])
     waited = compute * (factor - 1.0)  # the compute the slowest rank adds
-    saved = dp_exposed * (1.0 - 1.0 / local_steps)  # the sync sent once in H steps
+    saved = saved_sync_s(prediction, local_steps)
     step = prediction.step_time_s + waited - saved
     return {
         "expected_max": factor,
