@@ -150,20 +150,18 @@ def simulate(
     spent = dict.fromkeys(("useful", "checkpoint_save", "lost_progress", *PHASES), 0.0)
     spent |= {"stalled": 0.0, "reduced_capacity": 0.0}
     work = wall = 0.0
-    failures = 0
+    failures = reported = 0
     for i in range(runs):
-        if done and i and i % RUNS_PER_REPORT == 0:
-            done(RUNS_PER_REPORT)
         if m.rate == 0:
             work, wall = work + work_s, wall + work_s
-            continue
-        if m.policy.strategy in RESTARTING:
+        elif m.policy.strategy in RESTARTING:
             t, f = _run_restarting(m, work_s, rng, spent)
-            work, wall = work + work_s, wall + t
+            work, wall, failures = work + work_s, wall + t, failures + f
         else:
             progress, f = _run_running(m, work_s, rng, spent)
-            work, wall = work + progress, wall + work_s
-        failures += f
-    if done and runs:
-        done(runs - (runs - 1) // RUNS_PER_REPORT * RUNS_PER_REPORT)
+            work, wall, failures = work + progress, wall + work_s, failures + f
+        finished = i + 1
+        if done and (finished - reported == RUNS_PER_REPORT or finished == runs):
+            done(finished - reported)
+            reported = finished
     return Simulated(work, wall, {k: v for k, v in spent.items() if v > 0}, failures)
