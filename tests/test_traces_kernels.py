@@ -87,7 +87,7 @@ def test_one_gemm_fitted_by_hand():
     planted = gemm_seconds(4096, 4096, 4096, 312e12 * 0.75, 108, write=2 / 1.7e12)
     assert float(planted) == pytest.approx(traced, rel=1e-12)
     times = {"gemm": traced, "attention": 0.0, "other": 0.0}
-    parts = {"math": math, "write": write, "attention": 0.0, "other": 0.0}
+    parts = {"math": math, "fp8": 0.0, "write": write, "attention": 0.0, "other": 0.0}
     fit = KernelFit(gpu, times, parts, False, 1, "hand.json")
     assert fit.fitted("gemm") == pytest.approx(0.75, rel=1e-12)
     assert 0.9 * (math + write) / traced == pytest.approx(0.7546, abs=1e-4)
@@ -115,13 +115,15 @@ def _made_with(tmp_path, setup, **planted):
     `planted` figures."""
     gpu = setup.gpu.model_copy(update=planted)
     p = roofline(dataclasses.replace(setup, gpu=gpu), setup.scenario.strategy, 1)
-    times = {"gemm": p["math"] + p["write"], "attention": p["attention"], "other": p["other"]}
+    gemm = p["math"] + p["fp8"] + p["write"]
+    times = {"gemm": gemm, "attention": p["attention"], "other": p["other"]}
     return _trace(tmp_path, times)
 
 
 def test_the_parts_add_up_to_the_roofline():
     setup = setup_from_flags(None, **LLAMA)
     parts = roofline(setup, setup.scenario.strategy, 1)
+    assert parts.pop("fp8") == 0  # BF16: no FP8 math
     assert all(v > 0 for v in parts.values())
     # the parts add up to the roofline's compute (no one efficiency: the kernel rates)
     from commsim.step.model import StepModel
@@ -147,12 +149,50 @@ def test_efficiencies_fitted_back_from_a_trace_made_with_them(tmp_path, flags):
     assert gpu.gemm_efficiency * fit.parts["math"] / fit.traced["gemm"] < 0.55 * 0.97
     # the fitted GPU's roofline gives the traced GEMM and attention seconds back
     again = roofline(dataclasses.replace(setup, gpu=fit.fitted_gpu()), setup.scenario.strategy, 1)
-    assert again["math"] + again["write"] == pytest.approx(fit.traced["gemm"], rel=1e-9)
+    assert again["math"] + again["fp8"] + again["write"] == pytest.approx(
+        fit.traced["gemm"], rel=1e-9
+    )
     assert again["attention"] == pytest.approx(fit.traced["attention"], rel=1e-9)
     # slower HBM: the element-wise share fitted back, the GEMMs' writes slower too
     slow = fit_kernels(setup, [_made_with(tmp_path, setup, hbm_efficiency=0.6)], 1)
     assert slow.fitted("other") == pytest.approx(0.6, rel=1e-9)
     assert slow.fitted("gemm") < gpu.gemm_efficiency
+
+
+def test_fp8_efficiency_fitted_back_with_the_bf16_gemms_held(tmp_path):
+    # under FP8 the LM head (and an MoE router) stay BF16: the GEMM class holds both, and the
+    # FP8 efficiency is fitted to the FP8 math alone, the BF16 math at the catalog's figure
+    setup = setup_from_flags(
+        None, **LLAMA | dict(cluster="dgx-h100-ib", seq_len=4096, precision="fp8")
+    )
+    parts = roofline(setup, setup.scenario.strategy, 1)
+    assert parts["fp8"] > 0 and parts["math"] > 0  # the LM head in BF16
+    # by hand: the LM head's forward, data- and weight-gradient math at the BF16 rate, 4,096
+    # tokens x 32,000 / tp 2 vocabulary x 4,096 hidden each, over the share of 132 SMs their
+    # 256 x 128 output tiles keep busy: 2,000 tiles in 16 waves, 512 in 4, and the weight
+    # gradient's 63 x 32 = 2,016 in 16 (16,000 rows in 63 tiles of 256)
+    gpu = setup.gpu
+    one = 2 * 4096 * 16000 * 4096 / (gpu.peak_flops * gpu.gemm_efficiency)
+    busy = [2000 / 2112, 512 / 528, 16000 / 16128 * 2016 / 2112]
+    assert parts["math"] == pytest.approx(sum(one / u for u in busy), rel=1e-12)
+    fit = fit_kernels(setup, [_made_with(tmp_path, setup, fp8_gemm_efficiency=0.5)], 1)
+    assert fit.fitted("gemm") == pytest.approx(0.5, rel=1e-9)
+    assert fit.bf16_held("gemm") == parts["math"] and fit.bf16_held("attention") == 0
+    again = roofline(dataclasses.replace(setup, gpu=fit.fitted_gpu()), setup.scenario.strategy, 1)
+    assert again["math"] + again["fp8"] + again["write"] == pytest.approx(
+        fit.traced["gemm"], rel=1e-9
+    )
+    # the command says what it held, in the table and the JSON
+    t = _made_with(tmp_path, setup, fp8_gemm_efficiency=0.5)
+    flags = ["--model", "llama2-7b", "--cluster", "dgx-h100-ib", "--micro-batch", "1"]
+    flags += ["--seq-len", "4096", "--tp", "2", "--precision", "fp8"]
+    res = runner.invoke(app, ["trace", "kernels", t.source, *flags, "--json"])
+    assert res.exit_code == 0, res.output
+    gemm = json.loads(res.output)["classes"][0]
+    assert gemm["bf16_held_s"] == pytest.approx(parts["math"], rel=1e-12)
+    assert gemm["fitted"] == pytest.approx(0.5, rel=1e-9)
+    text = " ".join(runner.invoke(app, ["trace", "kernels", t.source, *flags]).output.split())
+    assert "is BF16 math under FP8 (LM head, router), held at the catalog's" in text
 
 
 def test_traced_gemms_faster_than_their_writes_are_refused(tmp_path):

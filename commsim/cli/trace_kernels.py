@@ -96,5 +96,12 @@ def kernels_cmd(
             "-" if r["fitted"] is None else f"{r['fitted']:.3g}",
         )
     terminal.console.print(table)
+    held = sum(r["bf16_held_s"] for r in doc["classes"])
+    if held:
+        terminal.console.print(
+            f"of the GEMMs' roofline, {fmt_time(held)} is BF16 math under FP8 (LM head, "
+            "router), held at the catalog's gemm_efficiency: fp8_gemm_efficiency is fitted to "
+            "the rest"
+        )
     if gpu_out:
         terminal.console.print(f"GPU with the fitted efficiencies written to {gpu_out}")

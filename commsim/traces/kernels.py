@@ -7,11 +7,14 @@ The roofline's time is a sum of parts, each inversely proportional to one of its
 (step.gemm.Rates): the GEMMs' math (peak x gemm_efficiency, or the FP8 rate), their output
 writes (the HBM streaming bandwidth, step.gemm.gemm_seconds), FlashAttention (peak x
 attention_efficiency) and the element-wise work (the streaming bandwidth):
-T = G / r_gemm + W / r_write + A / r_att + M / r_mem. So each part is exact from two
-evaluations: doubling one rate halves its part, G / r = 2 (T - T(2 r)). A traced GEMM
-kernel includes its output's write, so the GEMM class is the math and the writes; the
-element-wise class has no efficiency (the roofline takes the datasheet HBM bandwidth): its
-achieved share of that bandwidth is reported.
+T = G / r_gemm + G8 / r_fp8 + W / r_write + A / r_att + M / r_mem. So each part is exact
+from two evaluations: doubling one rate halves its part, G / r = 2 (T - T(2 r)). A traced
+GEMM kernel includes its output's write, so the GEMM class is the math and the writes; under
+FP8 it also holds the GEMMs the recipes keep in BF16 (the LM head, an MoE router), so the
+FP8 efficiency is fitted to the FP8 GEMMs' math alone, the BF16 math held at the catalog's
+gemm_efficiency as the writes are held at its bandwidth. The element-wise class has no
+efficiency (the roofline takes the datasheet HBM bandwidth): its achieved share of that
+bandwidth is reported.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ from commsim.units import fmt_time
 
 CLASSES = ("gemm", "attention", "other")
 # the roofline's parts (see the module docstring) and the Rates fields each is inversely
-# proportional to; the GEMM class is "math" and "write"
+# proportional to; the GEMM class is "math" (BF16), "fp8" (FP8 math) and "write"
 PARTS = {
-    "math": ("gemm", "fp8"),
+    "math": ("gemm",),
+    "fp8": ("fp8",),
     "write": ("write",),
     "attention": ("attention",),
     "other": ("memory",),
@@ -118,13 +122,22 @@ class KernelFit:
         return "attention_efficiency"
 
     def roofline(self, cls: str) -> float:
-        """The roofline's seconds of a class: the GEMMs' are their math and their writes."""
-        return self.parts["math"] + self.parts["write"] if cls == "gemm" else self.parts[cls]
+        """The roofline's seconds of a class: the GEMMs' are their math (BF16 and FP8) and
+        their writes."""
+        if cls == "gemm":
+            return self.parts["math"] + self.parts["fp8"] + self.parts["write"]
+        return self.parts[cls]
+
+    def bf16_held(self, cls: str) -> float:
+        """Under FP8, the GEMM class's BF16 math (LM head, router) that the FP8 fit holds
+        at the catalog's gemm_efficiency; 0 otherwise."""
+        return self.parts["math"] if cls == "gemm" and self.fp8 else 0.0
 
     def fixed(self, cls: str) -> float:
         """The seconds of a class's roofline that no fitted figure scales: the GEMMs' output
-        writes (at the catalog's HBM bandwidth, as the fitted GPU prices them)."""
-        return self.parts["write"] if cls == "gemm" else 0.0
+        writes (at the catalog's HBM bandwidth, as the fitted GPU prices them) and, under
+        FP8, their BF16 math (bf16_held)."""
+        return self.parts["write"] + self.bf16_held(cls) if cls == "gemm" else 0.0
 
     def fitted(self, cls: str) -> float | None:
         """The figure that makes the class's roofline the traced time (other: the share of
@@ -168,7 +181,8 @@ class KernelFit:
                 "class": cls,
                 "traced_s": self.traced[cls],
                 "roofline_s": self.roofline(cls),
-                "write_s": self.fixed(cls),
+                "write_s": self.parts["write"] if cls == "gemm" else 0.0,
+                "bf16_held_s": self.bf16_held(cls),
                 "field": self.field(cls) or "hbm_share",
                 "catalog": getattr(self.gpu, self.field(cls)) if self.field(cls) else None,
                 "fitted": self.fitted(cls),
