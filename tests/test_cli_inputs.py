@@ -1,0 +1,39 @@
+"""Bad input to predict, plan, collective, topo and jobs found by trying them as a new user
+would (session 10): each is refused in one line naming the file or flag, the field and the
+problem, exit 2, or was a flag accepted and then ignored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from commsim.cli.app import app
+
+SCENARIO = "model: gpt2-xl\ncluster: aws-p4d\ngpus: 8\nglobal_batch: 8\nseq_len: 1024\n"
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def refused(*args: str, says: str) -> str:
+    """The command exits 2 with one error line that contains `says`; the line."""
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert says in lines[0], lines[0]
+    return lines[0]
+
+
+def _file(tmp_path: Path, text: str, name: str = "s.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_strategy_that_is_not_a_mapping_names_the_file_and_field(tmp_path):
+    """`strategy: ring` was 'dictionary update sequence element #0 has length 1'."""
+    path = _file(tmp_path, SCENARIO + "strategy: ring\n")
+    refused("predict", path, says="s.yaml: strategy: expected a mapping of strategy fields")
