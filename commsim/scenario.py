@@ -47,7 +47,7 @@ class Setup:
 
 def load_scenario(path: str | None, overrides: dict[str, Any]) -> tuple[Scenario, str]:
     """Read a scenario file (the built-in default when None) and apply CLI overrides."""
-    source = str(path or catalog.DEFAULT_SCENARIO)
+    source = str(catalog.DEFAULT_SCENARIO if path is None else path)  # "" is refused
     data = read_yaml(source)
     if not isinstance(data, dict):
         raise SpecError(source, "", "expected a mapping of scenario fields")

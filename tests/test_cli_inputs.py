@@ -37,3 +37,9 @@ def test_a_strategy_that_is_not_a_mapping_names_the_file_and_field(tmp_path):
     """`strategy: ring` was 'dictionary update sequence element #0 has length 1'."""
     path = _file(tmp_path, SCENARIO + "strategy: ring\n")
     refused("predict", path, says="s.yaml: strategy: expected a mapping of strategy fields")
+
+
+def test_an_empty_scenario_path_is_refused_not_the_default():
+    """`predict ''` ran the built-in scenario: the argument was accepted and ignored."""
+    for command in ("predict", "plan"):
+        refused(command, "", says="give a file name")
