@@ -43,3 +43,23 @@ def test_an_empty_scenario_path_is_refused_not_the_default():
     """`predict ''` ran the built-in scenario: the argument was accepted and ignored."""
     for command in ("predict", "plan"):
         refused(command, "", says="give a file name")
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    """PyYAML kept the last of two `model:` (or `tp:`) keys silently: the scenario that ran was
+    not the one the file seemed to say."""
+    path = _file(tmp_path, SCENARIO + "model: llama2-7b\n")
+    refused("predict", path, says="s.yaml: line 6: invalid YAML: duplicated key 'model' (first on")
+    path = _file(tmp_path, SCENARIO + "strategy:\n  tp: 1\n  tp: 2\n", "t.yaml")
+    refused(
+        "plan", path, says="t.yaml: line 8: invalid YAML: duplicated key 'tp' (first on line 7)"
+    )
+
+
+def test_a_merged_key_may_still_be_overridden(tmp_path):
+    """YAML's merge (`<<: *job`, as scenarios/jobs-meta-24k.yaml uses) brings keys the mapping
+    may override: that is not a duplicate."""
+    from commsim.spec_io import read_yaml
+
+    path = _file(tmp_path, "a: &x {name: a, gpus: 8}\nb: {<<: *x, name: b}\n")
+    assert read_yaml(path)["b"] == {"name": "b", "gpus": 8}
