@@ -63,3 +63,17 @@ def test_a_merged_key_may_still_be_overridden(tmp_path):
 
     path = _file(tmp_path, "a: &x {name: a, gpus: 8}\nb: {<<: *x, name: b}\n")
     assert read_yaml(path)["b"] == {"name": "b", "gpus": 8}
+
+
+def test_true_where_a_number_goes_is_refused(tmp_path):
+    """pydantic read `gpus: true` as 1 GPU and `tp: on` as tp 1; a yes/no field still takes
+    yes, and reshard_after_forward (true, false or a name) still takes false."""
+    path = _file(tmp_path, SCENARIO.replace("gpus: 8", "gpus: true"))
+    refused("predict", path, says="s.yaml: gpus: true is a yes/no, not a number")
+    path = _file(tmp_path, SCENARIO + "strategy: {tp: on}\n", "t.yaml")
+    refused("predict", path, says="t.yaml: strategy.tp: true is a yes/no, not a number")
+    path = _file(tmp_path, SCENARIO + "compute_efficiency: yes\n", "c.yaml")
+    refused("predict", path, says="c.yaml: compute_efficiency: true is a yes/no, not a number")
+    strategy = "strategy: {overlap: yes, zero: 3, reshard_after_forward: false}\n"
+    result = run("predict", _file(tmp_path, SCENARIO + strategy, "ok.yaml"), "--json")
+    assert result.exit_code == 0, result.output
