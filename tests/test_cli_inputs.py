@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from commsim.cli.app import app
@@ -77,3 +78,23 @@ def test_true_where_a_number_goes_is_refused(tmp_path):
     strategy = "strategy: {overlap: yes, zero: 3, reshard_after_forward: false}\n"
     result = run("predict", _file(tmp_path, SCENARIO + strategy, "ok.yaml"), "--json")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (("predict", "--nccl-version", "abc"), "--nccl-version abc: not an NCCL version"),
+        (("plan", "--nccl-algo", "bogus"), "--nccl-algo bogus: NCCL_ALGO='bogus': NCCL 2.30"),
+        (("collective", "all-reduce", "--nccl-version", "0.1"), "--nccl-version 0.1: NCCL 0.1"),
+        (("collective", "all-reduce", "--nccl-proto", "x"), "--nccl-proto x: NCCL_PROTO='x'"),
+        (("collective", "all-reduce", "--backend", "mpi"), "--backend mpi: Input should be"),
+        (("collective", "all-reduce", "--gpus", "100000"), "--gpus 100000: 100000 GPUs requested"),
+        (("topo", "show", "aws-p4d", "--gpus", "0"), "--gpus 0: must be at least 1"),
+        (("topo", "show", "aws-p4d", "--gpus", "2000"), "--gpus 2000: 2000 GPUs requested"),
+    ],
+)
+def test_a_cluster_flag_is_blamed_not_the_cluster(args, says):
+    """These named `what-if: cluster.nccl.version` or the cluster (`dgx-h100-ib: backend`), not
+    the flag that set the value."""
+    line = refused(*args, says=says)
+    assert "what-if" not in line and "dgx-h100-ib:" not in line and "aws-p4d:" not in line

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from commsim.cli.given import NCCL_FLAGS, pick
+from commsim.cli.given import NCCL_FLAGS, blame_cluster_flags, pick
 from commsim.cli.options import (
     CsvOpt,
     HtmlOpt,
@@ -112,8 +112,9 @@ def _group(args: dict[str, Any]) -> tuple[Any, list[str], GroupCost]:
     spec, carried, fitted = _cluster(cluster, profile)
     check_fitted_version(args["nccl_version"], fitted, profile)
     nccl = {k.removeprefix("nccl_"): v for k, v in pick(args, NCCL_FLAGS).items()}
-    spec = _with_backend(spec, args["backend"], nccl, cluster)
-    built = build_cluster(spec, gpus, cluster)
+    with blame_cluster_flags(args):
+        spec = _with_backend(spec, args["backend"], nccl, cluster)
+        built = build_cluster(spec, gpus, cluster)
     cost = GroupCost(built, place(built, gpus, args["placement"]), ps_shards=args["ps_shards"])
     return spec, carried, cost
 

@@ -22,6 +22,10 @@ NCCL_FLAGS = ("nccl_version", "nccl_algo", "nccl_proto")
 # refusals of one field that another field shares: a product of degrees (scenario.check_layout),
 # context parallelism's split of the sequence (scenario.cp_split_problem)
 SHARED_BLAME = {"strategy": ("tp", "pp", "cp"), "strategy.cp": ("cp", "seq_len")}
+# cluster fields a flag sets (collective, topo; predict and plan through the what-if API's
+# `cluster.` paths) and the flags to name; `nccl` is NcclSpec's check of the three together
+CLUSTER_BLAME = {"gpus": ("gpus",), "backend": ("backend",), "nccl": NCCL_FLAGS}
+CLUSTER_BLAME |= {f"nccl.{k.removeprefix('nccl_')}": (k,) for k in NCCL_FLAGS}
 
 
 def pick(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
@@ -66,6 +70,23 @@ def refuse_ignored(scenario: Any, given: dict[str, Any]) -> None:
             "",
             "ZeRO-3/FSDP gathers and reduce-scatters per transformer block: no DDP buckets",
         )
+
+
+@contextlib.contextmanager
+def blame_cluster_flags(flags: dict[str, Any]) -> Iterator[None]:
+    """An error about a cluster field a flag set (--gpus, --backend, --nccl-*) names the flag
+    and its value, not the cluster file or `what-if` (`--nccl-version abc`, not
+    `what-if: cluster.nccl.version`)."""
+    from commsim.specs import SpecError
+
+    try:
+        yield
+    except SpecError as e:
+        field = e.field.removeprefix("cluster.")
+        keys = [k for k in CLUSTER_BLAME.get(field, ()) if flags.get(k) is not None]
+        if not keys:
+            raise
+        raise SpecError(", ".join(as_typed(k, flags[k]) for k in keys), "", e.problem) from None
 
 
 def as_typed(key: str, value: Any) -> str:

@@ -326,9 +326,12 @@ def setup_from_flags(
     nccl = {"version": nccl_version, "algo": nccl_algo, "proto": nccl_proto}
     nccl = {f"cluster.nccl.{k}": v for k, v in nccl.items() if v is not None}
     if nccl:  # cluster fields: the what-if API's dotted paths
+        from commsim.cli.given import blame_cluster_flags
         from commsim.whatif import change
 
-        spec = change(spec, nccl)
+        flags = {"nccl_version": nccl_version, "nccl_algo": nccl_algo, "nccl_proto": nccl_proto}
+        with blame_cluster_flags(flags):
+            spec = change(spec, nccl)
     if layers_per_virtual_stage is not None:
         setup = resolve(spec, source, check=False)
         spec = spec.model_copy(

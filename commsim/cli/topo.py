@@ -57,6 +57,7 @@ def topo_show(
 ) -> None:
     """A topology's summary: nodes, NICs, tiers, bandwidths, switch counts; --plot draws it."""
     from commsim import catalog
+    from commsim.cli.given import blame_cluster_flags
     from commsim.files import check_output
     from commsim.report import plots, tables
     from commsim.spec_io import load_spec
@@ -66,7 +67,8 @@ def topo_show(
     with terminal.user_errors():
         check_output(plot, "--plot", image=True)
         spec = load_spec(ClusterSpec, catalog.topology_path(name, name))
-        built = build_cluster(spec, gpus, name)
+        with blame_cluster_flags({"gpus": gpus}):
+            built = build_cluster(spec, gpus, name)
         summary = built.summary()
         if plot:
             plots.plot_topology(built.graph, plot, f"{spec.name} ({built.n_gpus} GPUs)")
