@@ -98,3 +98,19 @@ def test_a_cluster_flag_is_blamed_not_the_cluster(args, says):
     the flag that set the value."""
     line = refused(*args, says=says)
     assert "what-if" not in line and "dgx-h100-ib:" not in line and "aws-p4d:" not in line
+
+
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (("--ps-shards", "0"), "--ps-shards 0: must be between 1 and the 8 ranks"),
+        (("--ps-shards", "3", "--algorithm", "ring"), "--ps-shards 3: only the parameter server"),
+        (("--ps-shards", "2", "--algorithm", "nccl"), "--algorithm nccl runs none for all-reduce"),
+    ],
+)
+def test_ps_shards_is_refused_where_no_parameter_server_runs(args, says):
+    """--ps-shards 0 was blamed on `--algorithm all`, and --ps-shards 3 with ring accepted and
+    ignored; with the parameter server among the algorithms it still runs."""
+    refused("collective", "all-reduce", "--gpus", "8", "--sizes", "1MiB", *args, says=says)
+    ok = run("collective", "all-reduce", "--gpus", "8", "--sizes", "1MiB", "--ps-shards", "2")
+    assert ok.exit_code == 0, ok.output

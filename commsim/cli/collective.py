@@ -64,6 +64,7 @@ def collective_cmd(
 
     with terminal.user_errors():
         _check(op, gpus, html, csv)
+        _check_group(args)
         lo, hi = _size_range(sizes)
         spec, carried, cost = _group(args)
         algs = SEARCHED[op] if algorithm == "all" else (algorithm,)
@@ -99,6 +100,20 @@ def _check(op: str, gpus: int, html: str | None, csv: str | None) -> None:
         raise ValueError(f"--gpus {gpus}: a collective needs at least 2 ranks")
     check_output(html, "--html")
     check_output(csv, "--csv")
+
+
+def _check_group(args: dict[str, Any]) -> None:
+    """--ps-shards a count the parameter server can take that an algorithm run here uses
+    (ValueError naming the flag)."""
+    op, algorithm, shards = args["op"], args["algorithm"], args["ps_shards"]
+    if not 1 <= shards <= args["gpus"]:
+        raise ValueError(f"--ps-shards {shards}: must be between 1 and the {args['gpus']} ranks")
+    runs = SEARCHED[op] if algorithm == "all" else algorithm.split("|")
+    if shards != 1 and "ps" not in runs:
+        raise ValueError(
+            f"--ps-shards {shards}: only the parameter server (ps) takes shards, and "
+            f"--algorithm {algorithm} runs none for {op}"
+        )
 
 
 def _group(args: dict[str, Any]) -> tuple[Any, list[str], GroupCost]:
