@@ -114,3 +114,8 @@ def test_ps_shards_is_refused_where_no_parameter_server_runs(args, says):
     refused("collective", "all-reduce", "--gpus", "8", "--sizes", "1MiB", *args, says=says)
     ok = run("collective", "all-reduce", "--gpus", "8", "--sizes", "1MiB", "--ps-shards", "2")
     assert ok.exit_code == 0, ok.output
+
+
+def test_an_unknown_placement_names_the_flag():
+    """collective said `unknown placement 'x'` without the flag."""
+    refused("collective", "all-reduce", "--placement", "x", says="--placement x: choose from")

@@ -103,9 +103,13 @@ def _check(op: str, gpus: int, html: str | None, csv: str | None) -> None:
 
 
 def _check_group(args: dict[str, Any]) -> None:
-    """--ps-shards a count the parameter server can take that an algorithm run here uses
-    (ValueError naming the flag)."""
+    """--placement a known one, and --ps-shards a count the parameter server can take that
+    an algorithm run here uses (ValueError naming the flag)."""
+    from commsim.topology.placement import PLACEMENTS
+
     op, algorithm, shards = args["op"], args["algorithm"], args["ps_shards"]
+    if args["placement"] not in PLACEMENTS:
+        raise ValueError(f"--placement {args['placement']}: choose from {', '.join(PLACEMENTS)}")
     if not 1 <= shards <= args["gpus"]:
         raise ValueError(f"--ps-shards {shards}: must be between 1 and the {args['gpus']} ranks")
     runs = SEARCHED[op] if algorithm == "all" else algorithm.split("|")
