@@ -104,12 +104,9 @@ def parse_time(value: str | float | int, bare: bool = True) -> float:
 def parse_size_range(value: str) -> tuple[float, float]:
     """A size sweep "8B:4GiB" as (low, high) bytes; a single size gives (s, s)."""
     parts = value.split(":")
-    if len(parts) == 1:
-        s = parse_bytes(parts[0])
-        return s, s
-    if len(parts) != 2:
+    if len(parts) > 2:
         raise UnitError(f"not a size range: {value!r} (example: 8B:4GiB)")
-    lo, hi = parse_bytes(parts[0]), parse_bytes(parts[1])
+    lo, hi = parse_bytes(parts[0]), parse_bytes(parts[-1])  # one size: (s, s)
     if lo <= 0 or hi < lo:
         raise UnitError(f"size range {value!r} must satisfy 0 < low <= high")
     if hi / lo > 2.0**64:

@@ -119,3 +119,14 @@ def test_ps_shards_is_refused_where_no_parameter_server_runs(args, says):
 def test_an_unknown_placement_names_the_flag():
     """collective said `unknown placement 'x'` without the flag."""
     refused("collective", "all-reduce", "--placement", "x", says="--placement x: choose from")
+
+
+def test_a_single_zero_size_is_refused_not_a_traceback():
+    """`--sizes 0B` (one size, no range) skipped the range's check and divided by zero."""
+    from commsim.units import UnitError, parse_size_range
+
+    for text in ("0B", "0"):
+        refused("collective", "all-reduce", "--sizes", text, says=f"--sizes: size range '{text}'")
+    with pytest.raises(UnitError, match="0 < low <= high"):
+        parse_size_range("0B")
+    assert parse_size_range("1MiB") == (2.0**20, 2.0**20)
