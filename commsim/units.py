@@ -109,6 +109,8 @@ def parse_size_range(value: str) -> tuple[float, float]:
     lo, hi = parse_bytes(parts[0]), parse_bytes(parts[-1])  # one size: (s, s)
     if lo <= 0 or hi < lo:
         raise UnitError(f"size range {value!r} must satisfy 0 < low <= high")
+    if lo % 1 or hi % 1:  # 1.5B was timed as 1.5 bytes and shown as "2 B"
+        raise UnitError(f"size range {value!r}: a message is a whole number of bytes")
     if hi / lo > 2.0**64:
         raise UnitError(f"size range {value!r} spans over 64 doublings")
     return lo, hi

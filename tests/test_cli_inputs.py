@@ -130,3 +130,11 @@ def test_a_single_zero_size_is_refused_not_a_traceback():
     with pytest.raises(UnitError, match="0 < low <= high"):
         parse_size_range("0B")
     assert parse_size_range("1MiB") == (2.0**20, 2.0**20)
+
+
+def test_a_size_that_is_not_whole_bytes_is_refused():
+    """`--sizes 1.5B` was timed as 1.5 bytes (the JSON's `bytes`) and shown as `2 B`."""
+    for text in ("1.5B", "0.3KiB:4KiB", "1B:2.5B"):
+        refused("collective", "all-reduce", "--sizes", text, says="a whole number of bytes")
+    ok = run("collective", "all-reduce", "--gpus", "8", "--sizes", "0.5KiB:1.5KiB", "--json")
+    assert ok.exit_code == 0, ok.output
