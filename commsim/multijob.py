@@ -41,7 +41,7 @@ class JobsSpec(Spec):
     description: str = ""
     cluster: str | ClusterSpec
     allocation: Literal["packed", "random", "fragmented"] = "packed"
-    seed: int = 0  # the random allocation's
+    seed: int = Field(default=0, ge=0)  # the random allocation's
     jobs: list[dict[str, Any]] = Field(min_length=1)
 
 

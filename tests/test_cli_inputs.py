@@ -138,3 +138,21 @@ def test_a_size_that_is_not_whole_bytes_is_refused():
         refused("collective", "all-reduce", "--sizes", text, says="a whole number of bytes")
     ok = run("collective", "all-reduce", "--gpus", "8", "--sizes", "0.5KiB:1.5KiB", "--json")
     assert ok.exit_code == 0, ok.output
+
+
+JOBS = """name: two
+cluster: dgx-h100-ib
+allocation: packed
+jobs:
+  - {name: a, model: llama2-7b, gpus: 16, global_batch: 32, seq_len: 1024}
+  - {name: b, model: llama2-7b, gpus: 16, global_batch: 32, seq_len: 1024}
+"""
+
+
+def test_jobs_seed_is_refused_where_nothing_is_drawn(tmp_path):
+    """--seed 3 under the packed allocation was accepted and ignored; --seed -1 (and a file's
+    seed: -1) was blamed on the file's `jobs`."""
+    path = _file(tmp_path, JOBS)
+    refused("jobs", path, "--seed", "3", says="--seed 3: only the random allocation draws nodes")
+    refused("jobs", path, "--seed", "-1", "--allocation", "random", says="--seed -1: must be a")
+    refused("jobs", _file(tmp_path, JOBS + "seed: -1\n", "n.yaml"), says="n.yaml: seed: Input")
