@@ -96,6 +96,11 @@ def job_scenarios(spec: JobsSpec, source: str) -> list[tuple[Scenario, list[int]
             raise SpecError(source, f"jobs.{i}.nodes", "expected a list of node ids")
         job.setdefault("name", f"job{i}")
         scenario = parse_spec(Scenario, job | {"cluster": spec.cluster}, f"{source}: jobs.{i}")
+        named = [s.name for s, _ in out]
+        if scenario.name in named:  # the table's rows and the JSON's jobs are told apart by it
+            first = named.index(scenario.name)
+            problem = f"{scenario.name!r} is job {first}'s name too: give each its own"
+            raise SpecError(source, f"jobs.{i}.name", problem)
         out.append((scenario, nodes))
     return out
 

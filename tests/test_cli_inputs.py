@@ -156,3 +156,9 @@ def test_jobs_seed_is_refused_where_nothing_is_drawn(tmp_path):
     refused("jobs", path, "--seed", "3", says="--seed 3: only the random allocation draws nodes")
     refused("jobs", path, "--seed", "-1", "--allocation", "random", says="--seed -1: must be a")
     refused("jobs", _file(tmp_path, JOBS + "seed: -1\n", "n.yaml"), says="n.yaml: seed: Input")
+
+
+def test_two_jobs_of_one_name_are_refused(tmp_path):
+    """Two jobs named `a` gave two rows `a` and two JSON jobs that could not be told apart."""
+    path = _file(tmp_path, JOBS.replace("name: b", "name: a"))
+    refused("jobs", path, says="s.yaml: jobs.1.name: 'a' is job 0's name too")
