@@ -162,3 +162,7 @@ def test_two_jobs_of_one_name_are_refused(tmp_path):
     """Two jobs named `a` gave two rows `a` and two JSON jobs that could not be told apart."""
     path = _file(tmp_path, JOBS.replace("name: b", "name: a"))
     refused("jobs", path, says="s.yaml: jobs.1.name: 'a' is job 0's name too")
+
+
+def test_an_unknown_allocation_names_its_value(tmp_path):
+    refused("jobs", _file(tmp_path, JOBS), "--allocation", "x", says="--allocation x: choose from")

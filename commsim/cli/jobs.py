@@ -29,7 +29,7 @@ def jobs_cmd(
     with terminal.user_errors():
         spec = load_jobs(path)
         if allocation is not None and allocation not in ALLOCATIONS:
-            raise ValueError(f"--allocation must be one of {', '.join(ALLOCATIONS)}")
+            raise ValueError(f"--allocation {allocation}: choose from {', '.join(ALLOCATIONS)}")
         _check_seed(seed, allocation or spec.allocation)
         changes = {"allocation": allocation, "seed": seed}
         spec = spec.model_copy(update={k: v for k, v in changes.items() if v is not None})
