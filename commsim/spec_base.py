@@ -19,6 +19,11 @@ from pydantic import (
 
 from commsim import units
 
+# torch DDP turns bucket_cap_mb into int(cap * 2**20) bytes for the C++ Reducer's int64_t
+# bucket_bytes_cap (torch/nn/parallel/distributed.py, c10d/reducer.hpp): a cap of 2**43 MiB
+# or more cannot be given to DDP (and 1e308 MiB overflowed commsim's bytes to inf)
+DDP_BUCKET_MB_LIMIT = 2.0**43
+
 
 def _positive(v: float) -> float:
     if not v > 0:

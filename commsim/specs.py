@@ -19,6 +19,7 @@ from pydantic import (
 
 from commsim.collectives.algorithms import ALGORITHMS
 from commsim.spec_base import (
+    DDP_BUCKET_MB_LIMIT,
     Bytes,
     Duration,
     FlopRate,
@@ -317,9 +318,9 @@ class Strategy(Spec):
     etp: int | None = Field(default=None, ge=1)
     algorithm: Algorithm = "auto"
     placement: Placement = "blocked"
-    bucket_mb: float = Field(default=25.0, gt=0)  # DDP bucket_cap_mb (MiB)
+    bucket_mb: float = Field(default=25.0, gt=0, lt=DDP_BUCKET_MB_LIMIT)  # bucket_cap_mb (MiB)
     # DDP's first bucket (MiB); None: as torch >= 2.4 forms it (step.buckets.first_bucket_mb)
-    first_bucket_mb: float | None = Field(default=None, gt=0)
+    first_bucket_mb: float | None = Field(default=None, gt=0, lt=DDP_BUCKET_MB_LIMIT)
     overlap: bool = True
     # ZeRO 1-2's parameter all-gathers with overlap on: under the next step's forward
     # (Megatron-core's --overlap-param-gather) or after the optimizer step, all exposed

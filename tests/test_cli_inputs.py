@@ -166,3 +166,12 @@ def test_two_jobs_of_one_name_are_refused(tmp_path):
 
 def test_an_unknown_allocation_names_its_value(tmp_path):
     refused("jobs", _file(tmp_path, JOBS), "--allocation", "x", says="--allocation x: choose from")
+
+
+def test_a_bucket_cap_ddp_cannot_take_is_refused_naming_the_flag():
+    """--bucket-mb 1e308 overflowed the bytes to inf: a numpy RuntimeWarning, then an error
+    about `strategy.first_bucket_mb` that no flag sets. DDP's cap is int64 bytes."""
+    result = run("predict", "--bucket-mb", "1e308")
+    assert "RuntimeWarning" not in result.output
+    refused("predict", "--bucket-mb", "1e308", says="--bucket-mb 1e+308: Input should be less")
+    refused("plan", "--bucket-mb", "1e13", says="--bucket-mb 10000000000000.0: Input should be")
