@@ -175,3 +175,11 @@ def test_a_bucket_cap_ddp_cannot_take_is_refused_naming_the_flag():
     assert "RuntimeWarning" not in result.output
     refused("predict", "--bucket-mb", "1e308", says="--bucket-mb 1e+308: Input should be less")
     refused("plan", "--bucket-mb", "1e13", says="--bucket-mb 10000000000000.0: Input should be")
+
+
+@pytest.mark.parametrize("flag,value", [("--seq-len", "77"), ("--tokens", "1000000000.0")])
+def test_tokens_for_a_model_without_a_sequence_are_refused(flag, value):
+    """ResNet-50 took --seq-len 77 and --tokens 1e9 and ignored both (no time to train)."""
+    for command in ("predict", "plan"):
+        says = f"{flag} {value}: resnet50 has no sequence"
+        refused(command, "scenarios/resnet50-10gbe.yaml", "--gpus", "8", flag, value, says=says)

@@ -38,13 +38,21 @@ def flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def refuse_ignored(scenario: Any, given: dict[str, Any]) -> None:
+def refuse_ignored(scenario: Any, given: dict[str, Any], workload: Any = None) -> None:
     """A flag the step model would not use with the rest of the scenario is an error, not
     a no-op: error feedback without a lossy compressor, DDP buckets under ZeRO-3, a stack's
-    kernels where one compute_efficiency prices every FLOP."""
+    kernels where one compute_efficiency prices every FLOP, a sequence length or a token
+    count for a model without a sequence (`workload`, when given: a CNN)."""
     from commsim.specs import SpecError
 
     strategy = scenario.strategy
+    for key in ("seq_len", "tokens"):  # a time to train counts tokens: none either
+        if given.get(key) is not None and workload is not None and workload.seq_len is None:
+            raise SpecError(
+                as_typed(key, given[key]),
+                "",
+                f"{workload.name} has no sequence: a sample is an image, not tokens",
+            )
     if given.get("kernels") is not None and scenario.compute_efficiency is not None:
         raise SpecError(
             f"--kernels {_shown(given['kernels'])}",
