@@ -183,3 +183,14 @@ def test_tokens_for_a_model_without_a_sequence_are_refused(flag, value):
     for command in ("predict", "plan"):
         says = f"{flag} {value}: resnet50 has no sequence"
         refused(command, "scenarios/resnet50-10gbe.yaml", "--gpus", "8", flag, value, says=says)
+
+
+def test_a_price_without_tokens_is_refused(tmp_path):
+    """--price-per-gpu-hour without tokens was accepted and ignored: no cost without a time
+    to train. With tokens (a flag or the scenario's) it prices them."""
+    for command in ("predict", "plan"):
+        args = (command, "--gpus", "8", "--global-batch", "8", "--price-per-gpu-hour", "3")
+        refused(*args, says="--price-per-gpu-hour 3.0: prices the GPU-hours of training on")
+    path = _file(tmp_path, SCENARIO + "tokens: 1e9\n")
+    result = run("predict", path, "--price-per-gpu-hour", "3", "--json")
+    assert result.exit_code == 0, result.output

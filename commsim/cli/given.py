@@ -42,7 +42,8 @@ def refuse_ignored(scenario: Any, given: dict[str, Any], workload: Any = None) -
     """A flag the step model would not use with the rest of the scenario is an error, not
     a no-op: error feedback without a lossy compressor, DDP buckets under ZeRO-3, a stack's
     kernels where one compute_efficiency prices every FLOP, a sequence length or a token
-    count for a model without a sequence (`workload`, when given: a CNN)."""
+    count for a model without a sequence (`workload`, when given: a CNN), a price without
+    the tokens whose GPU-hours it prices."""
     from commsim.specs import SpecError
 
     strategy = scenario.strategy
@@ -53,6 +54,12 @@ def refuse_ignored(scenario: Any, given: dict[str, Any], workload: Any = None) -
                 "",
                 f"{workload.name} has no sequence: a sample is an image, not tokens",
             )
+    if given.get("price_per_gpu_hour") is not None and scenario.tokens is None:
+        raise SpecError(
+            as_typed("price_per_gpu_hour", given["price_per_gpu_hour"]),
+            "",
+            "prices the GPU-hours of training on --tokens (or the scenario's tokens): give them",
+        )
     if given.get("kernels") is not None and scenario.compute_efficiency is not None:
         raise SpecError(
             f"--kernels {_shown(given['kernels'])}",
