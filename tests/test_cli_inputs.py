@@ -194,3 +194,11 @@ def test_a_price_without_tokens_is_refused(tmp_path):
     path = _file(tmp_path, SCENARIO + "tokens: 1e9\n")
     result = run("predict", path, "--price-per-gpu-hour", "3", "--json")
     assert result.exit_code == 0, result.output
+
+
+SIZING = ("plan", "--gpus", "8:16", "--tokens", "1e9", "--global-batch", "64")
+
+
+def test_an_empty_fabric_is_refused_not_the_scenario_cluster():
+    """`--fabric ''` sized the scenario's cluster: the flag was accepted and ignored."""
+    refused(*SIZING, "--fabric", "", says="--fabric '': empty: give a topology name")
