@@ -202,3 +202,8 @@ SIZING = ("plan", "--gpus", "8:16", "--tokens", "1e9", "--global-batch", "64")
 def test_an_empty_fabric_is_refused_not_the_scenario_cluster():
     """`--fabric ''` sized the scenario's cluster: the flag was accepted and ignored."""
     refused(*SIZING, "--fabric", "", says="--fabric '': empty: give a topology name")
+
+
+def test_a_fabric_named_twice_is_refused():
+    """`--fabric aws-p4d,aws-p4d` sized it twice: every row twice, two picks marked."""
+    refused(*SIZING, "--fabric", "aws-p4d,aws-p4d", says="--fabric aws-p4d,aws-p4d: aws-p4d named")

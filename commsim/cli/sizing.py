@@ -113,10 +113,13 @@ def size_clusters_cmd(
 
 def _fabrics(fabric: str | None, spec: Any) -> list[str]:
     """--fabric's topologies ('' among them: refused as a topology), else the scenario's
-    cluster."""
+    cluster; a name given twice (its rows twice over) is refused."""
     if fabric is None:
         return [spec.cluster if isinstance(spec.cluster, str) else spec.cluster.name]
-    return [f.strip() for f in fabric.split(",")]
+    names = [f.strip() for f in fabric.split(",")]
+    twice = sorted({n for n in names if n and names.count(n) > 1})
+    refuse("fabric", fabric, f"{', '.join(twice)} named twice" if twice else "")
+    return names
 
 
 def _limits(deadline: str | None, budget: float | None) -> tuple[float | None, float | None]:
