@@ -207,3 +207,9 @@ def test_an_empty_fabric_is_refused_not_the_scenario_cluster():
 def test_a_fabric_named_twice_is_refused():
     """`--fabric aws-p4d,aws-p4d` sized it twice: every row twice, two picks marked."""
     refused(*SIZING, "--fabric", "aws-p4d,aws-p4d", says="--fabric aws-p4d,aws-p4d: aws-p4d named")
+
+
+def test_cluster_beside_fabric_is_refused():
+    """`--cluster dgx-h100-ib --fabric aws-p4d` sized aws-p4d alone: --cluster was ignored."""
+    args = (*SIZING, "--fabric", "aws-p4d", "--cluster", "dgx-h100-ib")
+    refused(*args, says="--cluster dgx-h100-ib: sizing runs on the --fabric topologies")
