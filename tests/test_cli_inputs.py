@@ -185,6 +185,14 @@ def test_tokens_for_a_model_without_a_sequence_are_refused(flag, value):
         refused(command, "scenarios/resnet50-10gbe.yaml", "--gpus", "8", flag, value, says=says)
 
 
+@pytest.mark.parametrize("flag", ["--no-flash-attention", "--sequence-parallel"])
+def test_attention_flags_for_a_model_without_attention_are_refused(flag):
+    """ResNet-50 took --no-flash-attention and --(no-)sequence-parallel and ignored them."""
+    for command in ("predict", "plan"):
+        args = (command, "scenarios/resnet50-10gbe.yaml", "--gpus", "8", flag)
+        refused(*args, says=f"{flag}: resnet50 has no sequence")
+
+
 def test_a_price_without_tokens_is_refused(tmp_path):
     """--price-per-gpu-hour without tokens was accepted and ignored: no cost without a time
     to train. With tokens (a flag or the scenario's) it prices them."""

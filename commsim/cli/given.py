@@ -19,6 +19,8 @@ LAYOUT_FLAGS = (  # the search's dimensions: a flag pins one
 STACK_FLAGS = ("flash_attention", "overlap_param_gather", "sequence_parallel", "kernels")
 STACK_FLAGS += ("grad_dtype",)
 NCCL_FLAGS = ("nccl_version", "nccl_algo", "nccl_proto")
+# what only a model with a sequence (a transformer) uses: refused for a CNN
+SEQUENCE_FLAGS = ("seq_len", "tokens", "flash_attention", "sequence_parallel")
 # refusals of one field that another field shares: a product of degrees (scenario.check_layout),
 # context parallelism's split of the sequence (scenario.cp_split_problem)
 SHARED_BLAME = {"strategy": ("tp", "pp", "cp"), "strategy.cp": ("cp", "seq_len")}
@@ -41,18 +43,19 @@ def flag(key: str) -> str:
 def refuse_ignored(scenario: Any, given: dict[str, Any], workload: Any = None) -> None:
     """A flag the step model would not use with the rest of the scenario is an error, not
     a no-op: error feedback without a lossy compressor, DDP buckets under ZeRO-3, a stack's
-    kernels where one compute_efficiency prices every FLOP, a sequence length or a token
-    count for a model without a sequence (`workload`, when given: a CNN), a price without
-    the tokens whose GPU-hours it prices."""
+    kernels where one compute_efficiency prices every FLOP, SEQUENCE_FLAGS for a model
+    without a sequence (`workload`, when given: a CNN), a price without the tokens whose
+    GPU-hours it prices."""
     from commsim.specs import SpecError
 
     strategy = scenario.strategy
-    for key in ("seq_len", "tokens"):  # a time to train counts tokens: none either
+    for key in SEQUENCE_FLAGS:  # a time to train counts tokens: none either
         if given.get(key) is not None and workload is not None and workload.seq_len is None:
             raise SpecError(
                 as_typed(key, given[key]),
                 "",
-                f"{workload.name} has no sequence: a sample is an image, not tokens",
+                f"{workload.name} has no sequence: a sample is an image, not tokens, and "
+                "there is no attention",
             )
     if given.get("price_per_gpu_hour") is not None and scenario.tokens is None:
         raise SpecError(
