@@ -487,8 +487,8 @@ class Scenario(Spec):
     compute_efficiency: Annotated[
         float | None, BeforeValidator(lambda v: None if v == "roofline" else v)
     ] = Field(default=None, gt=0, le=1)
-    profile: str | None = None  # a calibration profile (commsim calibrate fit) for the cluster
-    deepspeed: str | None = None  # a DeepSpeed ds_config.json: ZeRO stage, buckets, batch sizes
+    profile: str | None = Field(default=None, min_length=1)  # calibrate fit's, for the cluster
+    deepspeed: str | None = Field(default=None, min_length=1)  # a ds_config.json: ZeRO, batch
     tokens: float | None = Field(default=None, gt=0)  # training tokens, for time-to-train
     price_per_gpu_hour: float | None = Field(default=None, gt=0)  # for cost
     strategy: Strategy = Strategy()

@@ -221,3 +221,22 @@ def test_cluster_beside_fabric_is_refused():
     """`--cluster dgx-h100-ib --fabric aws-p4d` sized aws-p4d alone: --cluster was ignored."""
     args = (*SIZING, "--fabric", "aws-p4d", "--cluster", "dgx-h100-ib")
     refused(*args, says="--cluster dgx-h100-ib: sizing runs on the --fabric topologies")
+
+
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (("predict", "--profile", ""), "--profile '': String should have at least 1 character"),
+        (("plan", "--deepspeed", ""), "--deepspeed '': String should have at least 1 character"),
+        (("collective", "all-reduce", "--profile", ""), "--profile '': empty path: give a file"),
+    ],
+)
+def test_an_empty_profile_or_deepspeed_path_is_refused(args, says):
+    """An empty --profile or --deepspeed (or `profile: ''` in a scenario) was accepted and
+    ignored: no profile applied, no config read."""
+    refused(*args, says=says)
+
+
+def test_an_empty_profile_in_a_scenario_is_refused(tmp_path):
+    path = _file(tmp_path, SCENARIO + "profile: ''\n")
+    refused("predict", path, says="s.yaml: profile: String should have at least 1 character")

@@ -103,11 +103,13 @@ def _check(op: str, gpus: int, html: str | None, csv: str | None) -> None:
 
 
 def _check_group(args: dict[str, Any]) -> None:
-    """--placement a known one, and --ps-shards a count the parameter server can take that
-    an algorithm run here uses (ValueError naming the flag)."""
+    """--placement a known one, --ps-shards a count the parameter server can take that an
+    algorithm run here uses, --profile a path if given (ValueError naming the flag)."""
     from commsim.topology.placement import PLACEMENTS
 
     op, algorithm, shards = args["op"], args["algorithm"], args["ps_shards"]
+    if args["profile"] is not None and not args["profile"].strip():
+        raise ValueError(f"--profile {args['profile']!r}: empty path: give a file name")
     if args["placement"] not in PLACEMENTS:
         raise ValueError(f"--placement {args['placement']}: choose from {', '.join(PLACEMENTS)}")
     if not 1 <= shards <= args["gpus"]:
