@@ -240,3 +240,13 @@ def test_an_empty_profile_or_deepspeed_path_is_refused(args, says):
 def test_an_empty_profile_in_a_scenario_is_refused(tmp_path):
     path = _file(tmp_path, SCENARIO + "profile: ''\n")
     refused("predict", path, says="s.yaml: profile: String should have at least 1 character")
+
+
+@pytest.mark.parametrize(
+    "flag,says",
+    [("--gpu", "--gpu '': unknown GPU ''"), ("--objective", "--objective '': must be one of")],
+)
+def test_an_empty_sizing_flag_is_refused_not_the_default(flag, says):
+    """`--gpu ''` sized the fabric's own GPU and `--objective ''` picked by time to train:
+    both accepted and ignored."""
+    refused(*SIZING, flag, "", says=says)

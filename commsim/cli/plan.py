@@ -205,7 +205,7 @@ def _plan(args: dict[str, Any]) -> None:
         failures,
         args["json_out"],
         **pick(args, ("fabric", "gpu", "deadline", "budget", "plot", "html", "csv")),
-        objective=args["objective"] or "time-to-train",
+        objective="time-to-train" if args["objective"] is None else args["objective"],
     )
 
 
