@@ -250,3 +250,17 @@ def test_an_empty_sizing_flag_is_refused_not_the_default(flag, says):
     """`--gpu ''` sized the fabric's own GPU and `--objective ''` picked by time to train:
     both accepted and ignored."""
     refused(*SIZING, flag, "", says=says)
+
+
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (("collective", "all-reduce", "--nccl-version", "2.21"), "--nccl-version 2.21: set NCCL"),
+        (("predict", "--nccl-algo", "ring"), "--nccl-algo ring: set NCCL's tuning, but the"),
+        (("plan", "--nccl-proto", "LL"), "--nccl-proto LL: set NCCL's tuning, but the collec"),
+    ],
+)
+def test_nccl_flags_under_gloo_are_refused(args, says):
+    """Under --backend gloo the NCCL flags were accepted and ignored (the JSON's nccl_* null)."""
+    refused(*args, "--backend", "gloo", says=says)
+    assert "run on gloo" in run(*args, "--backend", "gloo").output

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from commsim.cli.given import NCCL_FLAGS, blame_cluster_flags, pick
+from commsim.cli.given import NCCL_FLAGS, blame_cluster_flags, pick, refuse_nccl_flags
 from commsim.cli.options import (
     CsvOpt,
     HtmlOpt,
@@ -137,6 +137,7 @@ def _group(args: dict[str, Any]) -> tuple[Any, list[str], GroupCost]:
         spec = _with_backend(spec, args["backend"], nccl, cluster)
         built = build_cluster(spec, gpus, cluster)
     cost = GroupCost(built, place(built, gpus, args["placement"]), ps_shards=args["ps_shards"])
+    refuse_nccl_flags(args, cost.backend)
     return spec, carried, cost
 
 

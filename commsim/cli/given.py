@@ -90,6 +90,17 @@ def refuse_ignored(scenario: Any, given: dict[str, Any], workload: Any = None) -
         )
 
 
+def refuse_nccl_flags(flags: dict[str, Any], backend: str) -> None:
+    """--nccl-version/--nccl-algo/--nccl-proto set NCCL's tuner: under another backend (gloo,
+    by --backend, the cluster or a profile) nothing reads them, so they are refused."""
+    from commsim.specs import SpecError
+
+    given = [k for k in NCCL_FLAGS if flags.get(k) is not None]
+    if given and backend != "nccl":
+        named = ", ".join(as_typed(k, flags[k]) for k in given)
+        raise SpecError(named, "", f"set NCCL's tuning, but the collectives run on {backend}")
+
+
 @contextlib.contextmanager
 def blame_cluster_flags(flags: dict[str, Any]) -> Iterator[None]:
     """An error about a cluster field a flag set (--gpus, --backend, --nccl-*) names the flag
