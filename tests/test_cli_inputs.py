@@ -264,3 +264,17 @@ def test_nccl_flags_under_gloo_are_refused(args, says):
     """Under --backend gloo the NCCL flags were accepted and ignored (the JSON's nccl_* null)."""
     refused(*args, "--backend", "gloo", says=says)
     assert "run on gloo" in run(*args, "--backend", "gloo").output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("collective", "all-gather", "--gpus", "8", "--nccl-algo", "tree"),
+        ("predict", "--gpus", "8", "--global-batch", "8", "--zero", "1", "--nccl-algo", "tree"),
+    ],
+)
+def test_nothing_left_to_run_under_nccl_algo_names_that_flag(args):
+    """collective blamed `--algorithm all` and predict named no flag when --nccl-algo left
+    NCCL nothing to run (NCCL's own "No algorithm/protocol available")."""
+    line = refused(*args, says="--nccl-algo tree: NCCL runs no ")
+    assert "--algorithm" not in line

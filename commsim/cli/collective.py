@@ -6,7 +6,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from commsim.cli.given import NCCL_FLAGS, blame_cluster_flags, pick, refuse_nccl_flags
+from commsim.cli.given import (
+    NCCL_FLAGS,
+    blame_cluster_flags,
+    blame_nccl_flags,
+    pick,
+    refuse_nccl_flags,
+)
 from commsim.cli.options import (
     CsvOpt,
     HtmlOpt,
@@ -68,7 +74,8 @@ def collective_cmd(
         lo, hi = _size_range(sizes)
         spec, carried, cost = _group(args)
         algs = SEARCHED[op] if algorithm == "all" else (algorithm,)
-        rows = _sweep(cost, op, gpus, algs, lo, hi, algorithm)
+        with blame_nccl_flags(args):
+            rows = _sweep(cost, op, gpus, algs, lo, hi, algorithm)
         doc = _document(args, spec, cost, rows)
         terminal.require_finite(doc, "--sizes")
         shown = [r | {"algorithm": r["requested"]} for r in rows]
@@ -148,9 +155,13 @@ def _sweep(
     the op, or not on this group, is refused naming --algorithm as `given`."""
     import numpy as np
 
+    from commsim.collectives.group import NcclUnavailable
+
     grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
     try:
         return _rows(cost, op, gpus, algs, grid)
+    except NcclUnavailable:  # NCCL_ALGO / NCCL_PROTO's fault (blame_nccl_flags)
+        raise
     except ValueError as e:
         raise ValueError(f"--algorithm {given}: {e}") from None
 

@@ -102,6 +102,21 @@ def refuse_nccl_flags(flags: dict[str, Any], backend: str) -> None:
 
 
 @contextlib.contextmanager
+def blame_nccl_flags(flags: dict[str, Any]) -> Iterator[None]:
+    """NCCL left with nothing to run under NCCL_ALGO / NCCL_PROTO names the --nccl-* flags
+    given (`collective all-gather --nccl-algo tree` blamed --algorithm; predict named none)."""
+    from commsim.collectives.group import NcclUnavailable
+
+    try:
+        yield
+    except NcclUnavailable as e:
+        given = [k for k in NCCL_FLAGS if flags.get(k) is not None]
+        if not given:  # the cluster file or profile set them: the message says which
+            raise
+        raise ValueError(f"{', '.join(as_typed(k, flags[k]) for k in given)}: {e}") from None
+
+
+@contextlib.contextmanager
 def blame_cluster_flags(flags: dict[str, Any]) -> Iterator[None]:
     """An error about a cluster field a flag set (--gpus, --backend, --nccl-*) names the flag
     and its value, not the cluster file or `what-if` (`--nccl-version abc`, not

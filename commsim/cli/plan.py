@@ -12,6 +12,7 @@ from commsim.cli.given import (
     STACK_FLAGS,
     TRAINING_FLAGS,
     blame_flags,
+    blame_nccl_flags,
     flag,
     pick,
 )
@@ -222,7 +223,8 @@ def _plan_one_cluster(args: dict[str, Any], flags: dict[str, Any], pins: set[str
         setup, traced = step_setup(args, given | {"gpus": gpu_count(args["gpus"])}, check=False)
         pinned = pins | ({"interleave"} if args["layers_per_virtual_stage"] else set())
         check_pins(setup.workload, setup.scenario.strategy, pinned, setup.source)
-        result, sweep = _search(setup, pinned, plot)
+        with blame_nccl_flags(nccl):
+            result, sweep = _search(setup, pinned, plot)
         doc = plan_show.plan_doc(setup, result, sweep) | ({"trace": traced} if traced else {})
         if not doc["candidates"]:
             plan_show.explain_empty(setup, pinned)

@@ -12,6 +12,7 @@ from commsim.cli.given import (
     STACK_FLAGS,
     TRAINING_FLAGS,
     blame_flags,
+    blame_nccl_flags,
     pick,
 )
 from commsim.cli.options import (
@@ -170,7 +171,8 @@ def _predict(args: dict[str, Any]) -> tuple[Setup, dict[str, Any]]:
         check_output(html, "--html")
         check_output(csv, "--csv")
         setup, traced = step_setup(args, flags)
-        pred = predict(setup)
+        with blame_nccl_flags(nccl):
+            pred = predict(setup)
         doc = _document(setup, pred, traced)
         terminal.require_finite(doc, "--tokens, --price-per-gpu-hour and the sizes given")
         inputs = flags | nccl | {"fsdp": args["fsdp"], "scenario": scenario}
