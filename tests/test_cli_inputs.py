@@ -278,3 +278,28 @@ def test_nothing_left_to_run_under_nccl_algo_names_that_flag(args):
     NCCL nothing to run (NCCL's own "No algorithm/protocol available")."""
     line = refused(*args, says="--nccl-algo tree: NCCL runs no ")
     assert "--algorithm" not in line
+
+
+def test_topo_show_plot_has_a_progress_bar(tmp_path, monkeypatch):
+    """Drawing colossus-class-131k takes about 20 s, and ran without a progress bar."""
+    from commsim.report import terminal
+
+    made = []
+
+    class Bar:
+        def __init__(self, total, label):
+            made.append(label)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def advance(self, _):
+            made.append("advanced")
+
+    monkeypatch.setattr(terminal, "progress", Bar)
+    result = run("topo", "show", "aws-p4d", "--gpus", "16", "--plot", str(tmp_path / "t.png"))
+    assert result.exit_code == 0, result.output
+    assert made == ["drawing 16 GPUs", "advanced"] and (tmp_path / "t.png").exists()
