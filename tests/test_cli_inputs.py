@@ -303,3 +303,14 @@ def test_topo_show_plot_has_a_progress_bar(tmp_path, monkeypatch):
     result = run("topo", "show", "aws-p4d", "--gpus", "16", "--plot", str(tmp_path / "t.png"))
     assert result.exit_code == 0, result.output
     assert made == ["drawing 16 GPUs", "advanced"] and (tmp_path / "t.png").exists()
+
+
+def test_plan_with_fsdp_shard_pinned_searches_the_layouts_it_applies_to():
+    """`plan --fsdp-shard 4` failed with numpy's 'cannot reshape array of size 8 into shape
+    (8,0,4,1,1)': the pin was applied to every layout, dp 1 and ZeRO 0-2 included."""
+    import json
+
+    result = run("plan", "--gpus", "8", "--global-batch", "64", "--fsdp-shard", "4", "--json")
+    assert result.exit_code == 0, result.output
+    rows = [c["strategy"] for c in json.loads(result.stdout)["candidates"]]
+    assert rows and all(s["zero"] == 3 and s["fsdp_shard"] == 4 for s in rows)

@@ -365,16 +365,26 @@ def _with_rank_orders(cols: dict[str, np.ndarray], pins: dict[str, Any], moe: bo
     return _branch(cols, "order", differs, RANK_ORDERS.index("tp-cp-ep-pp-dp"), 0)
 
 
+def _shardable(cols: dict[str, np.ndarray], shard: Any) -> np.ndarray:
+    """The layouts ZeRO-3 can hybrid-shard over `shard` data-parallel ranks, as
+    scenario.check_layout allows it: zero 3, shard dividing dp, a shard group's tp x cp
+    ranks holding whole expert grids (ep x etp)."""
+    etp = np.where(cols["etp"] > 0, cols["etp"], cols["tp"])
+    whole = (shard * cols["cp"] * cols["tp"]) % (cols["ep"] * etp) == 0
+    return (cols["zero"] == 3) & (cols["dp"] % shard == 0) & whole
+
+
 def _with_hybrid_sharding(cols: dict[str, np.ndarray], pins: dict[str, Any], gpn: int) -> dict:
     """ZeRO-3 sharded over all of dp, and hybrid-sharded over a node's data-parallel ranks
     where that is a proper divisor of dp (PyTorch's HYBRID_SHARD default: shard in the
     node, replicate across); or the pinned shard size."""
-    if "fsdp_shard" in pins:
-        return cols | {"fsdp_shard": np.full(len(cols["dp"]), pins["fsdp_shard"])}
+    if "fsdp_shard" in pins:  # the layouts it applies to only (a dp of 1 crashed the grid)
+        keep = _shardable(cols, pins["fsdp_shard"])
+        return {k: v[keep] for k, v in cols.items()} | {
+            "fsdp_shard": np.full(int(keep.sum()), pins["fsdp_shard"])
+        }
     node = np.maximum(gpn // (cols["tp"] * cols["cp"]), 1)
-    hybrid = (cols["zero"] == 3) & (node > 1) & (node < cols["dp"]) & (cols["dp"] % node == 0)
-    etp = np.where(cols["etp"] > 0, cols["etp"], cols["tp"])
-    hybrid &= (node * cols["cp"] * cols["tp"]) % (cols["ep"] * etp) == 0
+    hybrid = _shardable(cols, node) & (node > 1) & (node < cols["dp"])
     out = _branch(cols, "fsdp_shard", hybrid, 0, 0)
     out["fsdp_shard"][len(cols["dp"]) :] = node[hybrid]
     return out
