@@ -314,3 +314,16 @@ def test_plan_with_fsdp_shard_pinned_searches_the_layouts_it_applies_to():
     assert result.exit_code == 0, result.output
     rows = [c["strategy"] for c in json.loads(result.stdout)["candidates"]]
     assert rows and all(s["zero"] == 3 and s["fsdp_shard"] == 4 for s in rows)
+
+
+def test_plan_tp_overlap_pinned_is_kept_or_refused():
+    """`plan --tp-overlap` ranked gpt2-xl's tp 1 layouts (25 heads: no tp > 1) without it:
+    the pin silently dropped. Now the layouts it applies to, or predict's refusal."""
+    import json
+
+    refused("plan", "--gpus", "8", "--global-batch", "64", "--tp-overlap", says="--tp-overlap:")
+    args = ("--model", "llama2-7b", "--cluster", "dgx-h100-ib", "--global-batch", "64")
+    result = run("plan", "--gpus", "16", *args, "--tp-overlap", "--json")
+    assert result.exit_code == 0, result.output
+    rows = [c["strategy"] for c in json.loads(result.stdout)["candidates"]]
+    assert rows and all(s["tp_overlap"] and s["tp"] > 1 for s in rows)

@@ -305,8 +305,11 @@ def _with_kernels(cols: dict[str, np.ndarray], pins: dict[str, Any], fp8: bool, 
     else:
         cols = _branch(cols, "fp8", np.full(len(cols["dp"]), fp8), True, False)
     n = len(cols["dp"])
-    if "tp_overlap" in pins:
-        return cols | {"tp_overlap": np.full(n, bool(pins["tp_overlap"])) & (cols["tp"] > 1)}
+    if "tp_overlap" in pins and not pins["tp_overlap"]:
+        return cols | {"tp_overlap": np.zeros(n, dtype=bool)}
+    if "tp_overlap" in pins:  # where it applies only: tp 1 rows ran without it, pin dropped
+        keep = (cols["tp"] > 1) & sp
+        return {k: v[keep] for k, v in cols.items()} | {"tp_overlap": np.ones(keep.sum(), bool)}
     return _branch(cols, "tp_overlap", (cols["tp"] > 1) & sp, True, False)
 
 
