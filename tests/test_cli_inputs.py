@@ -327,3 +327,9 @@ def test_plan_tp_overlap_pinned_is_kept_or_refused():
     assert result.exit_code == 0, result.output
     rows = [c["strategy"] for c in json.loads(result.stdout)["candidates"]]
     assert rows and all(s["tp_overlap"] and s["tp"] > 1 for s in rows)
+
+
+def test_plan_refuses_fp8_pinned_on_a_gpu_without_it():
+    """`plan --precision fp8` on A100s ranked 200 'fp8' layouts that predict refuses."""
+    args = ("plan", "--gpus", "8", "--global-batch", "64", "--precision", "fp8")
+    refused(*args, says="--precision fp8: a100-40gb has no FP8 tensor cores")

@@ -301,7 +301,10 @@ def _with_kernels(cols: dict[str, np.ndarray], pins: dict[str, Any], fp8: bool, 
     overlapped with the GEMMs beside not where tp > 1 and sequence parallelism (`sp`) runs;
     either as pinned."""
     if "precision" in pins:
-        cols = cols | {"fp8": np.full(len(cols["dp"]), pins["precision"] == "fp8")}
+        want = pins["precision"] == "fp8"
+        if want and not fp8:  # no FP8 tensor cores: no layout takes the pin (it priced them)
+            cols = {k: v[:0] for k, v in cols.items()}
+        cols = cols | {"fp8": np.full(len(cols["dp"]), want)}
     else:
         cols = _branch(cols, "fp8", np.full(len(cols["dp"]), fp8), True, False)
     n = len(cols["dp"])
