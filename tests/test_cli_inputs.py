@@ -333,3 +333,10 @@ def test_plan_refuses_fp8_pinned_on_a_gpu_without_it():
     """`plan --precision fp8` on A100s ranked 200 'fp8' layouts that predict refuses."""
     args = ("plan", "--gpus", "8", "--global-batch", "64", "--precision", "fp8")
     refused(*args, says="--precision fp8: a100-40gb has no FP8 tensor cores")
+
+
+def test_plan_fsdp_shard_no_layout_takes_says_why():
+    """`plan --fsdp-shard 3` said 'hybrid sharding is ZeRO-3 (FSDP)' (the scenario's zero 0)
+    though the search takes ZeRO-3 for it: the reason is that 3 divides no dp."""
+    args = ("plan", "--gpus", "8", "--global-batch", "64", "--fsdp-shard", "3")
+    refused(*args, says="--fsdp-shard 3: 3 does not divide the data-parallel degree 8")
