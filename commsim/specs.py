@@ -449,7 +449,7 @@ class Check(Spec):
     bytes: Bytes | None = None  # sync_s / busbw_Bps of this message instead of the gradient
     # the reliability metrics' recovery policy (commsim.reliability.recovery.Policy fields)
     recovery: dict[str, Any] = {}
-    claimed: float | None = None
+    claimed: float | None = Field(default=None, gt=0)  # relative tolerance: a figure above 0
     at_least: float | None = None
     at_most: float | None = None
     tolerance: float = Field(default=0.25, ge=0)

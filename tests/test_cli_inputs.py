@@ -340,3 +340,12 @@ def test_plan_fsdp_shard_no_layout_takes_says_why():
     though the search takes ZeRO-3 for it: the reason is that 3 divides no dp."""
     args = ("plan", "--gpus", "8", "--global-batch", "64", "--fsdp-shard", "3")
     refused(*args, says="--fsdp-shard 3: 3 does not divide the data-parallel degree 8")
+
+
+def test_a_claimed_figure_of_zero_or_below_is_refused(tmp_path):
+    """`claimed: 0` printed 'does not hold (infx)' (and null in the JSON), `claimed: -56` a
+    negative time and a factor of -2.06x: a figure with a relative tolerance is above 0."""
+    seed = Path("scenarios/seeds/003-175b-700gb-100gbps.yaml").read_text()
+    for bad in ("0", "-56"):
+        path = _file(tmp_path, seed.replace("claimed: 56,", f"claimed: {bad},"), f"c{bad}.yaml")
+        refused("claims", path, says="claim.checks.1.claimed: Input should be greater than 0")
