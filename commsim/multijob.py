@@ -91,7 +91,8 @@ def job_scenarios(spec: JobsSpec, source: str) -> list[tuple[Scenario, list[int]
         if "cluster" in job:
             raise SpecError(source, f"jobs.{i}.cluster", "jobs share the file's cluster")
         if nodes is not None and (
-            not isinstance(nodes, list) or not all(isinstance(n, int) for n in nodes)
+            not isinstance(nodes, list)
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in nodes)  # not true
         ):
             raise SpecError(source, f"jobs.{i}.nodes", "expected a list of node ids")
         job.setdefault("name", f"job{i}")

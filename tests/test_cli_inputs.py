@@ -349,3 +349,10 @@ def test_a_claimed_figure_of_zero_or_below_is_refused(tmp_path):
     for bad in ("0", "-56"):
         path = _file(tmp_path, seed.replace("claimed: 56,", f"claimed: {bad},"), f"c{bad}.yaml")
         refused("claims", path, says="claim.checks.1.claimed: Input should be greater than 0")
+
+
+def test_a_yes_no_among_a_jobs_node_ids_is_refused(tmp_path):
+    """`nodes: [true]` passed the int check (bool is an int) and raised numpy's IndexError
+    with a traceback."""
+    path = _file(tmp_path, JOBS.replace("seq_len: 1024}", "seq_len: 1024, nodes: [true]}", 1))
+    refused("jobs", path, says="s.yaml: jobs.0.nodes: expected a list of node ids")
