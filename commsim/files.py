@@ -44,11 +44,28 @@ def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
     from commsim.specs import SpecError
 
     try:
-        data = json.loads(read_text(path))
+        data = json.loads(read_text(path), object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise SpecError(str(path), f"line {e.lineno}", f"invalid JSON: {e.msg}") from None
+    except _DuplicateKey as e:
+        raise SpecError(str(path), str(e), "given twice in one object") from None
     if not isinstance(data, dict):
         raise SpecError(str(path), "", f"expected a JSON object of {what}")
+    return data
+
+
+class _DuplicateKey(ValueError):
+    """A JSON object naming one key twice (json keeps the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refusing a key given twice: two `zero_optimization`
+    blocks in a ds_config.json ran the second and hid the first."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateKey(key)
+        data[key] = value
     return data
 
 

@@ -356,3 +356,9 @@ def test_a_yes_no_among_a_jobs_node_ids_is_refused(tmp_path):
     with a traceback."""
     path = _file(tmp_path, JOBS.replace("seq_len: 1024}", "seq_len: 1024, nodes: [true]}", 1))
     refused("jobs", path, says="s.yaml: jobs.0.nodes: expected a list of node ids")
+
+
+def test_a_json_key_given_twice_is_refused(tmp_path):
+    """Two `zero_optimization` objects in a ds_config.json: json kept the second silently."""
+    path = _file(tmp_path, '{"zero_optimization": {"stage": 2}, "zero_optimization": {}}', "d.json")
+    refused("predict", "--deepspeed", path, says="d.json: zero_optimization: given twice")
