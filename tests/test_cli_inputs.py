@@ -362,3 +362,14 @@ def test_a_json_key_given_twice_is_refused(tmp_path):
     """Two `zero_optimization` objects in a ds_config.json: json kept the second silently."""
     path = _file(tmp_path, '{"zero_optimization": {"stage": 2}, "zero_optimization": {}}', "d.json")
     refused("predict", "--deepspeed", path, says="d.json: zero_optimization: given twice")
+
+
+def test_a_config_json_whose_shape_is_wrong_names_itself(tmp_path):
+    """`--model bad.json` (32 heads, hidden 4097) was blamed on scenarios/default.yaml."""
+    import json
+
+    config = json.loads(Path("tests/data/hf/meta-llama-3-8b/config.json").read_text())
+    path = _file(tmp_path, json.dumps(config | {"hidden_size": 4097}), "bad.json")
+    args = ("--cluster", "dgx-h100-ib", "--gpus", "8", "--global-batch", "8")
+    line = refused("predict", "--model", path, *args, says="bad.json: model.heads: 32 does not")
+    assert "default.yaml" not in line
