@@ -127,6 +127,19 @@ def check_output(path: str | None, flag: str, image: bool = False) -> None:
         )
 
 
+def check_outputs(outputs: dict[str, str | None]) -> None:
+    """check_output for each output flag (--plot an image), and no file named by two flags:
+    the later write would replace the earlier (--plot x.png --html x.png kept the page)."""
+    seen: dict[Path, str] = {}
+    for flag, path in outputs.items():
+        check_output(path, flag, image=flag == "--plot")
+        if path is None:
+            continue
+        same = seen.setdefault(Path(path).resolve(), flag)
+        if same != flag:
+            raise ValueError(f"{flag} {path!r}: {same} writes that file too; give each its own")
+
+
 def save_figure(fig, path: str | Path) -> None:
     """A matplotlib figure written whole or not at all, in the format its suffix names."""
     import io

@@ -373,3 +373,19 @@ def test_a_config_json_whose_shape_is_wrong_names_itself(tmp_path):
     args = ("--cluster", "dgx-h100-ib", "--gpus", "8", "--global-batch", "8")
     line = refused("predict", "--model", path, *args, says="bad.json: model.heads: 32 does not")
     assert "default.yaml" not in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("predict", "--plot", "{d}/x.png", "--html", "{d}/x.png"),
+        ("plan", "--plot", "{d}/x.png", "--csv", "{d}/./x.png"),
+        ("collective", "all-reduce", "--gpus", "8", "--html", "{d}/x.out", "--csv", "{d}/x.out"),
+    ],
+)
+def test_two_output_flags_naming_one_file_are_refused(tmp_path, args):
+    """`--plot x.png --html x.png` wrote the plot, then the page over it: the plot asked for
+    was lost. Now refused before any work, nothing written."""
+    args = tuple(a.format(d=tmp_path) for a in args)
+    refused(*args, says="writes that file too; give each its own")
+    assert list(tmp_path.iterdir()) == []

@@ -99,14 +99,13 @@ def collective_cmd(
 
 def _check(op: str, gpus: int, html: str | None, csv: str | None) -> None:
     """A known op on 2 ranks or more, and output files that can be written (ValueError)."""
-    from commsim.files import check_output
+    from commsim.files import check_outputs
 
     if op not in ALGORITHMS:
         raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
     if gpus < 2:
         raise ValueError(f"--gpus {gpus}: a collective needs at least 2 ranks")
-    check_output(html, "--html")
-    check_output(csv, "--csv")
+    check_outputs({"--html": html, "--csv": csv})
 
 
 def _check_group(args: dict[str, Any]) -> None:

@@ -179,7 +179,7 @@ def plan_cmd(
 
 def _plan(args: dict[str, Any]) -> None:
     """Check the flags against the mode they select, then size clusters or plan one."""
-    from commsim.files import check_output
+    from commsim.files import check_outputs
 
     failures = pick(args, FAILURE_FLAGS)
     one_cluster = pick(args, ("profile", *NCCL_FLAGS, "deepspeed", *TRACE_FLAGS))
@@ -189,9 +189,7 @@ def _plan(args: dict[str, Any]) -> None:
     with terminal.user_errors():
         sizing_only = pick(args, ("gpu", "objective"))
         _check_mode(sizing, args["top"], sizing_only, failures, one_cluster)
-        for path, name, image in ((args["plot"], "--plot", True), (args["html"], "--html", False)):
-            check_output(path, name, image)
-        check_output(args["csv"], "--csv")
+        check_outputs({f"--{k}": args[k] for k in ("plot", "html", "csv")})
     flags = pick(args, LAYOUT_FLAGS)  # the search dimensions a flag pins
     pins = {k for k, v in (flags | pick(args, ("micro_batch",))).items() if v is not None}
     pins |= {"zero"} if args["fsdp"] else set()  # flags validated as scenario fields: pin them

@@ -159,7 +159,7 @@ def predict_cmd(
 def _predict(args: dict[str, Any]) -> tuple[Setup, dict[str, Any]]:
     """The setup the flags (predict_cmd's locals()) give and its step as the output's
     document, with the --plot, --html and --csv files written; bad input names its flag."""
-    from commsim.files import check_output
+    from commsim.files import check_outputs
     from commsim.step.predict import predict
 
     scenario, plot, html, csv = (args[k] for k in ("scenario", "plot", "html", "csv"))
@@ -167,9 +167,7 @@ def _predict(args: dict[str, Any]) -> tuple[Setup, dict[str, Any]]:
     flags |= pick(args, ("deepspeed", "profile"))
     nccl = pick(args, NCCL_FLAGS)
     with terminal.user_errors(), blame_flags(scenario, flags):
-        check_output(plot, "--plot", image=True)
-        check_output(html, "--html")
-        check_output(csv, "--csv")
+        check_outputs({"--plot": plot, "--html": html, "--csv": csv})
         setup, traced = step_setup(args, flags)
         with blame_nccl_flags(nccl):
             pred = predict(setup)
