@@ -127,14 +127,18 @@ def check_output(path: str | None, flag: str, image: bool = False) -> None:
         )
 
 
-def check_outputs(outputs: dict[str, str | None]) -> None:
-    """check_output for each output flag (--plot an image), and no file named by two flags:
-    the later write would replace the earlier (--plot x.png --html x.png kept the page)."""
+def check_outputs(outputs: dict[str, str | None], inputs: tuple[str | None, ...] = ()) -> None:
+    """check_output for each output flag (--plot an image); no file named by two flags (the
+    later write would replace the earlier: --plot x.png --html x.png kept the page) or one
+    the run reads (`inputs`: --csv run.yaml replaced the scenario)."""
+    read = {Path(p).resolve() for p in inputs if p and Path(p).is_file()}
     seen: dict[Path, str] = {}
     for flag, path in outputs.items():
         check_output(path, flag, image=flag == "--plot")
         if path is None:
             continue
+        if Path(path).resolve() in read:
+            raise ValueError(f"{flag} {path!r}: this run reads that file; give another name")
         same = seen.setdefault(Path(path).resolve(), flag)
         if same != flag:
             raise ValueError(f"{flag} {path!r}: {same} writes that file too; give each its own")

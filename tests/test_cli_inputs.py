@@ -389,3 +389,12 @@ def test_two_output_flags_naming_one_file_are_refused(tmp_path, args):
     args = tuple(a.format(d=tmp_path) for a in args)
     refused(*args, says="writes that file too; give each its own")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_over_an_input_file_is_refused(tmp_path):
+    """`predict s.yaml --csv s.yaml` replaced the scenario with the CSV row; `collective
+    --cluster c.yaml --html c.yaml` the cluster file. Refused, the input left as it was."""
+    path = _file(tmp_path, SCENARIO)
+    refused("predict", path, "--csv", path, says=f"--csv {path!r}: this run reads that file")
+    refused("plan", path, "--html", path, says="this run reads that file; give another name")
+    assert Path(path).read_text() == SCENARIO

@@ -10,6 +10,7 @@ from commsim.cli.given import (
     NCCL_FLAGS,
     blame_cluster_flags,
     blame_nccl_flags,
+    input_files,
     pick,
     refuse_nccl_flags,
 )
@@ -69,7 +70,7 @@ def collective_cmd(
     from commsim.report.rows import write_csv
 
     with terminal.user_errors():
-        _check(op, gpus, html, csv)
+        _check(op, gpus, html, csv, input_files(args))
         _check_group(args)
         lo, hi = _size_range(sizes)
         spec, carried, cost = _group(args)
@@ -97,15 +98,16 @@ def collective_cmd(
     _show_choices(rows, algorithm, spec.nccl.version)
 
 
-def _check(op: str, gpus: int, html: str | None, csv: str | None) -> None:
-    """A known op on 2 ranks or more, and output files that can be written (ValueError)."""
+def _check(op: str, gpus: int, html: str | None, csv: str | None, inputs: tuple) -> None:
+    """A known op on 2 ranks or more, and output files that can be written, none of them
+    one of the `inputs` (ValueError)."""
     from commsim.files import check_outputs
 
     if op not in ALGORITHMS:
         raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
     if gpus < 2:
         raise ValueError(f"--gpus {gpus}: a collective needs at least 2 ranks")
-    check_outputs({"--html": html, "--csv": csv})
+    check_outputs({"--html": html, "--csv": csv}, inputs)
 
 
 def _check_group(args: dict[str, Any]) -> None:

@@ -30,6 +30,18 @@ CLUSTER_BLAME = {"gpus": ("gpus",), "backend": ("backend",), "nccl": NCCL_FLAGS}
 CLUSTER_BLAME |= {f"nccl.{k.removeprefix('nccl_')}": (k,) for k in NCCL_FLAGS}
 
 
+def input_files(args: dict[str, Any]) -> tuple[str | None, ...]:
+    """The files a command's flags (its locals()) name for it to read, that no output flag
+    may overwrite: the scenario (the built-in one by default), the cluster, fabrics, model,
+    DeepSpeed config and profile, where given."""
+    from commsim import catalog
+
+    scenario = args.get("scenario")
+    named = [str(catalog.DEFAULT_SCENARIO) if scenario is None else scenario]
+    named += [args.get(k) for k in ("cluster", "model", "deepspeed", "profile")]
+    return (*named, *(args.get("fabric") or "").split(","))
+
+
 def pick(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     """The named flags' values (a command's locals()), in the order named."""
     return {name: values[name] for name in names}

@@ -14,6 +14,7 @@ from commsim.cli.given import (
     blame_flags,
     blame_nccl_flags,
     flag,
+    input_files,
     pick,
 )
 from commsim.cli.options import (
@@ -189,7 +190,7 @@ def _plan(args: dict[str, Any]) -> None:
     with terminal.user_errors():
         sizing_only = pick(args, ("gpu", "objective"))
         _check_mode(sizing, args["top"], sizing_only, failures, one_cluster)
-        check_outputs({f"--{k}": args[k] for k in ("plot", "html", "csv")})
+        check_outputs({f"--{k}": args[k] for k in ("plot", "html", "csv")}, input_files(args))
     flags = pick(args, LAYOUT_FLAGS)  # the search dimensions a flag pins
     pins = {k for k, v in (flags | pick(args, ("micro_batch",))).items() if v is not None}
     pins |= {"zero"} if args["fsdp"] else set()  # flags validated as scenario fields: pin them

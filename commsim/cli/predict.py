@@ -13,6 +13,7 @@ from commsim.cli.given import (
     TRAINING_FLAGS,
     blame_flags,
     blame_nccl_flags,
+    input_files,
     pick,
 )
 from commsim.cli.options import (
@@ -167,7 +168,7 @@ def _predict(args: dict[str, Any]) -> tuple[Setup, dict[str, Any]]:
     flags |= pick(args, ("deepspeed", "profile"))
     nccl = pick(args, NCCL_FLAGS)
     with terminal.user_errors(), blame_flags(scenario, flags):
-        check_outputs({"--plot": plot, "--html": html, "--csv": csv})
+        check_outputs({"--plot": plot, "--html": html, "--csv": csv}, input_files(args))
         setup, traced = step_setup(args, flags)
         with blame_nccl_flags(nccl):
             pred = predict(setup)
