@@ -398,3 +398,17 @@ def test_an_output_over_an_input_file_is_refused(tmp_path):
     refused("predict", path, "--csv", path, says=f"--csv {path!r}: this run reads that file")
     refused("plan", path, "--html", path, says="this run reads that file; give another name")
     assert Path(path).read_text() == SCENARIO
+
+
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (("--gpus", "3"), "--gpus 3: 512 is not a multiple of data-parallel degree x micro_batch"),
+        (("--gpus", "12", "--tp", "8"), "--gpus 12, --tp 8: tp x pp x cp = 8 x 1 x 1 does not"),
+    ],
+)
+def test_a_split_the_gpus_flag_breaks_names_that_flag(args, says):
+    """`predict --gpus 3` blamed scenarios/default.yaml's global_batch, which is fine on the
+    scenario's 64 GPUs: the flag that broke the split is named with the others given."""
+    line = refused("predict", *args, says=says)
+    assert "default.yaml" not in line

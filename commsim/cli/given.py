@@ -21,9 +21,11 @@ STACK_FLAGS += ("grad_dtype",)
 NCCL_FLAGS = ("nccl_version", "nccl_algo", "nccl_proto")
 # what only a model with a sequence (a transformer) uses: refused for a CNN
 SEQUENCE_FLAGS = ("seq_len", "tokens", "flash_attention", "sequence_parallel")
-# refusals of one field that another field shares: a product of degrees (scenario.check_layout),
-# context parallelism's split of the sequence (scenario.cp_split_problem)
-SHARED_BLAME = {"strategy": ("tp", "pp", "cp"), "strategy.cp": ("cp", "seq_len")}
+# refusals of one field that another field shares: a product of degrees over the GPUs
+# (scenario.check_layout), context parallelism's split of the sequence (cp_split_problem)
+SHARED_BLAME = {"strategy": ("gpus", "tp", "pp", "cp"), "strategy.cp": ("cp", "seq_len")}
+# the batch's split (scenario.check_layout): global batch over dp x micro-batch
+SHARED_BLAME["global_batch"] = ("global_batch", "micro_batch", *SHARED_BLAME["strategy"])
 # cluster fields a flag sets (collective, topo; predict and plan through the what-if API's
 # `cluster.` paths) and the flags to name; `nccl` is NcclSpec's check of the three together
 CLUSTER_BLAME = {"gpus": ("gpus",), "backend": ("backend",), "nccl": NCCL_FLAGS}
