@@ -44,11 +44,28 @@ def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
     from commsim.specs import SpecError
 
     try:
-        data = json.loads(read_text(path))
+        data = json.loads(read_text(path), object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise SpecError(str(path), f"line {e.lineno}", f"invalid JSON: {e.msg}") from None
+    except _DuplicateKey as e:
+        raise SpecError(str(path), str(e), "given twice in one object") from None
     if not isinstance(data, dict):
         raise SpecError(str(path), "", f"expected a JSON object of {what}")
+    return data
+
+
+class _DuplicateKey(ValueError):
+    """A JSON object naming one key twice (json keeps the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refusing a key given twice: two `zero_optimization`
+    blocks in a ds_config.json ran the second and hid the first."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateKey(key)
+        data[key] = value
     return data
 
 
@@ -108,6 +125,23 @@ def check_output(path: str | None, flag: str, image: bool = False) -> None:
         raise ValueError(
             f"{where}: not an image format; end the name in one of {', '.join(IMAGE_FORMATS)}"
         )
+
+
+def check_outputs(outputs: dict[str, str | None], inputs: tuple[str | None, ...] = ()) -> None:
+    """check_output for each output flag (--plot an image); no file named by two flags (the
+    later write would replace the earlier: --plot x.png --html x.png kept the page) or one
+    the run reads (`inputs`: --csv run.yaml replaced the scenario)."""
+    read = {Path(p).resolve() for p in inputs if p and Path(p).is_file()}
+    seen: dict[Path, str] = {}
+    for flag, path in outputs.items():
+        check_output(path, flag, image=flag == "--plot")
+        if path is None:
+            continue
+        if Path(path).resolve() in read:
+            raise ValueError(f"{flag} {path!r}: this run reads that file; give another name")
+        same = seen.setdefault(Path(path).resolve(), flag)
+        if same != flag:
+            raise ValueError(f"{flag} {path!r}: {same} writes that file too; give each its own")
 
 
 def save_figure(fig, path: str | Path) -> None:

@@ -41,7 +41,7 @@ class JobsSpec(Spec):
     description: str = ""
     cluster: str | ClusterSpec
     allocation: Literal["packed", "random", "fragmented"] = "packed"
-    seed: int = 0  # the random allocation's
+    seed: int = Field(default=0, ge=0)  # the random allocation's
     jobs: list[dict[str, Any]] = Field(min_length=1)
 
 
@@ -91,11 +91,17 @@ def job_scenarios(spec: JobsSpec, source: str) -> list[tuple[Scenario, list[int]
         if "cluster" in job:
             raise SpecError(source, f"jobs.{i}.cluster", "jobs share the file's cluster")
         if nodes is not None and (
-            not isinstance(nodes, list) or not all(isinstance(n, int) for n in nodes)
+            not isinstance(nodes, list)
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in nodes)  # not true
         ):
             raise SpecError(source, f"jobs.{i}.nodes", "expected a list of node ids")
         job.setdefault("name", f"job{i}")
         scenario = parse_spec(Scenario, job | {"cluster": spec.cluster}, f"{source}: jobs.{i}")
+        named = [s.name for s, _ in out]
+        if scenario.name in named:  # the table's rows and the JSON's jobs are told apart by it
+            first = named.index(scenario.name)
+            problem = f"{scenario.name!r} is job {first}'s name too: give each its own"
+            raise SpecError(source, f"jobs.{i}.name", problem)
         out.append((scenario, nodes))
     return out
 

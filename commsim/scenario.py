@@ -47,7 +47,7 @@ class Setup:
 
 def load_scenario(path: str | None, overrides: dict[str, Any]) -> tuple[Scenario, str]:
     """Read a scenario file (the built-in default when None) and apply CLI overrides."""
-    source = str(path or catalog.DEFAULT_SCENARIO)
+    source = str(catalog.DEFAULT_SCENARIO if path is None else path)  # "" is refused
     data = read_yaml(source)
     if not isinstance(data, dict):
         raise SpecError(source, "", "expected a mapping of scenario fields")
@@ -64,7 +64,11 @@ def with_overrides(
     `strategy`. A `deepspeed` config fills the strategy and batch fields it sets (see
     _with_deepspeed). `units`: sizes, rates and times must say their unit (parse_spec)."""
     data = dict(data)
-    strategy = dict(data.get("strategy") or {})
+    strategy = data.get("strategy")
+    if not isinstance(strategy, dict | None):  # `strategy: ring` would fail in dict()
+        got = type(strategy).__name__
+        raise SpecError(source, "strategy", f"expected a mapping of strategy fields, got {got}")
+    strategy = dict(strategy or {})
     given = {key for key, value in overrides.items() if value is not None}
     if given & {"model", "cluster", "gpus"}:  # what it names is no longer what runs
         data["name"] = f"{data.get('name', 'scenario')} (changed: {', '.join(sorted(given))})"

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import types
+import typing
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -12,9 +14,15 @@ from pydantic import (
     ConfigDict,
     PlainSerializer,
     ValidationInfo,
+    field_validator,
 )
 
 from commsim import units
+
+# torch DDP turns bucket_cap_mb into int(cap * 2**20) bytes for the C++ Reducer's int64_t
+# bucket_bytes_cap (torch/nn/parallel/distributed.py, c10d/reducer.hpp): a cap of 2**43 MiB
+# or more cannot be given to DDP (and 1e308 MiB overflowed commsim's bytes to inf)
+DDP_BUCKET_MB_LIMIT = 2.0**43
 
 
 def _positive(v: float) -> float:
@@ -72,10 +80,36 @@ Duration = Annotated[
 ]
 
 
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field's type admits true/false itself (bool, Any, a Literal of them, a union
+    with one), as opposed to a number pydantic would turn true into."""
+    if annotation is bool or annotation is Any:
+        return True
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Literal:
+        return any(isinstance(a, bool) for a in args)
+    if origin is Annotated:
+        return _takes_bool(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_takes_bool(a) for a in args)
+    return False
+
+
 class Spec(BaseModel):
     """Base: unknown fields are errors (a typo must not pass silently), and so are
-    infinite or NaN numbers."""
+    infinite or NaN numbers, and true/false where a number goes."""
 
     model_config = ConfigDict(
         extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """pydantic reads true as 1 where a number goes: `gpus: true` (or yes, on) ran on one
+        GPU. A yes/no is refused wherever the field does not take one."""
+        if isinstance(value, bool) and not _takes_bool(
+            cls.model_fields[info.field_name].annotation
+        ):
+            raise ValueError(f"{str(value).lower()} is a yes/no, not a number")
+        return value

@@ -50,11 +50,35 @@ def parse_spec(cls: type[Spec], data: Any, source: str, units: bool = True) -> A
         raise SpecError(source, _field_path(err["loc"]), msg + extra) from None
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """yaml.safe_load's loader that refuses a key given twice in one mapping (YAML 1.2
+    requires keys to be unique; PyYAML keeps the last silently, so `tp: 2` above a
+    forgotten `tp: 1` would not run). Keys a merge (`<<: *job`) brings may be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicated key {key!r} (first on line {seen[key]})",
+                    key_node.start_mark,
+                )
+            seen.setdefault(key, line)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> Any:
-    """yaml.safe_load a file; a missing file or bad YAML becomes a SpecError."""
+    """Safely load a YAML file (the safe loader, duplicated keys refused); a missing file or
+    bad YAML becomes a SpecError."""
     text = read_text(path)
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeys)  # a SafeLoader: safe_load with unique keys
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else ""

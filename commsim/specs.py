@@ -19,6 +19,7 @@ from pydantic import (
 
 from commsim.collectives.algorithms import ALGORITHMS
 from commsim.spec_base import (
+    DDP_BUCKET_MB_LIMIT,
     Bytes,
     Duration,
     FlopRate,
@@ -317,9 +318,9 @@ class Strategy(Spec):
     etp: int | None = Field(default=None, ge=1)
     algorithm: Algorithm = "auto"
     placement: Placement = "blocked"
-    bucket_mb: float = Field(default=25.0, gt=0)  # DDP bucket_cap_mb (MiB)
+    bucket_mb: float = Field(default=25.0, gt=0, lt=DDP_BUCKET_MB_LIMIT)  # bucket_cap_mb (MiB)
     # DDP's first bucket (MiB); None: as torch >= 2.4 forms it (step.buckets.first_bucket_mb)
-    first_bucket_mb: float | None = Field(default=None, gt=0)
+    first_bucket_mb: float | None = Field(default=None, gt=0, lt=DDP_BUCKET_MB_LIMIT)
     overlap: bool = True
     # ZeRO 1-2's parameter all-gathers with overlap on: under the next step's forward
     # (Megatron-core's --overlap-param-gather) or after the optimizer step, all exposed
@@ -448,7 +449,7 @@ class Check(Spec):
     bytes: Bytes | None = None  # sync_s / busbw_Bps of this message instead of the gradient
     # the reliability metrics' recovery policy (commsim.reliability.recovery.Policy fields)
     recovery: dict[str, Any] = {}
-    claimed: float | None = None
+    claimed: float | None = Field(default=None, gt=0)  # relative tolerance: a figure above 0
     at_least: float | None = None
     at_most: float | None = None
     tolerance: float = Field(default=0.25, ge=0)
@@ -486,8 +487,8 @@ class Scenario(Spec):
     compute_efficiency: Annotated[
         float | None, BeforeValidator(lambda v: None if v == "roofline" else v)
     ] = Field(default=None, gt=0, le=1)
-    profile: str | None = None  # a calibration profile (commsim calibrate fit) for the cluster
-    deepspeed: str | None = None  # a DeepSpeed ds_config.json: ZeRO stage, buckets, batch sizes
+    profile: str | None = Field(default=None, min_length=1)  # calibrate fit's, for the cluster
+    deepspeed: str | None = Field(default=None, min_length=1)  # a ds_config.json: ZeRO, batch
     tokens: float | None = Field(default=None, gt=0)  # training tokens, for time-to-train
     price_per_gpu_hour: float | None = Field(default=None, gt=0)  # for cost
     strategy: Strategy = Strategy()

@@ -104,14 +104,13 @@ def parse_time(value: str | float | int, bare: bool = True) -> float:
 def parse_size_range(value: str) -> tuple[float, float]:
     """A size sweep "8B:4GiB" as (low, high) bytes; a single size gives (s, s)."""
     parts = value.split(":")
-    if len(parts) == 1:
-        s = parse_bytes(parts[0])
-        return s, s
-    if len(parts) != 2:
+    if len(parts) > 2:
         raise UnitError(f"not a size range: {value!r} (example: 8B:4GiB)")
-    lo, hi = parse_bytes(parts[0]), parse_bytes(parts[1])
+    lo, hi = parse_bytes(parts[0]), parse_bytes(parts[-1])  # one size: (s, s)
     if lo <= 0 or hi < lo:
         raise UnitError(f"size range {value!r} must satisfy 0 < low <= high")
+    if lo % 1 or hi % 1:  # 1.5B was timed as 1.5 bytes and shown as "2 B"
+        raise UnitError(f"size range {value!r}: a message is a whole number of bytes")
     if hi / lo > 2.0**64:
         raise UnitError(f"size range {value!r} spans over 64 doublings")
     return lo, hi

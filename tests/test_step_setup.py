@@ -24,13 +24,14 @@ def _args(**kw):
 
 def test_the_flags_setup_as_setup_from_flags_builds_it():
     given = {"model": "llama2-7b", "cluster": "dgx-h100-ib", "gpus": 256, "tp": 2}
-    setup, traced = step_setup(_args(nccl_version="2.18.3", backend="gloo"), given)
-    by_hand = setup_from_flags(None, nccl_version="2.18.3", backend="gloo", **given)
-    assert traced is None
-    assert setup.scenario == by_hand.scenario and setup.cluster.spec == by_hand.cluster.spec
-    assert (setup.scenario.strategy.tp, setup.n_gpus) == (2, 256)
-    assert setup.cluster.spec.nccl.version == "2.18.3"
+    for flags in ({"nccl_version": "2.18.3"}, {"backend": "gloo"}):  # NCCL's: not under gloo
+        setup, traced = step_setup(_args(**flags), given)
+        by_hand = setup_from_flags(None, **flags, **given)
+        assert traced is None
+        assert setup.scenario == by_hand.scenario and setup.cluster.spec == by_hand.cluster.spec
+        assert (setup.scenario.strategy.tp, setup.n_gpus) == (2, 256)
     assert setup.cluster.spec.comm_backend == "gloo"
+    assert step_setup(_args(nccl_version="2.18.3"), given)[0].cluster.spec.nccl.version == "2.18.3"
 
 
 def test_fsdp_and_virtual_stages_come_from_args():

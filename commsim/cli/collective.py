@@ -6,7 +6,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from commsim.cli.given import NCCL_FLAGS, pick
+from commsim.cli.given import (
+    NCCL_FLAGS,
+    blame_cluster_flags,
+    blame_nccl_flags,
+    input_files,
+    pick,
+    refuse_nccl_flags,
+)
 from commsim.cli.options import (
     CsvOpt,
     HtmlOpt,
@@ -63,11 +70,13 @@ def collective_cmd(
     from commsim.report.rows import write_csv
 
     with terminal.user_errors():
-        _check(op, gpus, html, csv)
+        _check(op, gpus, html, csv, input_files(args))
+        _check_group(args)
         lo, hi = _size_range(sizes)
         spec, carried, cost = _group(args)
         algs = SEARCHED[op] if algorithm == "all" else (algorithm,)
-        rows = _sweep(cost, op, gpus, algs, lo, hi, algorithm)
+        with blame_nccl_flags(args):
+            rows = _sweep(cost, op, gpus, algs, lo, hi, algorithm)
         doc = _document(args, spec, cost, rows)
         terminal.require_finite(doc, "--sizes")
         shown = [r | {"algorithm": r["requested"]} for r in rows]
@@ -89,16 +98,36 @@ def collective_cmd(
     _show_choices(rows, algorithm, spec.nccl.version)
 
 
-def _check(op: str, gpus: int, html: str | None, csv: str | None) -> None:
-    """A known op on 2 ranks or more, and output files that can be written (ValueError)."""
-    from commsim.files import check_output
+def _check(op: str, gpus: int, html: str | None, csv: str | None, inputs: tuple) -> None:
+    """A known op on 2 ranks or more, and output files that can be written, none of them
+    one of the `inputs` (ValueError)."""
+    from commsim.files import check_outputs
 
     if op not in ALGORITHMS:
         raise ValueError(f"unknown op {op!r} (choose from {', '.join(ALGORITHMS)})")
     if gpus < 2:
         raise ValueError(f"--gpus {gpus}: a collective needs at least 2 ranks")
-    check_output(html, "--html")
-    check_output(csv, "--csv")
+    check_outputs({"--html": html, "--csv": csv}, inputs)
+
+
+def _check_group(args: dict[str, Any]) -> None:
+    """--placement a known one, --ps-shards a count the parameter server can take that an
+    algorithm run here uses, --profile a path if given (ValueError naming the flag)."""
+    from commsim.topology.placement import PLACEMENTS
+
+    op, algorithm, shards = args["op"], args["algorithm"], args["ps_shards"]
+    if args["profile"] is not None and not args["profile"].strip():
+        raise ValueError(f"--profile {args['profile']!r}: empty path: give a file name")
+    if args["placement"] not in PLACEMENTS:
+        raise ValueError(f"--placement {args['placement']}: choose from {', '.join(PLACEMENTS)}")
+    if not 1 <= shards <= args["gpus"]:
+        raise ValueError(f"--ps-shards {shards}: must be between 1 and the {args['gpus']} ranks")
+    runs = SEARCHED[op] if algorithm == "all" else algorithm.split("|")
+    if shards != 1 and "ps" not in runs:
+        raise ValueError(
+            f"--ps-shards {shards}: only the parameter server (ps) takes shards, and "
+            f"--algorithm {algorithm} runs none for {op}"
+        )
 
 
 def _group(args: dict[str, Any]) -> tuple[Any, list[str], GroupCost]:
@@ -112,9 +141,11 @@ def _group(args: dict[str, Any]) -> tuple[Any, list[str], GroupCost]:
     spec, carried, fitted = _cluster(cluster, profile)
     check_fitted_version(args["nccl_version"], fitted, profile)
     nccl = {k.removeprefix("nccl_"): v for k, v in pick(args, NCCL_FLAGS).items()}
-    spec = _with_backend(spec, args["backend"], nccl, cluster)
-    built = build_cluster(spec, gpus, cluster)
+    with blame_cluster_flags(args):
+        spec = _with_backend(spec, args["backend"], nccl, cluster)
+        built = build_cluster(spec, gpus, cluster)
     cost = GroupCost(built, place(built, gpus, args["placement"]), ps_shards=args["ps_shards"])
+    refuse_nccl_flags(args, cost.backend)
     return spec, carried, cost
 
 
@@ -125,9 +156,13 @@ def _sweep(
     the op, or not on this group, is refused naming --algorithm as `given`."""
     import numpy as np
 
+    from commsim.collectives.group import NcclUnavailable
+
     grid = lo * 2.0 ** np.arange(int(np.floor(np.log2(hi / lo) + 1e-9)) + 1)
     try:
         return _rows(cost, op, gpus, algs, grid)
+    except NcclUnavailable:  # NCCL_ALGO / NCCL_PROTO's fault (blame_nccl_flags)
+        raise
     except ValueError as e:
         raise ValueError(f"--algorithm {given}: {e}") from None
 

@@ -29,7 +29,8 @@ def jobs_cmd(
     with terminal.user_errors():
         spec = load_jobs(path)
         if allocation is not None and allocation not in ALLOCATIONS:
-            raise ValueError(f"--allocation must be one of {', '.join(ALLOCATIONS)}")
+            raise ValueError(f"--allocation {allocation}: choose from {', '.join(ALLOCATIONS)}")
+        _check_seed(seed, allocation or spec.allocation)
         changes = {"allocation": allocation, "seed": seed}
         spec = spec.model_copy(update={k: v for k, v in changes.items() if v is not None})
         with terminal.progress(len(spec.jobs), "pricing jobs") as bar:
@@ -46,6 +47,20 @@ def jobs_cmd(
         )
         return
     terminal.console.print(_table(f"{spec.name}: {cluster}, {spec.allocation} allocation", results))
+
+
+def _check_seed(seed: int | None, allocation: str) -> None:
+    """--seed a non-negative integer, given only where the allocation is random (the others
+    draw nothing: it would be ignored)."""
+    if seed is None:
+        return
+    if seed < 0:
+        raise ValueError(f"--seed {seed}: must be a non-negative integer")
+    if allocation != "random":
+        raise ValueError(
+            f"--seed {seed}: only the random allocation draws nodes, this run's is {allocation} "
+            "(give --allocation random)"
+        )
 
 
 def _table(title: str, results):

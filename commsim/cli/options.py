@@ -311,6 +311,7 @@ def setup_from_flags(
     --zero 3 with PyTorch FSDP's shards (states: fsdp), Megatron's
     --num-layers-per-virtual-pipeline-stage becomes interleave, and --nccl-version,
     --nccl-algo and --nccl-proto set the cluster's nccl fields."""
+    from commsim.cli.given import blame_cluster_flags, refuse_nccl_flags
     from commsim.scenario import load_scenario, resolve
     from commsim.specs import SpecError
 
@@ -323,12 +324,14 @@ def setup_from_flags(
             "--num-layers-per-virtual-pipeline-stage", "", "give it or --interleave, not both"
         )
     spec, source = load_scenario(scenario, overrides)
+    flags = {"nccl_version": nccl_version, "nccl_algo": nccl_algo, "nccl_proto": nccl_proto}
     nccl = {"version": nccl_version, "algo": nccl_algo, "proto": nccl_proto}
     nccl = {f"cluster.nccl.{k}": v for k, v in nccl.items() if v is not None}
     if nccl:  # cluster fields: the what-if API's dotted paths
         from commsim.whatif import change
 
-        spec = change(spec, nccl)
+        with blame_cluster_flags(flags):
+            spec = change(spec, nccl)
     if layers_per_virtual_stage is not None:
         setup = resolve(spec, source, check=False)
         spec = spec.model_copy(
@@ -337,7 +340,9 @@ def setup_from_flags(
     setup = resolve(spec, source, check)
     if spec.profile:  # the profile's NCCL fit, if any, set the version: else the flag did
         check_fitted_version(nccl_version, setup.cluster.spec.nccl.version, spec.profile)
-    return setup if backend is None else with_backend(setup, backend)
+    setup = setup if backend is None else with_backend(setup, backend)
+    refuse_nccl_flags(flags, setup.cluster.spec.comm_backend)
+    return setup
 
 
 def check_fitted_version(flag: str | None, fitted: str | None, profile: str | None) -> None:

@@ -12,7 +12,9 @@ from commsim.cli.given import (
     STACK_FLAGS,
     TRAINING_FLAGS,
     blame_flags,
+    blame_nccl_flags,
     flag,
+    input_files,
     pick,
 )
 from commsim.cli.options import (
@@ -178,7 +180,7 @@ def plan_cmd(
 
 def _plan(args: dict[str, Any]) -> None:
     """Check the flags against the mode they select, then size clusters or plan one."""
-    from commsim.files import check_output
+    from commsim.files import check_outputs
 
     failures = pick(args, FAILURE_FLAGS)
     one_cluster = pick(args, ("profile", *NCCL_FLAGS, "deepspeed", *TRACE_FLAGS))
@@ -188,9 +190,7 @@ def _plan(args: dict[str, Any]) -> None:
     with terminal.user_errors():
         sizing_only = pick(args, ("gpu", "objective"))
         _check_mode(sizing, args["top"], sizing_only, failures, one_cluster)
-        for path, name, image in ((args["plot"], "--plot", True), (args["html"], "--html", False)):
-            check_output(path, name, image)
-        check_output(args["csv"], "--csv")
+        check_outputs({f"--{k}": args[k] for k in ("plot", "html", "csv")}, input_files(args))
     flags = pick(args, LAYOUT_FLAGS)  # the search dimensions a flag pins
     pins = {k for k, v in (flags | pick(args, ("micro_batch",))).items() if v is not None}
     pins |= {"zero"} if args["fsdp"] else set()  # flags validated as scenario fields: pin them
@@ -205,7 +205,7 @@ def _plan(args: dict[str, Any]) -> None:
         failures,
         args["json_out"],
         **pick(args, ("fabric", "gpu", "deadline", "budget", "plot", "html", "csv")),
-        objective=args["objective"] or "time-to-train",
+        objective="time-to-train" if args["objective"] is None else args["objective"],
     )
 
 
@@ -222,7 +222,8 @@ def _plan_one_cluster(args: dict[str, Any], flags: dict[str, Any], pins: set[str
         setup, traced = step_setup(args, given | {"gpus": gpu_count(args["gpus"])}, check=False)
         pinned = pins | ({"interleave"} if args["layers_per_virtual_stage"] else set())
         check_pins(setup.workload, setup.scenario.strategy, pinned, setup.source)
-        result, sweep = _search(setup, pinned, plot)
+        with blame_nccl_flags(nccl):
+            result, sweep = _search(setup, pinned, plot)
         doc = plan_show.plan_doc(setup, result, sweep) | ({"trace": traced} if traced else {})
         if not doc["candidates"]:
             plan_show.explain_empty(setup, pinned)

@@ -47,8 +47,11 @@ def explain_empty(setup: Setup, pinned: set[str]) -> None:
     from commsim.scenario import check_layout
     from commsim.specs import SpecError
 
+    strategy = setup.scenario.strategy
+    if "fsdp_shard" in pinned and "zero" not in pinned:  # the search took ZeRO-3 for it
+        strategy = strategy.model_copy(update={"zero": 3})
     try:
-        check_layout(setup, setup.scenario.strategy)
+        check_layout(setup, strategy)
     except SpecError as e:
         field = e.field.removeprefix("strategy.")
         if e.field == "strategy" or field in pinned:

@@ -12,6 +12,8 @@ from commsim.cli.given import (
     STACK_FLAGS,
     TRAINING_FLAGS,
     blame_flags,
+    blame_nccl_flags,
+    input_files,
     pick,
 )
 from commsim.cli.options import (
@@ -158,7 +160,7 @@ def predict_cmd(
 def _predict(args: dict[str, Any]) -> tuple[Setup, dict[str, Any]]:
     """The setup the flags (predict_cmd's locals()) give and its step as the output's
     document, with the --plot, --html and --csv files written; bad input names its flag."""
-    from commsim.files import check_output
+    from commsim.files import check_outputs
     from commsim.step.predict import predict
 
     scenario, plot, html, csv = (args[k] for k in ("scenario", "plot", "html", "csv"))
@@ -166,11 +168,10 @@ def _predict(args: dict[str, Any]) -> tuple[Setup, dict[str, Any]]:
     flags |= pick(args, ("deepspeed", "profile"))
     nccl = pick(args, NCCL_FLAGS)
     with terminal.user_errors(), blame_flags(scenario, flags):
-        check_output(plot, "--plot", image=True)
-        check_output(html, "--html")
-        check_output(csv, "--csv")
+        check_outputs({"--plot": plot, "--html": html, "--csv": csv}, input_files(args))
         setup, traced = step_setup(args, flags)
-        pred = predict(setup)
+        with blame_nccl_flags(nccl):
+            pred = predict(setup)
         doc = _document(setup, pred, traced)
         terminal.require_finite(doc, "--tokens, --price-per-gpu-hour and the sizes given")
         inputs = flags | nccl | {"fsdp": args["fsdp"], "scenario": scenario}

@@ -91,11 +91,7 @@ def size_clusters_cmd(
         spec, source = load_scenario(scenario, given)
         if spec.tokens is None:
             raise SpecError(source, "tokens", "cluster sizing needs the training tokens (--tokens)")
-        fabrics = (
-            [f.strip() for f in fabric.split(",")]
-            if fabric
-            else [spec.cluster if isinstance(spec.cluster, str) else spec.cluster.name]
-        )
+        fabrics = _fabrics(fabric, cluster, spec)
         sizes = gpu_sizes(gpus, spec.gpus)
         _check_sizes(sizes, spec, source, pins)
         rows = _sized(spec, source, fabrics, sizes, gpu, policy, pins)
@@ -113,6 +109,19 @@ def size_clusters_cmd(
         else f"the best {objective}"
     )
     _print_sizing(rows, front, pick, title, why, objective, plot, json_out)
+
+
+def _fabrics(fabric: str | None, cluster: str | None, spec: Any) -> list[str]:
+    """--fabric's topologies, else the scenario's cluster; a name given twice (its rows
+    twice over) or --cluster beside --fabric (which would ignore it) is refused."""
+    if fabric is None:
+        return [spec.cluster if isinstance(spec.cluster, str) else spec.cluster.name]
+    names = [f.strip() for f in fabric.split(",")]
+    twice = sorted({n for n in names if n and names.count(n) > 1})
+    refuse("fabric", fabric, f"{', '.join(twice)} named twice" if twice else "")
+    if cluster is not None:
+        refuse("cluster", cluster, "sizing runs on the --fabric topologies: name it there")
+    return names
 
 
 def _limits(deadline: str | None, budget: float | None) -> tuple[float | None, float | None]:

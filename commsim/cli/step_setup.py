@@ -30,5 +30,5 @@ def step_setup(
         **pick(args, NCCL_FLAGS),
         **given,
     )
-    refuse_ignored(setup.scenario, given)
+    refuse_ignored(setup.scenario, given, setup.workload)
     return with_trace(setup, *(args[k] for k in TRACE_FLAGS))

@@ -57,6 +57,7 @@ def topo_show(
 ) -> None:
     """A topology's summary: nodes, NICs, tiers, bandwidths, switch counts; --plot draws it."""
     from commsim import catalog
+    from commsim.cli.given import blame_cluster_flags
     from commsim.files import check_output
     from commsim.report import plots, tables
     from commsim.spec_io import load_spec
@@ -66,10 +67,13 @@ def topo_show(
     with terminal.user_errors():
         check_output(plot, "--plot", image=True)
         spec = load_spec(ClusterSpec, catalog.topology_path(name, name))
-        built = build_cluster(spec, gpus, name)
+        with blame_cluster_flags({"gpus": gpus}):
+            built = build_cluster(spec, gpus, name)
         summary = built.summary()
-        if plot:
-            plots.plot_topology(built.graph, plot, f"{spec.name} ({built.n_gpus} GPUs)")
+        if plot:  # building and drawing the graph: ~20 s at 131,072 GPUs
+            with terminal.progress(1, f"drawing {built.n_gpus:,} GPUs") as bar:
+                plots.plot_topology(built.graph, plot, f"{spec.name} ({built.n_gpus} GPUs)")
+                bar.advance(0)
     if json_out:
         terminal.print_json(summary)
         return

@@ -50,6 +50,11 @@ from commsim.topology.build import Cluster
 ALL = -1  # NCCL's choice among all its algorithms
 
 
+class NcclUnavailable(ValueError):
+    """NCCL's tuner has nothing to run for a collective under the NCCL_ALGO / NCCL_PROTO set
+    (NCCL's "No algorithm/protocol available"): the settings' fault, not the algorithm's."""
+
+
 def _ranks_per_node(cluster: Cluster, gpus: np.ndarray) -> int:
     """g when the ranks come in runs of g consecutive ranks on one node each (the last run
     may be shorter: a partial node, on which whole-node algorithms cannot run), else 1."""
@@ -260,7 +265,7 @@ class GroupCost:
                 env = [f"NCCL_ALGO={nccl_env.algo}"] * (nccl_env.algo is not None)
                 env += [f"NCCL_PROTO={nccl_env.proto}"] * (nccl_env.proto is not None)
                 under = f" under {' '.join(env)}" if env else ""
-                raise ValueError(f"NCCL runs no {what} for {op} on this group{under}")
+                raise NcclUnavailable(f"NCCL runs no {what} for {op} on this group{under}")
             cands = [every[k] for k in keep]
             caps = np.array([self._cap(op, c.algorithm) for c in cands])
             self._choices[key] = (cands, keep, caps)

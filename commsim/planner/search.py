@@ -301,12 +301,18 @@ def _with_kernels(cols: dict[str, np.ndarray], pins: dict[str, Any], fp8: bool, 
     overlapped with the GEMMs beside not where tp > 1 and sequence parallelism (`sp`) runs;
     either as pinned."""
     if "precision" in pins:
-        cols = cols | {"fp8": np.full(len(cols["dp"]), pins["precision"] == "fp8")}
+        want = pins["precision"] == "fp8"
+        if want and not fp8:  # no FP8 tensor cores: no layout takes the pin (it priced them)
+            cols = {k: v[:0] for k, v in cols.items()}
+        cols = cols | {"fp8": np.full(len(cols["dp"]), want)}
     else:
         cols = _branch(cols, "fp8", np.full(len(cols["dp"]), fp8), True, False)
     n = len(cols["dp"])
-    if "tp_overlap" in pins:
-        return cols | {"tp_overlap": np.full(n, bool(pins["tp_overlap"])) & (cols["tp"] > 1)}
+    if "tp_overlap" in pins and not pins["tp_overlap"]:
+        return cols | {"tp_overlap": np.zeros(n, dtype=bool)}
+    if "tp_overlap" in pins:  # where it applies only: tp 1 rows ran without it, pin dropped
+        keep = (cols["tp"] > 1) & sp
+        return {k: v[keep] for k, v in cols.items()} | {"tp_overlap": np.ones(keep.sum(), bool)}
     return _branch(cols, "tp_overlap", (cols["tp"] > 1) & sp, True, False)
 
 
@@ -365,16 +371,26 @@ def _with_rank_orders(cols: dict[str, np.ndarray], pins: dict[str, Any], moe: bo
     return _branch(cols, "order", differs, RANK_ORDERS.index("tp-cp-ep-pp-dp"), 0)
 
 
+def _shardable(cols: dict[str, np.ndarray], shard: Any) -> np.ndarray:
+    """The layouts ZeRO-3 can hybrid-shard over `shard` data-parallel ranks, as
+    scenario.check_layout allows it: zero 3, shard dividing dp, a shard group's tp x cp
+    ranks holding whole expert grids (ep x etp)."""
+    etp = np.where(cols["etp"] > 0, cols["etp"], cols["tp"])
+    whole = (shard * cols["cp"] * cols["tp"]) % (cols["ep"] * etp) == 0
+    return (cols["zero"] == 3) & (cols["dp"] % shard == 0) & whole
+
+
 def _with_hybrid_sharding(cols: dict[str, np.ndarray], pins: dict[str, Any], gpn: int) -> dict:
     """ZeRO-3 sharded over all of dp, and hybrid-sharded over a node's data-parallel ranks
     where that is a proper divisor of dp (PyTorch's HYBRID_SHARD default: shard in the
     node, replicate across); or the pinned shard size."""
-    if "fsdp_shard" in pins:
-        return cols | {"fsdp_shard": np.full(len(cols["dp"]), pins["fsdp_shard"])}
+    if "fsdp_shard" in pins:  # the layouts it applies to only (a dp of 1 crashed the grid)
+        keep = _shardable(cols, pins["fsdp_shard"])
+        return {k: v[keep] for k, v in cols.items()} | {
+            "fsdp_shard": np.full(int(keep.sum()), pins["fsdp_shard"])
+        }
     node = np.maximum(gpn // (cols["tp"] * cols["cp"]), 1)
-    hybrid = (cols["zero"] == 3) & (node > 1) & (node < cols["dp"]) & (cols["dp"] % node == 0)
-    etp = np.where(cols["etp"] > 0, cols["etp"], cols["tp"])
-    hybrid &= (node * cols["cp"] * cols["tp"]) % (cols["ep"] * etp) == 0
+    hybrid = _shardable(cols, node) & (node > 1) & (node < cols["dp"])
     out = _branch(cols, "fsdp_shard", hybrid, 0, 0)
     out["fsdp_shard"][len(cols["dp"]) :] = node[hybrid]
     return out

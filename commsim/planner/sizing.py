@@ -87,7 +87,7 @@ def _fabric_spec(fabric: str, gpu: str | None, source: str):
     from commsim.specs import ClusterSpec
 
     spec = load_spec(ClusterSpec, catalog.topology_path(fabric, source, "fabric"))
-    if gpu:
+    if gpu is not None:  # "" is refused as a GPU, not taken for none
         catalog.gpu(gpu, source, "gpu")
         spec = spec.model_copy(update={"node": spec.node.model_copy(update={"gpu": gpu})})
     return spec

@@ -236,7 +236,10 @@ MODEL_NAMES: tuple[str, ...] = (*_TRANSFORMERS, "resnet50")
 
 
 def build_workload(
-    model: ModelSpec | str, seq_len: int | None = None, source: str = "model"
+    model: ModelSpec | str,
+    seq_len: int | None = None,
+    source: str = "model",
+    shape_source: str | None = None,
 ) -> Workload:
     """Turn a preset name, a path to a Hugging Face config.json or a ModelSpec into layers;
     `seq_len` overrides the model's.
@@ -244,11 +247,12 @@ def build_workload(
     A transformer ModelSpec that sets nothing but name (and seq_len) names a preset. Otherwise
     its family follows gated_mlp: gated means LLaMA-style (RMSNorm, no biases, rotary, untied
     head), plain means GPT-style (LayerNorm, biases, learned positions, tied head). A custom
-    layer is one parameter tensor (none when it has no parameters).
+    layer is one parameter tensor (none when it has no parameters). `shape_source` names
+    the model's shape in errors (a config.json's path) where it is not the scenario's.
     """
     if isinstance(model, str):
-        if is_config_path(model):  # a Hugging Face config.json (workload.hf)
-            return build_workload(read_config(model), seq_len, source)
+        if is_config_path(model):  # a Hugging Face config.json (workload.hf): its shape's
+            return build_workload(read_config(model), seq_len, source, model)  # faults its own
         return _preset(model, seq_len, source)
     if model.kind == "custom":
         if not model.custom_layers:
@@ -262,7 +266,7 @@ def build_workload(
         return Workload(model.name, layers, seq_len or model.seq_len)
     if model.kind == "resnet" or not model.model_fields_set - {"name", "kind", "seq_len"}:
         return _preset(model.name, seq_len or model.seq_len, source)
-    config = _from_spec(model, seq_len, source)
+    config = _from_spec(model, seq_len, shape_source or source)
     return transformer_layers(config, model.name, _run_length(config, seq_len, source))
 
 
