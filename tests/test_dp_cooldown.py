@@ -6,6 +6,7 @@ what the model charges a Llama-3-like interleaved layout."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from conftest import make_cluster
 
 from commsim import catalog
 from commsim.specs import ModelSpec
-from commsim.step.dpsync import SyncPlan, chunk_blocks, chunk_kind, chunk_leads
+from commsim.step.dpsync import SyncPlan, chunk_blocks, chunk_kind, chunk_leads, reduce_part
 from commsim.step.layouts import Layouts
 from commsim.step.model import StepModel, schedule_groups
 from commsim.step.pipeline import event_kind, pipeline_events
@@ -199,3 +200,25 @@ def test_interleaving_hides_the_reductions_in_the_cool_down():
     ).row(0)
     assert b["dp_comm"] == pytest.approx(off["dp_comm"])
     assert b["dp_exposed"] < off["dp_exposed"]
+
+
+def test_a_sync_that_cannot_run_stays_inf_without_a_warning():
+    # network = reduce-scatter + all-gather; NCCL_ALGO=tree leaves neither: both inf, and the
+    # reduction is inf (not inf - inf = NaN with numpy's RuntimeWarning, which plan printed)
+    network, gather = np.array([3.0, np.inf]), np.array([1.0, np.inf])
+    with np.errstate(all="raise"):
+        assert list(reduce_part(network, gather)) == [2.0, np.inf]
+
+
+def test_plan_under_nccl_algo_tree_prints_no_numpy_warning():
+    import warnings
+
+    from typer.testing import CliRunner
+
+    from commsim.cli.app import app
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "invalid value encountered in subtract"
+        res = CliRunner().invoke(app, ["plan", "--nccl-algo", "tree", "--zero", "1", "--json"])
+    assert res.exception is None and res.exit_code == 0, res.output
+    assert json.loads(res.output)["candidates"] == []  # nothing can run, as its notes say

@@ -102,6 +102,14 @@ class SyncPlan:
         )
 
 
+def reduce_part(network: np.ndarray, gather: np.ndarray) -> np.ndarray:
+    """Each bucket's gradient reduction: its sync's network seconds less the parameter
+    all-gather's; inf where the sync cannot run (NCCL_ALGO / NCCL_PROTO leaving NCCL no
+    algorithm prices both inf, and inf - inf would be NaN)."""
+    runs = np.isfinite(gather)
+    return np.where(runs, network - np.where(runs, gather, 0.0), np.inf)
+
+
 def chunk_blocks(kind: str, blocks: int, v: int) -> list[int]:
     """Blocks in each of a stage's v model chunks (0 first): equal where they divide; on an
     end stage that does not, the chunks beside the embedding (first stage) or the head (last)
@@ -271,7 +279,7 @@ class DataParallel:
         if kind >= len(STAGE_KINDS):  # DualPipe: its far stage's sync runs ahead
             after, before = dualpipe_leads(r["pp"], kind - len(STAGE_KINDS))
             leads, needs = leads + after * chunk, needs + before * chunk
-        reduce = BucketCosts(costs.network - params, costs.encode, costs.decode)
+        reduce = BucketCosts(reduce_part(costs.network, params), costs.encode, costs.decode)
         no_codec = np.zeros(len(params))
         self._sync[key] = plan = SyncPlan(
             chunks=tuple(chunks),
@@ -445,7 +453,7 @@ def _group_part(plans: list[SyncPlan], part: str, expert: bool):
     network, grads = np.zeros(len(plans)), np.zeros(len(plans))
     for k, p in enumerate(plans):
         mine = p.buckets.expert == expert
-        seconds = p.params if part == "gather" else p.costs.network - p.params
+        seconds = p.params if part == "gather" else reduce_part(p.costs.network, p.params)
         network[k], grads[k] = seconds[mine].sum(), p.buckets.bytes[mine].sum()
     return network, grads
 
