@@ -155,3 +155,8 @@ def fmt_duration(t: float, days: str = "days") -> str:
 def fmt_rate(bps: float) -> str:
     """Bytes/s as GB/s (decimal, as nccl-tests prints)."""
     return f"{bps / 1e9:.2f} GB/s"
+
+
+def fmt_gpus(n: int) -> str:
+    """A GPU count as titles say it: 1 GPU, 1,024 GPUs."""
+    return f"{n:,} GPU" + ("" if n == 1 else "s")

@@ -140,6 +140,14 @@ def test_rows_apart_in_a_layout_field_are_never_merged():
     assert "tp overlap" in [c.header for c in table.columns]  # the rows say how they differ
 
 
+def test_one_gpu_is_not_gpus():
+    from commsim.units import fmt_gpus
+
+    assert [fmt_gpus(n) for n in (1, 2, 1024)] == ["1 GPU", "2 GPUs", "1,024 GPUs"]
+    text = run("predict", "--gpus", "1", "--global-batch", "8").output
+    assert text.startswith("gpt2-xl on 1 GPU of aws-p4d")
+
+
 def test_titles_say_what_ran():
     text = run("predict", *GPT3).output
     assert text.startswith("gpt3-175b on 1,024 GPUs of dgx-a100-ib (a100-80gb)")

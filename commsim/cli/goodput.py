@@ -36,6 +36,7 @@ from commsim.cli.stragglers import stragglers_cmd
 from commsim.files import check_output
 from commsim.reliability.recovery import STRATEGIES, Policy
 from commsim.report import terminal
+from commsim.units import fmt_gpus
 
 if TYPE_CHECKING:
     from commsim.scenario import Setup
@@ -184,7 +185,7 @@ def _one_size(setup: Setup, policies, rates, monte_carlo: int, seed: int):
         given = f"--recovery {policies[0].strategy}: " if len(policies) == 1 else ""
         raise ValueError(f"{given}no recovery applies: " + "; ".join(skipped.values()))
     title = (
-        f"{setup.scenario.name}: {setup.workload.name} on {setup.n_gpus:,} GPUs of "
+        f"{setup.scenario.name}: {setup.workload.name} on {fmt_gpus(setup.n_gpus)} of "
         f"{setup.cluster.spec.name}, step {prediction.step_time_s:.3g} s"
     )
     doc = {

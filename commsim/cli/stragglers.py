@@ -27,6 +27,7 @@ from commsim.cli.reliability_flags import (
     typed,
 )
 from commsim.report import terminal
+from commsim.units import fmt_gpus
 
 if TYPE_CHECKING:
     from commsim.scenario import Setup
@@ -126,7 +127,7 @@ def stragglers_cmd(
         return
     title = (
         f"{setup.scenario.name}: one rank {upsets.slow_rank:g}x slower for {upsets.duration} on "
-        f"{setup.n_gpus:,} GPUs: step {prediction.step_time_s:.3g} s -> "
+        f"{fmt_gpus(setup.n_gpus)}: step {prediction.step_time_s:.3g} s -> "
         f"{doc['slow_rank']['step_time_s']:.3g} s"
     )
     terminal.console.print(out.straggler_table(title, doc["slow_rank"]["mitigations"]))

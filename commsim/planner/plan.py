@@ -15,6 +15,7 @@ from commsim.step.model import StepModel
 from commsim.step.pipeline import pipeline_events
 from commsim.step.predict import layout_memory, layouts_timeline, step_model
 from commsim.step.prediction import Prediction, prediction
+from commsim.units import fmt_gpus
 
 KEEP = 200  # predictions a plan keeps, best first
 
@@ -101,7 +102,7 @@ def _notes(setup: Setup, found: SearchResult, pins: dict) -> list[str]:
     if not found.searched:
         held = ", ".join(f"{k} {v}" for k, v in pins.items() if k not in ("compression",))
         notes.append(
-            f"no layout of {setup.workload.name} runs on {setup.n_gpus:,} GPUs"
+            f"no layout of {setup.workload.name} runs on {fmt_gpus(setup.n_gpus)}"
             + (f" with {held}" if held else "")
             + f" at global batch {s.global_batch}"
         )

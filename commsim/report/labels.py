@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from commsim.units import fmt_time
+from commsim.units import fmt_gpus, fmt_time
 
 if TYPE_CHECKING:
     from commsim.scenario import Setup
@@ -16,7 +16,7 @@ def run_title(setup: Setup) -> str:
     """What ran, as titles name it: the model on so many GPUs of a cluster (not the name of
     a scenario file whose model or cluster a flag replaced)."""
     return (
-        f"{setup.workload.name} on {setup.n_gpus:,} GPUs of {setup.cluster.spec.name} "
+        f"{setup.workload.name} on {fmt_gpus(setup.n_gpus)} of {setup.cluster.spec.name} "
         f"({setup.gpu.name})"
     )
 
