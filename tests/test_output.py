@@ -94,6 +94,19 @@ def test_plan_rows_never_wrap():
     assert "every row: " in text and "algorithm ring" in text
 
 
+def test_zero3_shows_no_ddp_bucket():
+    # ZeRO-3 gathers and reduce-scatters per unit: the 25 MiB default bucket is never used
+    from commsim.report.labels import describe_strategy
+
+    z3 = Strategy(zero=3, tp=1).model_dump()
+    assert "per unit" in describe_strategy(z3) and "MiB" not in describe_strategy(z3)
+    assert "25 MiB" in describe_strategy(Strategy(zero=1).model_dump())
+    layout = {"dp": 8, "micro_batch": 1, "micro_batches": 1}
+    figures = {"step_time_s": 1.0, "exposed_comm_s": 0.1, "comm_s": 0.2, "mfu": 0.4}
+    row = {"strategy": z3, "layout": layout, "memory": {"total_bytes": 1e9}} | figures
+    assert ranking.merge_rows([row])[0]["shown"]["bucket MiB"] == "-"
+
+
 def test_merge_rows_by_hand():
     def doc(alg, bucket, step):
         strategy = Strategy(algorithm=alg, bucket_mb=bucket, zero=1).model_dump()

@@ -47,9 +47,15 @@ def describe_strategy(strategy: dict[str, Any]) -> str:
         else ""
     )
     return (
-        f"{layout}{s['algorithm']}, {s['bucket_mb']:g} MiB, {overlap}, {s['placement']}, "
+        f"{layout}{s['algorithm']}, {bucket_label(s)}, {overlap}, {s['placement']}, "
         f"compression {compression_label(s)}"
     )
+
+
+def bucket_label(s: dict[str, Any], none: str = "per unit", unit: str = " MiB") -> str:
+    """The DDP gradient bucket; `none` under ZeRO-3, which gathers and reduce-scatters per
+    unit (transformer block) and has no buckets."""
+    return none if s.get("zero", 0) == 3 else f"{s['bucket_mb']:g}{unit}"
 
 
 def _hybrid(s: dict[str, Any]) -> str:

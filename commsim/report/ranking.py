@@ -10,13 +10,13 @@ from typing import Any
 
 from rich.table import Table
 
-from commsim.report.labels import compression_label, layout_label, pct
+from commsim.report.labels import bucket_label, compression_label, layout_label, pct
 from commsim.units import fmt_time
 
 # the strategy settings a row shows, and how each is written
 SETTINGS = (
     ("algorithm", lambda s: s["algorithm"]),
-    ("bucket MiB", lambda s: f"{s['bucket_mb']:g}"),
+    ("bucket MiB", lambda s: bucket_label(s, none="-", unit="")),
     ("overlap", lambda s: "on" if s["overlap"] else "off"),
     ("placement", lambda s: s["placement"]),
     ("compression", compression_label),
