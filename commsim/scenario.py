@@ -141,9 +141,23 @@ def resolve(scenario: Scenario, source: str = "scenario", check: bool = True) ->
     cluster = build_cluster(spec, scenario.gpus, source)
     workload = build_workload(scenario.model, scenario.seq_len, source)
     setup = Setup(scenario, source, cluster, gpu, workload)
+    _check_tokens(setup)
     if check:
         check_layout(setup, scenario.strategy)
     return setup
+
+
+def _check_tokens(setup: Setup) -> None:
+    """Training tokens, when given, are at least one step's (global batch x sequence): fewer
+    would print a time to train shorter than one step (SpecError)."""
+    s, seq = setup.scenario, setup.workload.seq_len
+    if s.tokens is not None and seq and s.tokens < s.global_batch * seq:
+        raise SpecError(
+            setup.source,
+            "tokens",
+            f"{s.tokens:g} is less than one step's {s.global_batch * seq:,} tokens "
+            "(global batch x sequence length)",
+        )
 
 
 def check_layout(setup: Setup, strategy: Strategy) -> None:

@@ -412,3 +412,11 @@ def test_a_split_the_gpus_flag_breaks_names_that_flag(args, says):
     scenario's 64 GPUs: the flag that broke the split is named with the others given."""
     line = refused("predict", *args, says=says)
     assert "default.yaml" not in line
+
+
+def test_tokens_fewer_than_one_step_are_refused(tmp_path):
+    """--tokens 1e-3 printed a time to train of 16.11 ns: less than one step's tokens."""
+    refused("predict", "--tokens", "1e-3", says="--tokens 0.001: 0.001 is less than one step's")
+    path = _file(tmp_path, SCENARIO + "tokens: 8000\n")  # one step: 8 x 1,024 = 8,192
+    refused("predict", path, says="s.yaml: tokens: 8000 is less than one step's 8,192 tokens")
+    assert run("predict", _file(tmp_path, SCENARIO + "tokens: 8192\n", "ok.yaml")).exit_code == 0
