@@ -280,8 +280,9 @@ def test_nothing_left_to_run_under_nccl_algo_names_that_flag(args):
     assert "--algorithm" not in line
 
 
-def test_topo_show_plot_has_a_progress_bar(tmp_path, monkeypatch):
-    """Drawing colossus-class-131k takes about 20 s, and ran without a progress bar."""
+@pytest.fixture
+def bars(monkeypatch):
+    """terminal.progress replaced by a bar that records its label and each advance."""
     from commsim.report import terminal
 
     made = []
@@ -300,9 +301,20 @@ def test_topo_show_plot_has_a_progress_bar(tmp_path, monkeypatch):
             made.append("advanced")
 
     monkeypatch.setattr(terminal, "progress", Bar)
+    return made
+
+
+def test_topo_show_plot_has_a_progress_bar(tmp_path, bars):
+    """Drawing colossus-class-131k takes about 20 s, and ran without a progress bar."""
     result = run("topo", "show", "aws-p4d", "--gpus", "16", "--plot", str(tmp_path / "t.png"))
     assert result.exit_code == 0, result.output
-    assert made == ["drawing 16 GPUs", "advanced"] and (tmp_path / "t.png").exists()
+    assert bars == ["drawing 16 GPUs", "advanced"] and (tmp_path / "t.png").exists()
+
+
+def test_predict_has_a_progress_bar(bars):
+    """Pricing a step takes about a second at 16,384 GPUs, and showed nothing meanwhile."""
+    assert run("predict", "--gpus", "8", "--global-batch", "8").exit_code == 0
+    assert bars == ["pricing the step", "advanced"]
 
 
 def test_plan_with_fsdp_shard_pinned_searches_the_layouts_it_applies_to():
