@@ -184,6 +184,15 @@ def _first_coll_args(d):
         (lambda d: _first_coll_args(d).pop("In msg nelems"), "In msg nelems: missing"),
         (lambda d: _first_coll_args(d).__setitem__("dtype", "Quaternion"), "unknown dtype"),
         (lambda d: d["traceEvents"][3].pop("dur"), r"traceEvents\[3\].dur: missing"),
+        (lambda d: d["traceEvents"][3].__setitem__("dur", -50), r"\[3\].dur: negative duration"),
+        (
+            lambda d: _first_coll_args(d).__setitem__("In msg nelems", "abc"),
+            "In msg nelems: not an element count",
+        ),
+        (
+            lambda d: _first_coll_args(d).__setitem__("Out msg nelems", -5),
+            "Out msg nelems: not an element count",
+        ),
     ],
 )
 def test_bad_traces_are_one_line_errors(tmp_path, mutate, message):
@@ -191,6 +200,16 @@ def test_bad_traces_are_one_line_errors(tmp_path, mutate, message):
     mutate(doc)
     with pytest.raises(SpecError, match=message):
         read_kineto(_write(tmp_path, doc))
+
+
+def test_gloo_dims_that_are_no_sizes(tmp_path):
+    """A gloo annotation's Input Dims holding a negative or non-numeric extent is one error
+    naming the field, never a negative or crashed size."""
+    for dims in ([[-4]], [["x"]]):
+        ev = [_x("ProfilerStep#5", 0, 500, cat="user_annotation", tid=1), _gloo_all_reduce(20, 9)]
+        ev[1]["args"]["Input Dims"] = dims
+        with pytest.raises(SpecError, match=r"traceEvents\[1\].args.Input Dims: not an element"):
+            _gloo_trace(tmp_path, ev)
 
 
 def test_truncated_file(tmp_path):

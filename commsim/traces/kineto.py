@@ -266,6 +266,17 @@ def _groups(info: dict, source: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     return out
 
 
+_NELEMS = ("In msg nelems", "Out msg nelems")
+
+
+def _count(value: Any, source: str, where: str) -> float:
+    """An element count as PyTorch records it: a whole number, 0 or more."""
+    whole = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not whole or not np.isfinite(value) or value < 0 or value != int(value):
+        raise SpecError(source, where, f"not an element count (a whole number >= 0): {value!r}")
+    return float(value)
+
+
 def _nccl(ev, args, t, source, i, lane) -> Collective:
     """A GPU collective kernel and its record_param_comms metadata."""
     name = str(args.get("Collective name") or ev.get("name", ""))
@@ -273,15 +284,14 @@ def _nccl(ev, args, t, source, i, lane) -> Collective:
     nbytes = dtype = group = pg = desc = None
     if "Collective name" in args:
         where = f"traceEvents[{i}].args"
-        for key in ("In msg nelems", "Out msg nelems", "dtype"):
+        for key in (*_NELEMS, "dtype"):
             if key not in args:
                 raise SpecError(source, f"{where}.{key}", f"missing on collective {name!r}")
         dtype = str(args["dtype"])
         side = "Out msg nelems" if _SIZE_SIDE.get(op) == "out" else "In msg nelems"
-        nelems = (
-            args[side] if op != "send-recv" else max(args["In msg nelems"], args["Out msg nelems"])
-        )
-        nbytes = float(nelems) * dtype_bytes(dtype, source, f"{where}.dtype")
+        counts = {k: _count(args[k], source, f"{where}.{k}") for k in _NELEMS}
+        nelems = counts[side] if op != "send-recv" else max(counts.values())
+        nbytes = nelems * dtype_bytes(dtype, source, f"{where}.dtype")
         pg = str(args["Process Group Name"]) if "Process Group Name" in args else None
         desc = args.get("Process Group Description")
         if "Process Group Ranks" in args:
@@ -298,7 +308,9 @@ def _gloo(ev, args, t, source, i, lane, groups, world) -> Collective:
     if dims and types:
         dtype = str(types[0])
         elt = dtype_bytes(dtype, source, f"traceEvents[{i}].args.Input type")
-        nbytes = float(sum(int(np.prod(d)) for d in dims if isinstance(d, list))) * elt
+        where = f"traceEvents[{i}].args.Input Dims"
+        shapes = [d for d in dims if isinstance(d, list)]
+        nbytes = float(sum(np.prod([_count(n, source, where) for n in d]) for d in shapes)) * elt
     default = next(((k, g) for k, g in groups.items() if g[0] == "default_pg"), None)
     default = next(iter(groups.items())) if len(groups) == 1 else default
     pg, desc, group = (default[0], *default[1]) if default else (None, None, None)
@@ -364,13 +376,13 @@ def _profiler_steps(events: list[tuple[int, dict]], source: str) -> list[tuple[i
 def _spans(events, steps_raw, source: str) -> dict[int, tuple[float, float]]:
     """Each event's (start, end) in seconds from the first step's start, by its index."""
     base = min(_number(e, "ts", source, i) for i, e in steps_raw)
-    return {
-        i: (
-            (_number(e, "ts", source, i) - base) * 1e-6,
-            (_number(e, "ts", source, i) + _number(e, "dur", source, i) - base) * 1e-6,
-        )
-        for i, e in events
-    }
+    spans = {}
+    for i, e in events:
+        start, dur = _number(e, "ts", source, i), _number(e, "dur", source, i)
+        if dur < 0:
+            raise SpecError(source, f"traceEvents[{i}].dur", f"negative duration ({dur:g} us)")
+        spans[i] = ((start - base) * 1e-6, (start + dur - base) * 1e-6)
+    return spans
 
 
 def _sort_events(events, spans, main, gpu: bool, source: str, groups, world: int):
