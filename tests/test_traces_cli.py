@@ -124,3 +124,23 @@ def test_readme_export_examples_run(tmp_path, monkeypatch):
         exact = "--pp" not in cmd
         tolerance = 1e-12 if exact else 0.01
         assert abs(doc["replayed_s"] / doc["predicted_s"] - 1) < tolerance
+
+
+def test_traces_of_one_run_one_per_rank(tmp_path):
+    """Two traces of one rank, a rank outside its world, or traces of two world sizes are
+    one line naming the file and field, exit 2, on every command that reads traces."""
+    r0 = str(_write(tmp_path, nccl_trace(0), "r0.json"))
+    other = nccl_trace(1)
+    other["distributedInfo"]["world_size"] = 2
+    outside = nccl_trace(0)
+    outside["distributedInfo"]["rank"] = 7
+    cases = (
+        ([r0, r0], "distributedInfo.rank: 0 again"),
+        ([r0, str(_write(tmp_path, other, "w2.json"))], "world_size: 2, but"),
+        ([str(_write(tmp_path, outside, "r7.json"))], "rank: 7 outside world_size 4"),
+    )
+    for files, says in cases:
+        for cmd in (["summary"], ["predict", "--cluster", "dgx-a100-ib"], ["kernels"]):
+            out = runner.invoke(app, ["trace", *cmd, *files])
+            assert out.exit_code == 2, out.output
+            assert says in out.output and len(out.output.strip().splitlines()) == 1

@@ -88,7 +88,7 @@ def summary_cmd(
     from commsim.report.traces import plot_step, summary_tables
     from commsim.specs import SpecError
     from commsim.traces.imported import import_step
-    from commsim.traces.kineto import read_kineto
+    from commsim.traces.kineto import read_traces
     from commsim.traces.replay import replay
     from commsim.traces.summary import summarize
 
@@ -97,7 +97,7 @@ def summary_cmd(
             raise SpecError("--plot", "", "needs --cluster to predict the step it draws beside")
         if profile and not cluster:
             raise SpecError("--profile", "", "needs --cluster")
-        read = [read_kineto(p) for p in traces]
+        read = read_traces(traces)
         s = summarize(read)
         doc = s.to_dict()
         if cluster:
@@ -147,12 +147,12 @@ def predict_cmd(
 ) -> None:
     """The traced step replayed on a cluster's cost model, at the traced scale or another."""
     from commsim.traces.imported import import_step
-    from commsim.traces.kineto import read_kineto
+    from commsim.traces.kineto import read_traces
     from commsim.traces.replay import replay
     from commsim.traces.retarget import ASSUMPTIONS, retarget
 
     with terminal.user_errors():
-        read = [read_kineto(p) for p in traces]
+        read = read_traces(traces)
         world = max(t.world for t in read)
         graph = import_step(read, step)
         n = gpus or world
@@ -314,10 +314,10 @@ def calibrate_cmd(
     format `calibrate fit` and `validate` read)."""
     from commsim.calibrate.kineto import trace_records
     from commsim.calibrate.records import append_records
-    from commsim.traces.kineto import read_kineto
+    from commsim.traces.kineto import read_traces
 
     with terminal.user_errors():
-        records = trace_records([read_kineto(p) for p in traces])
+        records = trace_records(read_traces(traces))
         append_records(out, records)
     points = sum(r["kind"] == "collective" for r in records)
     terminal.err_console.print(f"{points} measured collectives appended to {out}")

@@ -49,11 +49,11 @@ def kernels_cmd(
     from commsim.cli.options import setup_from_flags
     from commsim.files import check_output, write_atomic
     from commsim.traces.kernels import fit_kernels, gpu_yaml
-    from commsim.traces.kineto import read_kineto
+    from commsim.traces.kineto import read_traces
 
     with terminal.user_errors():
         check_output(gpu_out, "--gpu-out")
-        read = [read_kineto(p) for p in traces]
+        read = read_traces(traces)
         setup = setup_from_flags(
             scenario,
             check=False,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -326,7 +327,7 @@ def read_kineto(path: str | Path) -> RankTrace:
     source = str(path)
     doc = _load(path)
     info = doc.get("distributedInfo") or {}
-    rank, world = int(info.get("rank", 0)), int(info.get("world_size", 1))
+    rank, world = _rank_world(info, source)
     groups = _groups(info, source)
     events = [
         (i, e)
@@ -359,6 +360,42 @@ def read_kineto(path: str | Path) -> RankTrace:
         tuple(colls),
         extra,
     )
+
+
+def read_traces(paths: Sequence[str | Path]) -> list[RankTrace]:
+    """The traces of one run, one per rank: every rank's read_kineto, all of one world size
+    and no rank twice (a SpecError naming the file and field otherwise)."""
+    traces = [read_kineto(p) for p in paths]
+    seen: dict[int, str] = {}
+    for t in traces:
+        if t.world != traces[0].world:
+            raise SpecError(
+                t.source,
+                "distributedInfo.world_size",
+                f"{t.world}, but {traces[0].source} says {traces[0].world}: not one run",
+            )
+        if t.rank in seen:
+            raise SpecError(
+                t.source, "distributedInfo.rank", f"{t.rank} again ({seen[t.rank]}): one per rank"
+            )
+        seen[t.rank] = t.source
+    return traces
+
+
+def _rank_world(info: dict, source: str) -> tuple[int, int]:
+    """(rank, world size) from distributedInfo (0 and 1 when it is missing): whole numbers,
+    the rank inside the world."""
+    values = {"world_size": info.get("world_size", 1), "rank": info.get("rank", 0)}
+    for key, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key == "world_size" else 0):
+            raise SpecError(source, f"distributedInfo.{key}", f"not a valid {key}: {v!r}")
+    if values["rank"] >= values["world_size"]:
+        raise SpecError(
+            source,
+            "distributedInfo.rank",
+            f"{values['rank']} outside world_size {values['world_size']}",
+        )
+    return values["rank"], values["world_size"]
 
 
 def _profiler_steps(events: list[tuple[int, dict]], source: str) -> list[tuple[int, dict]]:
