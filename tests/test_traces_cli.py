@@ -144,3 +144,26 @@ def test_traces_of_one_run_one_per_rank(tmp_path):
             out = runner.invoke(app, ["trace", *cmd, *files])
             assert out.exit_code == 2, out.output
             assert says in out.output and len(out.output.strip().splitlines()) == 1
+
+
+def test_pricing_flags_are_checked_never_ignored(tmp_path):
+    """A pricing flag without --cluster, an unknown algorithm or placement, a layout that does
+    not divide the traced ranks, or a count below 1 is one line naming the flag, exit 2:
+    never dropped (--gpus 0 was the traced scale, --algorithm bogus ring), nor a traceback."""
+    paths = [str(_write(tmp_path, nccl_trace(r), f"r{r}.json")) for r in range(4)]
+    predict = ["trace", "predict", *paths, "--cluster", "dgx-a100-ib"]
+    for args, says in (
+        (["trace", "summary", *paths, "--step", "1"], "--step: needs --cluster"),
+        (["trace", "summary", *paths, "--algorithm", "ring"], "--algorithm: needs --cluster"),
+        (["trace", "import", "t.0.et", "--placement", "blocked"], "--placement: needs --cluster"),
+        ([*predict, "--algorithm", "bogus"], "--algorithm: 'bogus': not one of auto, nccl"),
+        ([*predict, "--placement", "bogus"], "--placement: 'bogus': not one of blocked"),
+        ([*predict, "--gpus", "0"], "--gpus 0: must be a positive count"),
+        ([*predict, "--tp", "0"], "--tp 0: must be a positive count"),
+        ([*predict, "--tp", "3"], "the traced ranks: 4 is not a multiple of tp x pp = 3"),
+    ):
+        out = runner.invoke(app, args)
+        assert out.exit_code == 2, (args, out.output)
+        assert says in out.output and len(out.output.strip().splitlines()) == 1, out.output
+    ok = runner.invoke(app, [*predict, "--algorithm", "ring", "--step", "1", "--json"])
+    assert ok.exit_code == 0 and json.loads(ok.output)["step"] == 1

@@ -62,6 +62,23 @@ def _cluster(name: str, profile: str | None, gpus: int):
     return build_cluster(spec, gpus)
 
 
+def _check_pricing(cluster: str | None, **given) -> None:
+    """The pricing flags a trace command was given (`algorithm`, `placement`, `step`,
+    `profile`: None when not): each needs --cluster, and an algorithm or placement must be
+    one commsim prices; a SpecError naming the flag otherwise."""
+    from commsim.specs import SpecError
+    from commsim.step.layouts import ALGORITHMS
+    from commsim.topology.placement import PLACEMENTS
+
+    known = {"algorithm": ALGORITHMS, "placement": PLACEMENTS}
+    for key, value in given.items():
+        flag = f"--{key}"
+        if value is not None and not cluster:
+            raise SpecError(flag, "", "needs --cluster (it only changes the prediction)")
+        if value is not None and key in known and value not in known[key]:
+            raise SpecError(flag, "", f"{value!r}: not one of {', '.join(known[key])}")
+
+
 def _price(
     graph: Graph, cluster: str, profile: str | None, gpus: int, algorithm, placement, shards=1
 ):
@@ -76,7 +93,9 @@ def summary_cmd(
     traces: Traces,
     cluster: ClusterOpt = None,
     profile: ProfOpt = None,
-    algorithm: Annotated[str, typer.Option(help="Algorithm the prediction prices.")] = "auto",
+    algorithm: Annotated[
+        str | None, typer.Option(help="Algorithm the prediction prices (default: auto).")
+    ] = None,
     step: StepOpt = None,
     plot: Annotated[
         str | None, typer.Option(help="PNG: the measured step beside commsim's (needs --cluster).")
@@ -95,15 +114,14 @@ def summary_cmd(
     with terminal.user_errors():
         if plot and not cluster:
             raise SpecError("--plot", "", "needs --cluster to predict the step it draws beside")
-        if profile and not cluster:
-            raise SpecError("--profile", "", "needs --cluster")
+        _check_pricing(cluster, profile=profile, algorithm=algorithm, step=step)
         read = read_traces(traces)
         s = summarize(read)
         doc = s.to_dict()
         if cluster:
             graph = import_step(read, step)
             world = max(t.world for t in read)
-            price = _price(graph, cluster, profile, world, algorithm, "blocked")
+            price = _price(graph, cluster, profile, world, algorithm or "auto", "blocked")
             measured, predicted = replay(graph), replay(graph, price)
             doc["prediction"] = {
                 "step": int(graph.metadata["step"]),
@@ -149,13 +167,15 @@ def predict_cmd(
     from commsim.traces.imported import import_step
     from commsim.traces.kineto import read_traces
     from commsim.traces.replay import replay
-    from commsim.traces.retarget import ASSUMPTIONS, retarget
+    from commsim.traces.retarget import ASSUMPTIONS, check_layout, retarget
 
     with terminal.user_errors():
+        _check_pricing(cluster, algorithm=algorithm, placement=placement)
         read = read_traces(traces)
-        world = max(t.world for t in read)
+        world = read[0].world
+        n = world if gpus is None else gpus
+        check_layout(world, n, tp, pp)
         graph = import_step(read, step)
-        n = gpus or world
         target = retarget(graph, world, n, tp, pp) if n != world else graph
         price = _price(target, cluster, profile, n, algorithm, placement)
         doc = {
@@ -279,8 +299,7 @@ def import_cmd(
     from commsim.traces.replay import replay
 
     with terminal.user_errors():
-        if profile and not cluster:
-            raise SpecError("--profile", "", "needs --cluster")
+        _check_pricing(cluster, profile=profile, algorithm=algorithm, placement=placement)
         graph = import_chakra(files)
         doc = {
             "ranks": len(graph.ranks),
