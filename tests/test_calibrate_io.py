@@ -4,6 +4,7 @@ of bad input (one line naming the file and line, exit 2, nothing overwritten).""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -220,6 +221,24 @@ def test_malformed_row(tmp_path):
     time_us = row.split()[5]
     bad = _edit(ALL_REDUCE, tmp_path / "x_all_reduce_perf.log", row, row.replace(time_us, "9x.1"))
     with pytest.raises(SpecError, match=rf"line {n}: malformed row"):
+        parse_log(bad)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "says"),
+    [
+        (5, "nan", "times nan / "),
+        (9, "inf", "/ inf us must be positive and finite"),
+        (6, "nan", "algbw nan / busbw"),
+        (0, "-65536", "size -65536 B"),  # a signed row is refused, not skipped as chatter
+    ],
+)
+def test_rows_with_numbers_that_are_no_measurement(tmp_path, column, value, says):
+    n, row = _row_line(ALL_REDUCE, 65536)
+    tokens = row.split()
+    tokens[column] = value
+    bad = _edit(ALL_REDUCE, tmp_path / "all_reduce_perf.log", row, "  ".join(tokens))
+    with pytest.raises(SpecError, match=rf"line {n}: .*{re.escape(says)}"):
         parse_log(bad)
 
 
