@@ -68,6 +68,9 @@ def test_json_list_and_the_backend_flag(tmp_path):
         ("all-reduce,1MiB,2,a b,0.1,median,,gloo\n", "line 2: timing: 'median' is not one"),
         ("all-reduce,1MiB,2,a b,,per-rank,0.1,gloo\n", "line 2: rank_times_s has 1 times"),
         ("all-reduce,1MiB,2,a b,-1,slowest-rank,,gloo\n", "line 2: time_s: expected positive"),
+        ("all-reduce,1MiB,2,a b,0.1,slowest-rank,,gloo,7\n", "line 2: 9 values for the header's 8"),
+        ("all-reduce,1MiB,2,a b,0.1,slowest-rank,,mpi\n", "line 2: backend: 'mpi' is not one of"),
+        ("all-reduce,1MiB,2.5,a b,0.1,slowest-rank,,gloo\n", "line 2: world: expected a whole"),
     ],
 )
 def test_a_bad_row_names_its_line_and_field(tmp_path, row, where):
@@ -75,6 +78,33 @@ def test_a_bad_row_names_its_line_and_field(tmp_path, row, where):
     path.write_text(HEADER + row)
     with pytest.raises(SpecError, match=f"t.csv: {where}"):
         import_table([str(path)])
+
+
+@pytest.mark.parametrize(
+    ("table", "where"),
+    [
+        ("op,bytes,world,placement,time_ms,timing\nall-reduce,8,1,a,3,rank0\n", "time_ms: not a"),
+        (
+            '[{"op": "all-reduce", "bytes": 8, "world": 1, "placement": "a", "timing": "rank0",'
+            ' "time_s": 1, "backend": "gloo", "repeats": 0}]',
+            "repeats: expected a whole number",
+        ),
+        (
+            "op,bytes,world,placement,time_s,timing,repeats\nall-reduce,8,1,a,3,rank0,2.5\n",
+            "repeats: expected a whole number >= 1, got '2.5'",
+        ),
+    ],
+)
+def test_columns_it_does_not_know_and_counts_that_are_none(tmp_path, table, where):
+    """An unknown column (a unit in its name) is refused, not dropped; repeats must count."""
+    path = tmp_path / ("t.json" if table.startswith("[") else "t.csv")
+    path.write_text(table)
+    with pytest.raises(SpecError, match=where):
+        import_table([str(path)], backend="gloo")
+    out = run(
+        "calibrate", "import", str(path), "--out", str(tmp_path / "r.jsonl"), "--backend", "x"
+    )
+    assert out.exit_code == 2 and "--backend: 'x' is not one of gloo, nccl" in out.output
 
 
 def test_import_then_validate_without_a_profile(tmp_path):
