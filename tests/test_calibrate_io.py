@@ -307,6 +307,18 @@ def test_cli_import_bad_log_writes_nothing(tmp_path):
     assert out.read_text() == before
 
 
+@pytest.mark.parametrize("line", ['"time_s":Infinity', '"bytes":NaN', '"times_s":[1e-4,NaN]'])
+def test_results_with_a_number_that_is_not_finite(tmp_path, line):
+    """Python's json reads Infinity and NaN: a record holding one is refused with its line
+    and field, never fitted (inf gave RuntimeWarnings and 'nothing to fit') nor printed
+    (validate's table showed 'inf s')."""
+    good = record_line(_coll()).rstrip("}\n")
+    path = _write(tmp_path / "r.jsonl", [_meta()], good + "," + line + "}\n")
+    field = line.split('"')[1]
+    with pytest.raises(SpecError, match=rf"line 2: bad collective record: {field}.*finite"):
+        read_results(path)
+
+
 def test_cli_fit_bad_results_line_exit_2(tmp_path):
     results = _write(tmp_path / "r.jsonl", [_meta(), _coll()], "{oops\n")
     profile = tmp_path / "p.yaml"

@@ -30,7 +30,7 @@ FORMAT_VERSION = 1  # the `format` of meta records this reader understands
 class Record(BaseModel):
     """Fields every record has. Unknown fields are ignored, so newer writers stay readable."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     kind: str
     run: str = Field(min_length=1)
@@ -39,7 +39,7 @@ class Record(BaseModel):
 class RankInfo(BaseModel):
     """Where one rank ran: host (COMMSIM_HOST or hostname), rack (COMMSIM_RACK, if known)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     rank: int = Field(ge=0)
     host: str
@@ -124,7 +124,7 @@ class LayerRecord(BaseModel):
     """One layer of the harness model: parameter tensors (registration order), forward
     FLOPs per sample (a multiply-add is 2), and measured seconds per step (slowest rank)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     name: str
     tensors: list[int]
@@ -189,7 +189,7 @@ class LinkRow(BaseModel):
     cross (None: a check of the host's CPU, not of a tier), how many flows shared the rack
     uplink, the rate it was shaped to per flow, and each flow's measured TCP goodput."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     link: str
     tier: Literal["inter-node", "cross-rack"] | None = None
