@@ -107,6 +107,7 @@ def stragglers_cmd(
     args = locals()  # the flags as given
     from commsim.report import goodput as out
     from commsim.scenario import load_scenario, resolve
+    from commsim.units import fmt_duration
 
     given = overrides(**pick(args, STRAGGLER_FLAGS))
     with terminal.user_errors(), blame_flags(scenario, given):
@@ -125,7 +126,8 @@ def stragglers_cmd(
         terminal.print_json(doc)
         return
     title = (
-        f"{setup.scenario.name}: one rank {upsets.slow_rank:g}x slower for {upsets.duration} on "
+        f"{setup.scenario.name}: one rank {upsets.slow_rank:g}x slower for "
+        f"{fmt_duration(upsets.duration_s)} on "
         f"{setup.n_gpus:,} GPUs: step {prediction.step_time_s:.3g} s -> "
         f"{doc['slow_rank']['step_time_s']:.3g} s"
     )
