@@ -224,3 +224,11 @@ def test_stragglers_title_gives_the_duration_with_its_unit():
         out = CliRunner().invoke(app, ["stragglers", "--duration", typed_as])
         assert out.exit_code == 0, out.output
         assert shown in " ".join(out.output.split())
+
+
+def test_goodput_names_a_changed_gpu_count_as_stragglers_does():
+    """--gpus N changes what the scenario names, so its name says so (goodput left gpus out
+    of 'changed: ...' while stragglers listed it, for the same flags)."""
+    args = ["--gpus", "128", "--recovery", "cold"]
+    assert "gpus" in _json(["goodput", *args])["scenario"].partition("changed:")[2]
+    assert "changed" not in _json(["goodput", "--recovery", "cold"])["scenario"]
