@@ -107,6 +107,24 @@ def test_columns_it_does_not_know_and_counts_that_are_none(tmp_path, table, wher
     assert out.exit_code == 2 and "--backend: 'x' is not one of gloo, nccl" in out.output
 
 
+def test_import_json_and_an_output_it_cannot_write(tmp_path):
+    """--json says what was added (import and import-nccl-tests); --out a directory, or in
+    one that does not exist, is one line naming the flag (it was an IsADirectoryError
+    traceback)."""
+    table = tmp_path / "t.csv"
+    table.write_text(HEADER + ROWS)
+    out = tmp_path / "r.jsonl"
+    doc = json.loads(run("calibrate", "import", str(table), "--out", str(out), "--json").stdout)
+    assert doc == {"out": str(out), "runs": 2, "measurements": 3}
+    log = "tests/data/all_reduce_perf_2x8.log"
+    nccl = run("calibrate", "import-nccl-tests", log, "--out", str(out), "--json")
+    assert json.loads(nccl.stdout) == {"out": str(out), "runs": 1, "measurements": 25}
+    for where in (tmp_path, tmp_path / "missing" / "r.jsonl"):
+        bad = run("calibrate", "import", str(table), "--out", str(where))
+        assert bad.exit_code == 2 and f"--out '{where}'" in bad.output, bad.output
+        assert len(bad.output.strip().splitlines()) == 1
+
+
 def test_import_then_validate_without_a_profile(tmp_path):
     table, out = tmp_path / "t.csv", tmp_path / "r.jsonl"
     table.write_text(HEADER + ROWS)

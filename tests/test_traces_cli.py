@@ -4,6 +4,8 @@ bad input as one line and exit code 2 with nothing written."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from test_traces_kineto import _write, nccl_trace
 from typer.testing import CliRunner
@@ -167,3 +169,28 @@ def test_pricing_flags_are_checked_never_ignored(tmp_path):
         assert says in out.output and len(out.output.strip().splitlines()) == 1, out.output
     ok = runner.invoke(app, [*predict, "--algorithm", "ring", "--step", "1", "--json"])
     assert ok.exit_code == 0 and json.loads(ok.output)["step"] == 1
+
+
+def test_trace_calibrate_appends_once_and_says_what_in_json(tmp_path):
+    """The same traces imported twice are the same runs, refused with nothing written (the
+    run ids came from Python's per-process hash, so a second import doubled every point);
+    an --out that cannot be written is one line, not a traceback; --json says what was added,
+    as `calibrate import` and `import-nccl-tests` do."""
+    paths = [str(_write(tmp_path, nccl_trace(r), f"r{r}.json")) for r in range(4)]
+    out = tmp_path / "r.jsonl"
+    first = runner.invoke(app, ["trace", "calibrate", *paths, "--out", str(out), "--json"])
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.output) == {"out": str(out), "runs": 4, "measurements": 16}
+    before = out.read_text()
+    again = subprocess.run(  # another process: another string hash seed
+        [sys.executable, "-m", "commsim.cli", "trace", "calibrate", *paths, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert again.returncode == 2 and "is already imported into it" in again.stderr
+    assert out.read_text() == before
+    for where, says in ((tmp_path, "is a directory"), (tmp_path / "no" / "r.jsonl", "not exist")):
+        bad = runner.invoke(app, ["trace", "calibrate", *paths, "--out", str(where)])
+        assert bad.exit_code == 2 and says in bad.output, bad.output
+        assert len(bad.output.strip().splitlines()) == 1

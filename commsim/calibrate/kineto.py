@@ -6,6 +6,8 @@ nccl-tests logs (ncclt.py)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from commsim.calibrate.records import FORMAT_VERSION
@@ -29,7 +31,27 @@ def trace_records(traces: list[RankTrace]) -> list[dict[str, Any]]:
                 "distributedInfo.world_size",
                 f"no trace of rank {missing[0]}: give every rank's (host_name says where it ran)",
             )
-        run = f"trace-{t.rank}-{abs(hash(t.source)) % 10**8}"
+        points = []
+        for c in t.collectives:
+            if c.op not in OPS or c.bytes is None or not c.group or c.duration <= 0:
+                continue
+            algbw, busbw = bandwidths(c)
+            points.append(
+                {
+                    "kind": "collective",
+                    "op": c.op,
+                    "group": list(c.group),
+                    "bytes": c.bytes,
+                    "time_s": c.duration,
+                    "repeats": 1,
+                    "algbw_Bps": algbw,
+                    "busbw_Bps": busbw,
+                }
+            )
+        # the run's id from what it measured (not Python's per-process hash of the path): the
+        # same trace imported twice is the same run, which the results file refuses
+        digest = hashlib.sha1(json.dumps(points, sort_keys=True).encode()).hexdigest()[:10]
+        run = f"trace-{t.rank}-{digest}"
         out.append(
             {
                 "kind": "meta",
@@ -42,21 +64,5 @@ def trace_records(traces: list[RankTrace]) -> list[dict[str, Any]]:
                 "file": t.source,
             }
         )
-        for c in t.collectives:
-            if c.op not in OPS or c.bytes is None or not c.group or c.duration <= 0:
-                continue
-            algbw, busbw = bandwidths(c)
-            out.append(
-                {
-                    "kind": "collective",
-                    "run": run,
-                    "op": c.op,
-                    "group": list(c.group),
-                    "bytes": c.bytes,
-                    "time_s": c.duration,
-                    "repeats": 1,
-                    "algbw_Bps": algbw,
-                    "busbw_Bps": busbw,
-                }
-            )
+        out += [{"run": run} | p for p in points]
     return out

@@ -330,6 +330,27 @@ def record_line(record: Mapping[str, Any]) -> str:
     return json.dumps(clean, separators=(",", ":")) + "\n"
 
 
+def import_runs(out: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Add imported runs (each a meta record, then its measurements) to a results file: a
+    new file written whole, an existing one appended to. An output path that cannot be
+    written, or a run the file already has (the same log, table or trace imported twice),
+    is refused before anything is written. What was added: out, runs, measurements."""
+    from commsim.files import check_output, write_atomic
+
+    check_output(out, "--out")
+    runs = [r["run"] for r in records if r["kind"] == "meta"]
+    path = Path(out)
+    if path.exists() and path.read_text().strip():
+        known = set(read_results(path).runs)
+        again = [r for r in runs if r in known]
+        if again:
+            raise SpecError(out, "", f"run {again[0]!r} is already imported into it")
+        append_records(path, records)
+    else:
+        write_atomic(path, "".join(record_line(r) for r in records))
+    return {"out": out, "runs": len(runs), "measurements": len(records) - len(runs)}
+
+
 def append_records(path: str | Path, records: Iterable[Mapping[str, Any]]) -> None:
     """Append records to a results file and fsync: never truncates. A file whose last line
     was cut short (a killed writer) first gets a newline, so the new records stay whole."""

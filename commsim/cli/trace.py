@@ -328,18 +328,20 @@ def import_cmd(
 def calibrate_cmd(
     traces: Traces,
     out: Annotated[str, typer.Option(help="Results file (JSONL) for `calibrate fit`.")],
+    json_out: terminal.JsonOpt = False,
 ) -> None:
     """Every traced collective of known size and group as a measured point (the results
     format `calibrate fit` and `validate` read)."""
     from commsim.calibrate.kineto import trace_records
-    from commsim.calibrate.records import append_records
+    from commsim.calibrate.records import import_runs
+    from commsim.cli.calibrate import print_imported
+    from commsim.files import check_output
     from commsim.traces.kineto import read_traces
 
     with terminal.user_errors():
-        records = trace_records(read_traces(traces))
-        append_records(out, records)
-    points = sum(r["kind"] == "collective" for r in records)
-    terminal.err_console.print(f"{points} measured collectives appended to {out}")
+        check_output(out, "--out")
+        added = import_runs(out, trace_records(read_traces(traces)))
+    print_imported(added, "rank traces", json_out)
 
 
 trace_app.command("kernels")(kernels_cmd)
