@@ -528,6 +528,30 @@ def test_profile_with_bad_field_names_file_and_field(tmp_path):
         load_profile(path)
 
 
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        ({"latency_scale": {"net": -3.0}}, "nccl.latency_scale.net: Input should be greater"),
+        ({"version": "banana"}, "nccl.version: not an NCCL version: 'banana'"),
+    ],
+)
+def test_profile_nccl_fit_that_no_nccl_runs_is_refused_at_load(tmp_path, edit, says):
+    """A negative latency factor or an unreadable version is refused naming the profile's
+    field when it is loaded; it was carried into clusters by `calibrate apply` and failed
+    later with the blame on --sizes or --algorithm."""
+    nccl = {"version": "2.29.7", "latency_scale": {"net": 1.5}} | edit
+    doc = {"format": 2, "cluster": "c", "backend": "nccl", "hardware": {}, "tiers": {},
+           "algorithms": {},
+           "nccl": nccl, "provenance": {"files": [], "runs": [], "date": "", "points": 0,
+           "commsim": "0"}}  # fmt: skip
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(SpecError, match=rf"p.yaml: {re.escape(says)}"):
+        load_profile(path)
+    path.write_text(yaml.safe_dump(doc | {"nccl": {"version": "2.29.7"}}))
+    assert load_profile(path).nccl.version == "2.29.7"
+
+
 def test_a_fit_of_runs_under_nccl_algo_keeps_it(tmp_path):
     """Logs of runs that exported NCCL_ALGO=ring (NCCL's INFO line on every rank), timed by
     NCCL's model restricted to ring with known parameters: the fit prices them under ring,
