@@ -163,6 +163,10 @@ def test_apply_carries_a_profile_to_another_testbed_shape(tmp_path):
     applied = load_spec(ClusterSpec, out)
     assert tier_params(applied)["cross-rack"][1] == pytest.approx(0.95 * 5e6)
     assert applied.call_overhead == 1e-3
+    for where in (tmp_path, tmp_path / "missing" / "c.yaml"):  # was an IsADirectoryError traceback
+        bad = run("calibrate", "apply", str(prof), "--cluster", str(target), "-o", str(where))
+        assert bad.exit_code == 2 and f"-o '{where}'" in bad.output, bad.output
+        assert len(bad.output.strip().splitlines()) == 1
     # on the testbed's cluster the collective prices gloo's own algorithm
     doc = json.loads(run("collective", "broadcast", "--cluster", str(out), "--gpus", "6",
                          "--sizes", "1MiB", "--algorithm", "auto", "--json").stdout)  # fmt: skip

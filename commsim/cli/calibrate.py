@@ -287,6 +287,7 @@ def apply_cmd(
     from commsim.profile import carry_over, load_profile
 
     with terminal.user_errors():
+        check_output(output, "-o")
         spec = _cluster(cluster)
         applied, notes = carry_over(spec, load_profile(profile), profile)
         if output:
