@@ -191,3 +191,17 @@ def test_testbed_up_can_write_its_cluster_without_root_it_fails_cleanly(tmp_path
     result = run("testbed", "up", "testbeds/2x2-full.yaml", "--cluster-out", str(out))
     assert result.exit_code == 2 and "root" in result.output
     assert yaml.safe_load(out.read_text())["name"] == "2x2-full"  # written before the refusal
+
+
+def test_validate_min_bytes_named_and_a_floor_above_every_point_said(tmp_path):
+    """--min-bytes that is no size names the flag (it was 'not a size: ...' alone); a floor
+    above every measured size says so instead of leaving the summary line out."""
+    table, out = tmp_path / "t.csv", tmp_path / "r.jsonl"
+    table.write_text(HEADER + ROWS)
+    assert run("calibrate", "import", str(table), "--out", str(out)).exit_code == 0
+    args = ("calibrate", "validate", str(out), "--cluster", "dgx-a100-ib", "--min-bytes")
+    bad = run(*args, "-1")
+    assert bad.exit_code == 2 and bad.output.startswith("error: --min-bytes -1: not a size")
+    high = run(*args, "1TiB")
+    assert high.exit_code == 0, high.output
+    assert "collectives of 1 TiB and more: none measured (--min-bytes)" in high.output

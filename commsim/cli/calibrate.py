@@ -243,18 +243,19 @@ def validate_cmd(
     from commsim.calibrate.records import read_results
     from commsim.calibrate.validate import validate
     from commsim.cli.calibrate_tables import hook_table, print_validation
+    from commsim.cli.reliability_flags import naming
     from commsim.profile import load_profile
     from commsim.report.plots import plot_validation
     from commsim.units import parse_bytes
 
     with terminal.user_errors():
         check_output(plot, "--plot", image=True)
+        with naming("min_bytes", min_bytes):
+            floor = parse_bytes(min_bytes)
         spec = _cluster(cluster)
         prof = load_profile(profile) if profile else None
         measured = read_results(results)
-        checked = validate(
-            measured, spec, prof, min_bytes=parse_bytes(min_bytes), profile_source=profile or ""
-        )
+        checked = validate(measured, spec, prof, min_bytes=floor, profile_source=profile or "")
         hooked = any(d.compression != "none" for r in measured.runs.values() for d in r.ddp)
         speedups = hook_speedups(measured, spec, prof) if hooked else []
         if plot:
