@@ -592,3 +592,23 @@ def test_a_fit_of_runs_under_nccl_algo_keeps_it(tmp_path):
     out.write_text("".join(json.dumps(r) + "\n" for r in [*records, other, *rows]))
     with pytest.raises(SpecError, match="the runs exported different NCCL_ALGO"):
         fit_profile(read_results([str(out)]), spec)
+
+
+def test_fit_refuses_a_point_no_model_reaches(tmp_path):
+    """A size no collective has (1e300 B) sends the fit's error to infinity: one line naming
+    the file, line and point, exit 2, no profile (it was pydantic's multi-line 'validation
+    error for Provenance' after numpy's overflow warnings)."""
+    out = tmp_path / "r.jsonl"
+    ok = runner.invoke(calibrate_app, ["import-nccl-tests", str(ALL_REDUCE), "--out", str(out)])
+    assert ok.exit_code == 0, ok.output
+    lines = out.read_text().splitlines()
+    rec = json.loads(lines[3])
+    lines[3] = json.dumps(rec | {"bytes": 1e300})
+    out.write_text("\n".join(lines) + "\n")
+    profile = tmp_path / "p.yaml"
+    result = runner.invoke(
+        calibrate_app, ["fit", str(out), "--cluster", "dgx-h100-ib", "-o", str(profile)]
+    )
+    assert result.exit_code == 2, result.output
+    assert "r.jsonl: line 4: all-reduce of 1e+300 B in" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not profile.exists()
