@@ -191,6 +191,11 @@ def test_testbed_up_can_write_its_cluster_without_root_it_fails_cleanly(tmp_path
     result = run("testbed", "up", "testbeds/2x2-full.yaml", "--cluster-out", str(out))
     assert result.exit_code == 2 and "root" in result.output
     assert yaml.safe_load(out.read_text())["name"] == "2x2-full"  # written before the refusal
+    # a cluster file that cannot be written is one line naming the flag (was a traceback)
+    for args in (("cluster", "-o"), ("up", "--cluster-out")):
+        bad = run("testbed", args[0], "testbeds/2x2-full.yaml", args[1], str(tmp_path))
+        assert bad.exit_code == 2 and f"{args[1]} '{tmp_path}': is a directory" in bad.output
+        assert len(bad.output.strip().splitlines()) == 1
 
 
 def test_validate_min_bytes_named_and_a_floor_above_every_point_said(tmp_path):
