@@ -194,3 +194,19 @@ def test_trace_calibrate_appends_once_and_says_what_in_json(tmp_path):
         bad = runner.invoke(app, ["trace", "calibrate", *paths, "--out", str(where)])
         assert bad.exit_code == 2 and says in bad.output, bad.output
         assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_export_prefix_that_names_no_file(tmp_path):
+    """--out '' or DIR/ wrote hidden files .0.et, .1.et, ...; a file where its directory
+    goes was a FileExistsError traceback: one line naming --out, nothing written."""
+    blocker = tmp_path / "f"
+    blocker.write_text("")
+    for prefix, says in (
+        ("", "--out '': names no file"),
+        (f"{tmp_path}/", "names no file"),
+        (f"{blocker}/t", "cannot make its directory"),
+    ):
+        out = runner.invoke(app, ["trace", "export", "--out", prefix, *LAYOUT])
+        assert out.exit_code == 2 and says in out.output, out.output
+        assert len(out.output.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]

@@ -200,6 +200,21 @@ def predict_cmd(
         terminal.console.print(f"assumed: {a}", highlight=False)
 
 
+def _prefix_dir(prefix: str) -> None:
+    """The directory `trace export`'s files go to, made if missing; a file in its way is a
+    SpecError naming --out."""
+    from pathlib import Path
+
+    from commsim.specs import SpecError
+
+    try:
+        Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecError(
+            f"--out {prefix!r}", "", f"cannot make its directory: {e.strerror}"
+        ) from None
+
+
 # the scenario fields `trace export` takes flags for (cli.given's names)
 EXPORT_FLAGS = (
     *("global_batch", "micro_batch", "seq_len", "bucket_mb", "algorithm", "placement"),
@@ -245,22 +260,25 @@ def export_cmd(
     fields): ep_overlap (expert all-to-alls under another micro-batch's compute) and
     zero3_issue: parameter (DeepSpeed's 2021 per-tensor ZeRO-3)."""
     args = locals()  # the flags as given
-    from pathlib import Path
+    import os
 
     from commsim.cli.given import blame_flags, pick, refuse_ignored
     from commsim.cli.options import setup_from_flags
     from commsim.files import write_atomic
+    from commsim.specs import SpecError
     from commsim.traces.chakra import chakra_files
     from commsim.traces.export import export_graph
     from commsim.traces.replay import replay
 
     flags = pick(args, ("model", "cluster", "gpus", *EXPORT_FLAGS))
     with terminal.user_errors(), blame_flags(scenario, flags):
+        if not out.strip() or out.endswith(("/", os.sep)):
+            raise SpecError(f"--out {out!r}", "", "names no file: give PREFIX for PREFIX.<rank>.et")
         setup = setup_from_flags(scenario, fsdp=fsdp, **flags)
         refuse_ignored(setup.scenario, flags)
         graph, predicted = export_graph(setup)
         files = chakra_files(graph, graph.metadata)  # all built before any is written
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        _prefix_dir(out)
         with terminal.progress(len(files), "writing .et files") as bar:
             for rank, data in files.items():
                 write_atomic(f"{out}.{rank}.et", data)
