@@ -79,6 +79,13 @@ def test_bad_trace_is_one_line(tmp_path):
         app, ["trace", "summary", str(_write(tmp_path, nccl_trace())), "--plot", "x.png"]
     )
     assert plot.exit_code == 2 and "--plot: needs --cluster" in plot.output
+    # a plot path that cannot take an image: one line before any work (a directory was an
+    # IsADirectoryError traceback; x.txt got a PNG)
+    for where, says in ((tmp_path, "is a directory"), (tmp_path / "x.txt", "not an image")):
+        args = ["trace", "summary", str(_write(tmp_path, nccl_trace())), "--cluster", "dgx-a100-ib"]
+        out = runner.invoke(app, [*args, "--plot", str(where)])
+        assert out.exit_code == 2 and says in out.output, out.output
+    assert not (tmp_path / "x.txt").exists()
 
 
 def test_parameter_server_export_imports_at_its_price(tmp_path):

@@ -104,6 +104,7 @@ def summary_cmd(
 ) -> None:
     """Per rank and step: compute, communication, exposed communication; each collective's
     algbw and busbw."""
+    from commsim.files import check_output
     from commsim.report.traces import plot_step, summary_tables
     from commsim.specs import SpecError
     from commsim.traces.imported import import_step
@@ -114,6 +115,7 @@ def summary_cmd(
     with terminal.user_errors():
         if plot and not cluster:
             raise SpecError("--plot", "", "needs --cluster to predict the step it draws beside")
+        check_output(plot, "--plot", image=True)
         _check_pricing(cluster, profile=profile, algorithm=algorithm, step=step)
         read = read_traces(traces)
         s = summarize(read)
