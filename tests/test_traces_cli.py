@@ -217,3 +217,14 @@ def test_export_prefix_that_names_no_file(tmp_path):
         assert out.exit_code == 2 and says in out.output, out.output
         assert len(out.output.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_import_refuses_a_file_named_for_a_rank_it_did_not_trace(tmp_path):
+    """Rank 1's file renamed rank 9: its collectives run on groups without rank 9; it was
+    replayed (and priced) as rank 9 all the same."""
+    runner.invoke(app, ["trace", "export", "--out", str(tmp_path / "t"), *LAYOUT])
+    moved = tmp_path / "t.9.et"
+    (tmp_path / "t.1.et").rename(moved)
+    out = runner.invoke(app, ["trace", "import", str(tmp_path / "t.0.et"), str(moved)])
+    assert out.exit_code == 2, out.output
+    assert "t.9.et: node" in out.output and "not rank 9 (the file's name)" in out.output
