@@ -228,3 +228,17 @@ def test_import_refuses_a_file_named_for_a_rank_it_did_not_trace(tmp_path):
     out = runner.invoke(app, ["trace", "import", str(tmp_path / "t.0.et"), str(moved)])
     assert out.exit_code == 2, out.output
     assert "t.9.et: node" in out.output and "not rank 9 (the file's name)" in out.output
+
+
+def test_short_steps_print_in_a_unit_that_shows_them(tmp_path):
+    """A 1 us step printed as '0.00 ms' (every trace line was in ms with two decimals): each
+    time is in the unit that keeps its digits (units.fmt_time), as the tables are."""
+    paths = []
+    for r in range(4):
+        doc = nccl_trace(r)
+        for e in doc["traceEvents"]:
+            e["ts"], e["dur"] = 1000 + (e["ts"] - 1000) / 1000, e["dur"] / 1000
+        paths.append(str(_write(tmp_path, doc, f"r{r}.json")))
+    out = runner.invoke(app, ["trace", "predict", *paths, "--cluster", "dgx-a100-ib"])
+    assert out.exit_code == 0, out.output
+    assert out.output.startswith("step 2: 1 us on 4 traced ranks") and "0.00" not in out.output

@@ -39,6 +39,7 @@ from commsim.cli.options import (
 )
 from commsim.cli.trace_kernels import Traces, kernels_cmd
 from commsim.report import terminal
+from commsim.units import fmt_time
 
 if TYPE_CHECKING:
     from commsim.traces.graph import Graph
@@ -141,8 +142,8 @@ def summary_cmd(
     if "prediction" in doc:
         p = doc["prediction"]
         terminal.console.print(
-            f"step {p['step']} replayed as traced: {1e3 * p['replayed_s']:.2f} ms; "
-            f"priced on {cluster}: {1e3 * p['predicted_s']:.2f} ms"
+            f"step {p['step']} replayed as traced: {fmt_time(p['replayed_s'])}; "
+            f"priced on {cluster}: {fmt_time(p['predicted_s'])}"
         )
     if plot:
         terminal.console.print(f"plot written to {plot}")
@@ -194,8 +195,8 @@ def predict_cmd(
         terminal.print_json(doc)
         return
     terminal.console.print(
-        f"step {doc['step']}: {1e3 * doc['traced_s']:.2f} ms on {world} traced ranks; "
-        f"predicted {1e3 * doc['predicted_s']:.2f} ms on {n} GPUs of {cluster} "
+        f"step {doc['step']}: {fmt_time(doc['traced_s'])} on {world} traced ranks; "
+        f"predicted {fmt_time(doc['predicted_s'])} on {n} GPUs of {cluster} "
         f"(tp {tp}, pp {pp}, dp {doc['layout']['dp']})"
     )
     for a in doc["assumptions"] + [f"kept as traced: {k}" for k in doc["kept_as_traced"]]:
@@ -296,8 +297,8 @@ def export_cmd(
         terminal.print_json(doc)
         return
     terminal.console.print(
-        f"{doc['files']} files {out}.<rank>.et; step {1e3 * doc['replayed_s']:.2f} ms "
-        f"(predict: {1e3 * predicted:.2f} ms); nodes: "
+        f"{doc['files']} files {out}.<rank>.et; step {fmt_time(doc['replayed_s'])} "
+        f"(predict: {fmt_time(predicted)}); nodes: "
         + ", ".join(f"{k} {v}" for k, v in doc["nodes"].items())
     )
 
@@ -338,9 +339,9 @@ def import_cmd(
     if json_out:
         terminal.print_json(doc)
         return
-    line = f"{doc['ranks']} ranks, step {1e3 * doc['recorded_s']:.2f} ms as recorded"
+    line = f"{doc['ranks']} ranks, step {fmt_time(doc['recorded_s'])} as recorded"
     if cluster:
-        line += f", {1e3 * doc['priced_s']:.2f} ms priced on {cluster}"
+        line += f", {fmt_time(doc['priced_s'])} priced on {cluster}"
     terminal.console.print(line)
 
 
