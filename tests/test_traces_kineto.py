@@ -202,6 +202,18 @@ def test_bad_traces_are_one_line_errors(tmp_path, mutate, message):
         read_kineto(_write(tmp_path, doc))
 
 
+def test_a_collective_on_a_group_without_the_traces_rank(tmp_path):
+    """Rank 0's trace whose all-reduces run on ranks [1, 2, 3]: a trace of another rank (or
+    a wrong distributedInfo.rank), refused naming the collective; it was summarised and
+    priced as rank 0's."""
+    doc = nccl_trace(0)
+    for e in doc["traceEvents"]:
+        if "Process Group Ranks" in e["args"]:
+            e["args"]["Process Group Ranks"] = "[1, 2, 3]"
+    with pytest.raises(SpecError, match=r"distributedInfo.rank: 0, but its 'allreduce' at 300 us"):
+        read_kineto(_write(tmp_path, doc))
+
+
 def test_gloo_dims_that_are_no_sizes(tmp_path):
     """A gloo annotation's Input Dims holding a negative or non-numeric extent is one error
     naming the field, never a negative or crashed size."""

@@ -41,6 +41,7 @@ import numpy as np
 from commsim.files import read_bytes
 from commsim.specs import SpecError
 from commsim.traces.intervals import difference, union
+from commsim.units import fmt_time
 
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 DDP_FORWARD = "DistributedDataParallel.forward"  # DDP's own annotation: one per micro-batch
@@ -344,6 +345,13 @@ def read_kineto(path: str | Path) -> RankTrace:
     launches = _launches(events, spans, main, gpu)
     busy = union(compute) if gpu else difference(compute, launches)
     colls.sort(key=lambda c: (c.start, c.lane))
+    for c in colls:  # a rank runs only the collectives of groups it is in
+        if c.group and rank not in c.group:
+            raise SpecError(
+                source,
+                "distributedInfo.rank",
+                f"{rank}, but its {c.name!r} at {fmt_time(c.start)} runs on ranks {list(c.group)}",
+            )
     extra = {k: v for k, v in doc.items() if k not in ("traceEvents",)}
     return RankTrace(
         source,
