@@ -214,6 +214,26 @@ def test_a_collective_on_a_group_without_the_traces_rank(tmp_path):
         read_kineto(_write(tmp_path, doc))
 
 
+def test_a_group_of_over_30_ranks_as_libkineto_writes_it(tmp_path):
+    """libkineto writes "Process Group Ranks" of a group over 30 ranks as its first 30 and
+    '...' (kTruncatLength): the whole group is distributedInfo.pg_config's (every 64-rank
+    trace was refused as 'not a list of ranks'); without it the group is unknown."""
+    doc = nccl_trace(0)
+    ranks = list(range(64))
+    cut = "[" + ", ".join(map(str, ranks[:30])) + ", ...]"
+    doc["distributedInfo"] |= {"world_size": 64, "pg_config": [GROUP | {"ranks": ranks}]}
+    for e in doc["traceEvents"]:
+        if "Process Group Ranks" in e["args"]:
+            e["args"] |= {"Process Group Ranks": cut, "Group size": 64}
+    t = read_kineto(_write(tmp_path, doc))
+    assert {c.group for c in t.collectives} == {tuple(ranks)}
+    doc["distributedInfo"]["pg_config"] = []
+    unknown = read_kineto(_write(tmp_path, doc))
+    assert {c.group for c in unknown.collectives} == {None}
+    with pytest.raises(SpecError, match=r"pg_config: no ranks of process group '0'"):
+        import_step([unknown])  # a replay needs the group: one line, not the graph's error
+
+
 def test_gloo_dims_that_are_no_sizes(tmp_path):
     """A gloo annotation's Input Dims holding a negative or non-numeric extent is one error
     naming the field, never a negative or crashed size."""

@@ -88,6 +88,14 @@ def import_step(traces: list[RankTrace], number: int | None = None) -> Graph:
         for c in t.collectives:
             if c.pg is not None and c.pg not in groups and c.group:
                 groups[c.pg] = (c.pg_desc or "", c.group)
+    for t in traces:
+        lost = next((c for c in t.collectives if c.pg is not None and c.pg not in groups), None)
+        if lost is not None:  # libkineto cut its ranks short and pg_config lacks it
+            raise SpecError(
+                t.source,
+                "distributedInfo.pg_config",
+                f"no ranks of process group {lost.pg!r} ({lost.name!r}): a replay needs them",
+            )
     graph = Graph({t.rank: rank_nodes(t, step_index(t, number)) for t in traces}, groups)
     graph.metadata["step"] = str(number)
     return graph

@@ -279,8 +279,9 @@ def _count(value: Any, source: str, where: str) -> float:
     return float(value)
 
 
-def _nccl(ev, args, t, source, i, lane) -> Collective:
-    """A GPU collective kernel and its record_param_comms metadata."""
+def _nccl(ev, args, t, source, i, lane, groups) -> Collective:
+    """A GPU collective kernel and its record_param_comms metadata; `groups` (pg_config)
+    completes a group whose rank list the trace cut short."""
     name = str(args.get("Collective name") or ev.get("name", ""))
     op = op_of(name)
     nbytes = dtype = group = pg = desc = None
@@ -296,8 +297,13 @@ def _nccl(ev, args, t, source, i, lane) -> Collective:
         nbytes = nelems * dtype_bytes(dtype, source, f"{where}.dtype")
         pg = str(args["Process Group Name"]) if "Process Group Name" in args else None
         desc = args.get("Process Group Description")
-        if "Process Group Ranks" in args:
-            group = _ranks(args["Process Group Ranks"], source, f"{where}.Process Group Ranks")
+        listed = args.get("Process Group Ranks")
+        if isinstance(listed, str) and listed.replace(" ", "").endswith(",...]"):
+            # libkineto writes a group of over 30 ranks as its first 30 and "..." (its
+            # kTruncatLength): the whole list is distributedInfo.pg_config's, if given
+            group = groups[pg][1] if pg in groups else None
+        elif listed is not None:
+            group = _ranks(listed, source, f"{where}.Process Group Ranks")
     return Collective(op, name, nbytes, dtype, group, pg, desc, *t, lane)
 
 
@@ -441,7 +447,7 @@ def _sort_events(events, spans, main, gpu: bool, source: str, groups, world: int
         if gpu and cat == "kernel":
             lane = f"stream {args.get('stream', e.get('tid'))}"
             if "Collective name" in args or name.lower().startswith("nccl"):
-                colls.append(_nccl(e, args, t, source, i, lane))
+                colls.append(_nccl(e, args, t, source, i, lane, groups))
             else:
                 compute.append(t)
                 named.append((*t, name))
