@@ -242,3 +242,12 @@ def test_short_steps_print_in_a_unit_that_shows_them(tmp_path):
     out = runner.invoke(app, ["trace", "predict", *paths, "--cluster", "dgx-a100-ib"])
     assert out.exit_code == 0, out.output
     assert out.output.startswith("step 2: 1 us on 4 traced ranks") and "0.00" not in out.output
+
+
+def test_summary_of_a_trace_without_collectives_says_so(tmp_path):
+    """A step without communication printed an empty 'collectives (medians)' table."""
+    doc = nccl_trace(0)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if "Collective name" not in e["args"]]
+    out = runner.invoke(app, ["trace", "summary", str(_write(tmp_path, doc))])
+    assert out.exit_code == 0, out.output
+    assert "no collectives traced" in out.output and "collectives (medians)" not in out.output
