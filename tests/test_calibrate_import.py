@@ -210,3 +210,5 @@ def test_validate_min_bytes_named_and_a_floor_above_every_point_said(tmp_path):
     high = run(*args, "1TiB")
     assert high.exit_code == 0, high.output
     assert "collectives of 1 TiB and more: none measured (--min-bytes)" in high.output
+    plain = run(*args[:-1])  # no floor given: no 'of 0 B and more' in the summary's label
+    assert "collectives: median |error|" in plain.output and "0 B and more" not in plain.output

@@ -132,13 +132,14 @@ def print_validation(checked: Validation, cluster: str) -> None:
         console.print(f"not modelled ({n} points, not summarised): {why}", highlight=False)
     for kind, label in (("collective", "collectives"), ("ddp-step", "DDP step time")):
         s = checked.summary(kind)
-        floor = f" of {fmt_bytes(checked.min_bytes)} and more" if kind == "collective" else ""
+        floored = kind == "collective" and checked.min_bytes > 0  # --min-bytes given
+        floor = f" of {fmt_bytes(checked.min_bytes)} and more" if floored else ""
         if s["points"]:
             console.print(
                 f"{label}{floor}: median |error| {s['median_abs_pct_error']:.1f}%, worst "
                 f"{s['max_abs_pct_error']:.1f}% over {s['points']} points"
             )
-        elif floor and checked.min_bytes > 0 and any(r.kind == kind for r in checked.rows):
+        elif floor and any(r.kind == kind for r in checked.rows):
             console.print(f"{label}{floor}: none measured (--min-bytes), nothing summarised")
     print_notes(checked.notes)
 
