@@ -307,6 +307,13 @@ def test_cli_import_bad_log_writes_nothing(tmp_path):
     assert out.read_text() == before
 
 
+def test_results_with_a_repeat_count_below_one(tmp_path):
+    """A collective measured -2 times was read as it stood."""
+    path = _write(tmp_path / "r.jsonl", [_meta(), _coll() | {"repeats": -2}])
+    with pytest.raises(SpecError, match="line 2: bad collective record: repeats: Input should be"):
+        read_results(path)
+
+
 @pytest.mark.parametrize("line", ['"time_s":Infinity', '"bytes":NaN', '"times_s":[1e-4,NaN]'])
 def test_results_with_a_number_that_is_not_finite(tmp_path, line):
     """Python's json reads Infinity and NaN: a record holding one is refused with its line

@@ -100,7 +100,7 @@ class CollectiveRecord(Record):
     rank_times_s: list[Annotated[float, Field(gt=0)]] | None = None
     p10_s: float | None = None
     p90_s: float | None = None
-    repeats: int | None = None
+    repeats: int | None = Field(default=None, ge=1)
     algbw_Bps: float | None = None
     busbw_Bps: float | None = None
     error: str | None = None
