@@ -266,6 +266,14 @@ def test_log_without_a_test_name_needs_op(tmp_path):
     assert {r["op"] for r in parse_log(anon, op="all-gather")[1:]} == {"all-gather"}
 
 
+def test_op_flag_that_contradicts_the_log(tmp_path):
+    """--op broadcast on a log that says it ran all_reduce_perf imported 25 all-reduce
+    timings as broadcasts; the help says --op is for a log that does not say."""
+    with pytest.raises(SpecError, match=r"--op broadcast: .*line 2\) says it tests all-reduce"):
+        parse_log(ALL_REDUCE, op="broadcast")
+    assert {r["op"] for r in parse_log(ALL_REDUCE, op="all-reduce")[1:]} == {"all-reduce"}
+
+
 def test_not_an_nccl_tests_log(tmp_path):
     junk = tmp_path / "notes.txt"
     junk.write_text("hello\n# just a comment\n")

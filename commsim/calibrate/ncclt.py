@@ -207,7 +207,8 @@ def _sections(text: str, source: str) -> list[_Section]:
 
 def parse_log(path: str | Path, op: str | None = None) -> list[dict[str, Any]]:
     """The records of one nccl-tests log: per test a meta record, then one collective
-    record per size (time: out-of-place). `op` overrides the test the log names."""
+    record per size (time: out-of-place). `op` names the test where the log does not (it
+    overrides the file name's, and must agree with the log's own)."""
     source = str(path)
     try:
         text = Path(path).read_text(errors="replace")
@@ -218,6 +219,8 @@ def parse_log(path: str | Path, op: str | None = None) -> list[dict[str, Any]]:
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     records: list[dict[str, Any]] = []
     for i, sec in enumerate(_sections(text, source)):
+        if op is not None and sec.op is not None and op != sec.op:
+            raise SpecError(f"--op {op}", "", f"{source} (line {sec.start}) says it tests {sec.op}")
         which = op or sec.op or _op_from_name(source)
         if which is None:
             raise SpecError(
