@@ -71,6 +71,7 @@ def test_json_list_and_the_backend_flag(tmp_path):
         ("all-reduce,1MiB,2,a b,0.1,slowest-rank,,gloo,7\n", "line 2: 9 values for the header's 8"),
         ("all-reduce,1MiB,2,a b,0.1,slowest-rank,,mpi\n", "line 2: backend: 'mpi' is not one of"),
         ("all-reduce,1MiB,2.5,a b,0.1,slowest-rank,,gloo\n", "line 2: world: expected a whole"),
+        ("all-gather,8,2,a b,0.5,per-rank,0.1 0.2,gloo\n", "line 2: time_s: 0.5 s is not"),
     ],
 )
 def test_a_bad_row_names_its_line_and_field(tmp_path, row, where):

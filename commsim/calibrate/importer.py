@@ -157,6 +157,12 @@ def _measurement(fields: dict[str, Any], backend: str | None) -> tuple[tuple, di
         rec["time_s"] = _numbers(fields["time_s"], "time_s")[0]
     elif "rank_times_s" in rec:
         rec["time_s"] = max(rec["rank_times_s"])
+    slowest = max(rec.get("rank_times_s") or [0.0])
+    if rec["timing"] == "per-rank" and not math.isclose(rec.get("time_s", slowest), slowest):
+        raise ValueError(  # per-rank points are read from rank_times_s: another time is lost
+            f"time_s: {rec['time_s']:g} s is not the slowest of rank_times_s ({slowest:g} s), "
+            "which per-rank timing reads; leave time_s empty"
+        )
     if fields.get("repeats") not in (None, ""):
         rec["repeats"] = _whole(fields, "repeats")
     which = fields.get("backend") or backend
