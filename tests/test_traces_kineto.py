@@ -214,6 +214,15 @@ def test_a_collective_on_a_group_without_the_traces_rank(tmp_path):
         read_kineto(_write(tmp_path, doc))
 
 
+def test_a_collective_on_ranks_outside_the_world(tmp_path):
+    """A trace of world_size 2 whose all-reduces run on ranks 0-3: trace calibrate wrote
+    them and fit refused its own results ('group rank 3 outside world size 2')."""
+    doc = nccl_trace(0)
+    doc["distributedInfo"]["world_size"] = 2
+    with pytest.raises(SpecError, match=r"world_size: 2, but its 'allreduce' at 300 us runs on"):
+        read_kineto(_write(tmp_path, doc))
+
+
 def test_a_group_of_over_30_ranks_as_libkineto_writes_it(tmp_path):
     """libkineto writes "Process Group Ranks" of a group over 30 ranks as its first 30 and
     '...' (kTruncatLength): the whole group is distributedInfo.pg_config's (every 64-rank

@@ -351,12 +351,18 @@ def read_kineto(path: str | Path) -> RankTrace:
     launches = _launches(events, spans, main, gpu)
     busy = union(compute) if gpu else difference(compute, launches)
     colls.sort(key=lambda c: (c.start, c.lane))
-    for c in colls:  # a rank runs only the collectives of groups it is in
+    for c in colls:  # a rank runs only the collectives of groups it is in, inside its world
         if c.group and rank not in c.group:
             raise SpecError(
                 source,
                 "distributedInfo.rank",
                 f"{rank}, but its {c.name!r} at {fmt_time(c.start)} runs on ranks {list(c.group)}",
+            )
+        if c.group and max(c.group) >= world:
+            raise SpecError(
+                source,
+                "distributedInfo.world_size",
+                f"{world}, but its {c.name!r} at {fmt_time(c.start)} runs on rank {max(c.group)}",
             )
     extra = {k: v for k, v in doc.items() if k not in ("traceEvents",)}
     return RankTrace(
