@@ -251,3 +251,22 @@ def test_summary_of_a_trace_without_collectives_says_so(tmp_path):
     out = runner.invoke(app, ["trace", "summary", str(_write(tmp_path, doc))])
     assert out.exit_code == 0, out.output
     assert "no collectives traced" in out.output and "collectives (medians)" not in out.output
+
+
+def test_trace_calibrate_without_a_recorded_backend(tmp_path):
+    """Traces without distributedInfo.backend: the backend their collectives were recorded
+    by (NCCL's kernels here), not 'unknown', which calibrate fit then refused; none at all
+    to tell it by is one line naming the field."""
+    docs = [nccl_trace(r) for r in range(4)]
+    for d in docs:
+        del d["distributedInfo"]["backend"]
+    paths = [str(_write(tmp_path, d, f"r{r}.json")) for r, d in enumerate(docs)]
+    out = tmp_path / "r.jsonl"
+    done = runner.invoke(app, ["trace", "calibrate", *paths, "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    assert json.loads(out.read_text().splitlines()[0])["backend"] == "nccl"
+    for d in docs:
+        d["traceEvents"] = [e for e in d["traceEvents"] if "Collective name" not in e["args"]]
+    bare = [str(_write(tmp_path, d, f"b{r}.json")) for r, d in enumerate(docs)]
+    bad = runner.invoke(app, ["trace", "calibrate", *bare, "--out", str(tmp_path / "b.jsonl")])
+    assert bad.exit_code == 2 and "distributedInfo.backend: missing" in bad.output

@@ -18,6 +18,18 @@ from commsim.traces.summary import bandwidths
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "all-to-all")
 
 
+def _backend(t: RankTrace) -> str:
+    """The backend of a trace's collectives: distributedInfo's, else what recorded them
+    (gloo's annotations, NCCL's kernels); a SpecError when neither tells (a fit prices one
+    backend's algorithms: 'unknown' made it refuse the results trace calibrate wrote)."""
+    seen = {"gloo" if c.name.startswith("gloo:") else "nccl" for c in t.collectives}
+    if t.backend:
+        return t.backend
+    if len(seen) != 1:
+        raise SpecError(t.source, "distributedInfo.backend", "missing: give the backend traced")
+    return seen.pop()
+
+
 def trace_records(traces: list[RankTrace]) -> list[dict[str, Any]]:
     """A meta record and one collective record per measured collective, per trace. Each
     collective's time is this rank's record of it (nccl-tests reports the same per rank)."""
@@ -58,7 +70,7 @@ def trace_records(traces: list[RankTrace]) -> list[dict[str, Any]]:
                 "run": run,
                 "format": FORMAT_VERSION,
                 "source": "harness",
-                "backend": t.backend or "unknown",
+                "backend": _backend(t),
                 "world_size": t.world,
                 "ranks": [{"rank": r, "host": hosts[r]} for r in range(t.world)],
                 "file": t.source,
