@@ -315,6 +315,20 @@ def test_cli_import_bad_log_writes_nothing(tmp_path):
     assert out.read_text() == before
 
 
+def test_a_run_placed_on_a_cluster_it_cannot_fit_names_the_file_and_line(tmp_path):
+    """Two ranks on one host of a one-GPU-a-node cluster: the error named the run id alone,
+    not the results file and line that hold it."""
+    from commsim.calibrate.testbed.spec import cluster_spec, load_testbed
+
+    cluster = tmp_path / "c.yaml"  # one host a node, one 'GPU' a host
+    spec = cluster_spec(load_testbed("testbeds/2x2-oversub.yaml"))
+    cluster.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True)))
+    path = _write(tmp_path / "r.jsonl", [_meta(), _coll()])  # both ranks on host h0
+    result = runner.invoke(calibrate_app, ["validate", str(path), "--cluster", str(cluster)])
+    assert result.exit_code == 2, result.output
+    assert f"{path}: line 1 (run r1): placement: host 'h0' ran 2 ranks" in result.output
+
+
 def test_results_with_a_repeat_count_below_one(tmp_path):
     """A collective measured -2 times was read as it stood."""
     path = _write(tmp_path / "r.jsonl", [_meta(), _coll() | {"repeats": -2}])

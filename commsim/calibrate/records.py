@@ -237,6 +237,10 @@ class Results:
     runs: dict[str, Run]
     link_checks: list[LinkCheckRecord] = field(default_factory=list)
 
+    def where(self, run_id: str) -> str:
+        """A run as an error names it: its files and the line of its meta record."""
+        return f"{', '.join(self.files)}: line {self.runs[run_id].line} (run {run_id})"
+
     @property
     def backends(self) -> set[str]:
         return {r.meta.backend for r in self.runs.values()}
