@@ -213,3 +213,20 @@ def test_validate_min_bytes_named_and_a_floor_above_every_point_said(tmp_path):
     assert "collectives of 1 TiB and more: none measured (--min-bytes)" in high.output
     plain = run(*args[:-1])  # no floor given: no 'of 0 B and more' in the summary's label
     assert "collectives: median |error|" in plain.output and "0 B and more" not in plain.output
+
+
+def test_fit_says_when_the_per_call_overhead_was_not_fitted(tmp_path):
+    """One op on one group cannot tell the per-call overhead from alpha: the line said
+    'per-call overhead 0 (95%: -; negative: the links give each call a head start)'."""
+    rows = "".join(
+        f"all-reduce,{2**k},2,r0/a r0/b,{1e-4 + 2**k / 2e7:.6g},slowest-rank,,gloo\n"
+        for k in range(10, 24, 2)
+    )
+    table, out = tmp_path / "t.csv", tmp_path / "r.jsonl"
+    table.write_text(HEADER + rows)
+    assert run("calibrate", "import", str(table), "--out", str(out)).exit_code == 0
+    cluster = tmp_path / "c.yaml"
+    assert run("testbed", "cluster", "testbeds/2x2-oversub.yaml", "-o", str(cluster)).exit_code == 0
+    fit = run("calibrate", "fit", str(out), "--cluster", str(cluster), "-o", str(tmp_path / "p"))
+    assert fit.exit_code == 0, fit.output
+    assert "per-call overhead 0 (the cluster's value: not fitted, see the notes)" in fit.output

@@ -75,10 +75,13 @@ def print_profile(profile: Profile, output: str) -> None:
     console.print(nccl_table(profile.cluster, profile) if profile.nccl else tier_table(profile))
     if profile.nccl is None:
         ci = _span(profile.call_overhead_ci_s, fmt_time)
+        how = (
+            f"95%: {ci}; negative: the links give each call a head start"
+            if profile.call_overhead_ci_s is not None
+            else "the cluster's value: not fitted, see the notes"
+        )
         console.print(
-            f"per-call overhead {fmt_time(profile.call_overhead_s)} (95%: {ci}; negative: the "
-            "links give each call a head start)",
-            highlight=False,
+            f"per-call overhead {fmt_time(profile.call_overhead_s)} ({how})", highlight=False
         )
     if profile.compute:
         c = profile.compute
