@@ -358,3 +358,12 @@ def test_grad_dtype_flag_sets_the_buffer_and_is_refused_where_fsdp_ignores_it():
     )
     assert bad.exit_code == 2
     assert len(bad.output.strip().splitlines()) == 1 and "--grad-dtype bf16" in bad.output
+
+
+def test_compression_bench_shows_a_tiny_wire_ratio():
+    """randomk:1e-9 sends one value of a 50 MB bucket: its wire ratio, 8e-08, printed as
+    0.0000 in the table while --json had it."""
+    out = run("compression", "bench", "--compressors", "randomk:1e-9", "--repeats", "1")
+    assert out.exit_code == 0, out.output
+    row = next(line for line in out.output.splitlines() if "synthetic block" in line)
+    assert row.split("randomk:1e-09")[1].split()[1] == "7.947e-08"
