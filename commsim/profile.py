@@ -24,7 +24,7 @@ from pydantic import Field
 
 from commsim.spec_base import Spec
 from commsim.spec_io import load_spec, read_yaml
-from commsim.specs import ClusterSpec, LinkClass, NcclOverrides, SpecError
+from commsim.specs import ClusterSpec, LinkClass, NcclOverrides, NcclVersion, SpecError
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "all-to-all", "send-recv")
 TIERS = ("intra-node", "inter-node", "cross-rack")
@@ -83,8 +83,8 @@ class NcclFit(NcclOverrides):
     `proto` (NcclOverrides): NCCL_ALGO / NCCL_PROTO the measured runs exported, which
     carry_over applies to a cluster that sets none."""
 
-    version: str
-    latency_scale: dict[LinkClass, float] = {}
+    version: NcclVersion
+    latency_scale: dict[LinkClass, Annotated[float, Field(gt=0)]] = {}
     latency_scale_ci: dict[LinkClass, Interval] = {}
     channel_bandwidth_intra_Bps: float | None = Field(default=None, gt=0)
     channel_bandwidth_intra_ci_Bps: Interval | None = None

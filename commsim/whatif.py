@@ -29,7 +29,7 @@ from commsim.spec_io import load_spec
 from commsim.specs import ClusterSpec, Scenario, SpecError
 from commsim.step.predict import predict as predict_setup
 from commsim.step.prediction import Prediction
-from commsim.traces.kineto import read_kineto
+from commsim.traces.kineto import read_traces
 from commsim.traces.workload import TracedWorkload, apply, read_workload
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def traced(
 ) -> TracedWorkload:
     """The workload of a run's profiler traces (one per rank), traced at tp x pp and
     `micro_batch` (None: each scenario's own)."""
-    return read_workload([read_kineto(p) for p in paths], tp, pp, micro_batch)
+    return read_workload(read_traces(paths), tp, pp, micro_batch)
 
 
 def predict(scenario: Scenario, trace: TracedWorkload | None = None) -> Prediction:

@@ -79,6 +79,9 @@ def test_config_refuses_bad_values():
         HarnessConfig(out="x", ops=("gather",))
     with pytest.raises(SpecError, match="--repeats"):
         HarnessConfig(out="x", repeats=1)
+    for sizes, says in (("8B:1B", "must satisfy 0 < low"), ("abc", "not a size: 'abc'")):
+        with pytest.raises(SpecError, match=f"--sizes: .*{says}"):  # the flag named
+            HarnessConfig(out="x", sizes=sizes)
     assert HarnessConfig(out="x", sizes="8B:64B").size_grid() == [8, 16, 32, 64]
 
 

@@ -4,6 +4,7 @@ of bad input (one line naming the file and line, exit 2, nothing overwritten).""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -223,6 +224,24 @@ def test_malformed_row(tmp_path):
         parse_log(bad)
 
 
+@pytest.mark.parametrize(
+    ("column", "value", "says"),
+    [
+        (5, "nan", "times nan / "),
+        (9, "inf", "/ inf us must be positive and finite"),
+        (6, "nan", "algbw nan / busbw"),
+        (0, "-65536", "size -65536 B"),  # a signed row is refused, not skipped as chatter
+    ],
+)
+def test_rows_with_numbers_that_are_no_measurement(tmp_path, column, value, says):
+    n, row = _row_line(ALL_REDUCE, 65536)
+    tokens = row.split()
+    tokens[column] = value
+    bad = _edit(ALL_REDUCE, tmp_path / "all_reduce_perf.log", row, "  ".join(tokens))
+    with pytest.raises(SpecError, match=rf"line {n}: .*{re.escape(says)}"):
+        parse_log(bad)
+
+
 def test_unknown_versions_and_formats(tmp_path):
     v3 = _edit(ALL_REDUCE, tmp_path / "a.log", "version 2.18.3", "version 3.0.0")
     with pytest.raises(SpecError, match=r"line 2: nccl-tests version 3.0.0: this reader knows 2.x"):
@@ -245,6 +264,14 @@ def test_log_without_a_test_name_needs_op(tmp_path):
     with pytest.raises(SpecError, match="cannot tell which test"):
         parse_log(anon)
     assert {r["op"] for r in parse_log(anon, op="all-gather")[1:]} == {"all-gather"}
+
+
+def test_op_flag_that_contradicts_the_log(tmp_path):
+    """--op broadcast on a log that says it ran all_reduce_perf imported 25 all-reduce
+    timings as broadcasts; the help says --op is for a log that does not say."""
+    with pytest.raises(SpecError, match=r"--op broadcast: .*line 2\) says it tests all-reduce"):
+        parse_log(ALL_REDUCE, op="broadcast")
+    assert {r["op"] for r in parse_log(ALL_REDUCE, op="all-reduce")[1:]} == {"all-reduce"}
 
 
 def test_not_an_nccl_tests_log(tmp_path):
@@ -286,6 +313,39 @@ def test_cli_import_bad_log_writes_nothing(tmp_path):
     assert "all_reduce_perf.log: line 2:" in result.output
     assert "Traceback" not in result.output
     assert out.read_text() == before
+
+
+def test_a_run_placed_on_a_cluster_it_cannot_fit_names_the_file_and_line(tmp_path):
+    """Two ranks on one host of a one-GPU-a-node cluster: the error named the run id alone,
+    not the results file and line that hold it."""
+    from commsim.calibrate.testbed.spec import cluster_spec, load_testbed
+
+    cluster = tmp_path / "c.yaml"  # one host a node, one 'GPU' a host
+    spec = cluster_spec(load_testbed("testbeds/2x2-oversub.yaml"))
+    cluster.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True)))
+    path = _write(tmp_path / "r.jsonl", [_meta(), _coll()])  # both ranks on host h0
+    result = runner.invoke(calibrate_app, ["validate", str(path), "--cluster", str(cluster)])
+    assert result.exit_code == 2, result.output
+    assert f"{path}: line 1 (run r1): placement: host 'h0' ran 2 ranks" in result.output
+
+
+def test_results_with_a_repeat_count_below_one(tmp_path):
+    """A collective measured -2 times was read as it stood."""
+    path = _write(tmp_path / "r.jsonl", [_meta(), _coll() | {"repeats": -2}])
+    with pytest.raises(SpecError, match="line 2: bad collective record: repeats: Input should be"):
+        read_results(path)
+
+
+@pytest.mark.parametrize("line", ['"time_s":Infinity', '"bytes":NaN', '"times_s":[1e-4,NaN]'])
+def test_results_with_a_number_that_is_not_finite(tmp_path, line):
+    """Python's json reads Infinity and NaN: a record holding one is refused with its line
+    and field, never fitted (inf gave RuntimeWarnings and 'nothing to fit') nor printed
+    (validate's table showed 'inf s')."""
+    good = record_line(_coll()).rstrip("}\n")
+    path = _write(tmp_path / "r.jsonl", [_meta()], good + "," + line + "}\n")
+    field = line.split('"')[1]
+    with pytest.raises(SpecError, match=rf"line 2: bad collective record: {field}.*finite"):
+        read_results(path)
 
 
 def test_cli_fit_bad_results_line_exit_2(tmp_path):
@@ -497,6 +557,30 @@ def test_profile_with_bad_field_names_file_and_field(tmp_path):
         load_profile(path)
 
 
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        ({"latency_scale": {"net": -3.0}}, "nccl.latency_scale.net: Input should be greater"),
+        ({"version": "banana"}, "nccl.version: not an NCCL version: 'banana'"),
+    ],
+)
+def test_profile_nccl_fit_that_no_nccl_runs_is_refused_at_load(tmp_path, edit, says):
+    """A negative latency factor or an unreadable version is refused naming the profile's
+    field when it is loaded; it was carried into clusters by `calibrate apply` and failed
+    later with the blame on --sizes or --algorithm."""
+    nccl = {"version": "2.29.7", "latency_scale": {"net": 1.5}} | edit
+    doc = {"format": 2, "cluster": "c", "backend": "nccl", "hardware": {}, "tiers": {},
+           "algorithms": {},
+           "nccl": nccl, "provenance": {"files": [], "runs": [], "date": "", "points": 0,
+           "commsim": "0"}}  # fmt: skip
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(SpecError, match=rf"p.yaml: {re.escape(says)}"):
+        load_profile(path)
+    path.write_text(yaml.safe_dump(doc | {"nccl": {"version": "2.29.7"}}))
+    assert load_profile(path).nccl.version == "2.29.7"
+
+
 def test_a_fit_of_runs_under_nccl_algo_keeps_it(tmp_path):
     """Logs of runs that exported NCCL_ALGO=ring (NCCL's INFO line on every rank), timed by
     NCCL's model restricted to ring with known parameters: the fit prices them under ring,
@@ -537,3 +621,23 @@ def test_a_fit_of_runs_under_nccl_algo_keeps_it(tmp_path):
     out.write_text("".join(json.dumps(r) + "\n" for r in [*records, other, *rows]))
     with pytest.raises(SpecError, match="the runs exported different NCCL_ALGO"):
         fit_profile(read_results([str(out)]), spec)
+
+
+def test_fit_refuses_a_point_no_model_reaches(tmp_path):
+    """A size no collective has (1e300 B) sends the fit's error to infinity: one line naming
+    the file, line and point, exit 2, no profile (it was pydantic's multi-line 'validation
+    error for Provenance' after numpy's overflow warnings)."""
+    out = tmp_path / "r.jsonl"
+    ok = runner.invoke(calibrate_app, ["import-nccl-tests", str(ALL_REDUCE), "--out", str(out)])
+    assert ok.exit_code == 0, ok.output
+    lines = out.read_text().splitlines()
+    rec = json.loads(lines[3])
+    lines[3] = json.dumps(rec | {"bytes": 1e300})
+    out.write_text("\n".join(lines) + "\n")
+    profile = tmp_path / "p.yaml"
+    result = runner.invoke(
+        calibrate_app, ["fit", str(out), "--cluster", "dgx-h100-ib", "-o", str(profile)]
+    )
+    assert result.exit_code == 2, result.output
+    assert "r.jsonl: line 4: all-reduce of 1e+300 B in" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not profile.exists()

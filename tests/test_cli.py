@@ -267,13 +267,21 @@ def test_predict_with_compression_and_plan_plot(tmp_path):
     "args,expect",
     [
         (("predict", "--compression", "zip"), "unknown compressor 'zip'"),
-        (("compression", "bench", "--compressors", "topk:2"), "RATIO"),
+        (("compression", "bench", "--compressors", "topk:2"), "--compressors: compressor 'topk:2'"),
+        (("compression", "bench", "--compressors", ","), "--compressors ',': names no compressor"),
+        (("compression", "convergence", "--compressors", "zip"), "--compressors: unknown"),
         (("compression", "convergence", "--error-feedback", "maybe"), "both, on or off"),
+        (("compression", "convergence", "--steps", "0"), "--steps 0: must be at least 1"),
+        (("compression", "convergence", "--workers", "0"), "--workers 0: must be at least 1"),
+        (("compression", "convergence", "--seed", "-1"), "--seed -1: must be at least 0"),
     ],
 )
 def test_bad_compression_input_exits_2(args, expect):
+    """One line naming the flag (an empty --compressors was an empty table and exit 0; a
+    negative --seed numpy's bare 'expected non-negative integer')."""
     result = run(*args)
     assert result.exit_code == 2 and expect in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
 
 
 def test_profile_flag_reprices_the_cluster(tmp_path):
@@ -350,3 +358,12 @@ def test_grad_dtype_flag_sets_the_buffer_and_is_refused_where_fsdp_ignores_it():
     )
     assert bad.exit_code == 2
     assert len(bad.output.strip().splitlines()) == 1 and "--grad-dtype bf16" in bad.output
+
+
+def test_compression_bench_shows_a_tiny_wire_ratio():
+    """randomk:1e-9 sends one value of a 50 MB bucket: its wire ratio, 8e-08, printed as
+    0.0000 in the table while --json had it."""
+    out = run("compression", "bench", "--compressors", "randomk:1e-9", "--repeats", "1")
+    assert out.exit_code == 0, out.output
+    row = next(line for line in out.output.splitlines() if "synthetic block" in line)
+    assert row.split("randomk:1e-09")[1].split()[1] == "7.947e-08"

@@ -215,3 +215,20 @@ def test_stragglers_says_local_sgd_over_100_percent_is_the_saved_sync():
     assert f"{sgd['throughput_same_schedule']:.1%} of local SGD without jitter" in text
     one = " ".join(CliRunner().invoke(app, ["stragglers", "--local-steps", "1"]).output.split())
     assert "local SGD every" not in one  # no local-SGD clause in the jitter line
+
+
+def test_stragglers_title_gives_the_duration_with_its_unit():
+    """The episode's length as commsim read it, with a unit: `--duration 5` (seconds) printed
+    'for 5', a number in no unit, and `5400` read as 1.5 h printed as typed."""
+    for typed_as, shown in (("5", "for 5 s on"), ("5400", "for 1.5 h on"), ("2d", "for 2 days on")):
+        out = CliRunner().invoke(app, ["stragglers", "--duration", typed_as])
+        assert out.exit_code == 0, out.output
+        assert shown in " ".join(out.output.split())
+
+
+def test_goodput_names_a_changed_gpu_count_as_stragglers_does():
+    """--gpus N changes what the scenario names, so its name says so (goodput left gpus out
+    of 'changed: ...' while stragglers listed it, for the same flags)."""
+    args = ["--gpus", "128", "--recovery", "cold"]
+    assert "gpus" in _json(["goodput", *args])["scenario"].partition("changed:")[2]
+    assert "changed" not in _json(["goodput", "--recovery", "cold"])["scenario"]

@@ -255,4 +255,23 @@ def test_a_trace_without_sequence_parallelism_is_fitted_as_run(tmp_path):
         return {r["class"]: r for r in json.loads(res.output)["classes"]}["other"]
 
     assert hbm("--no-sequence-parallel")["fitted"] == pytest.approx(gpu.hbm_efficiency)
+    # the figure it compares with is the catalog's HBM share (it printed '-' / null)
+    assert hbm()["catalog"] == gpu.hbm_efficiency
     assert hbm()["fitted"] < gpu.hbm_efficiency
+
+
+def test_a_layout_the_traced_ranks_cannot_hold_names_the_flag(tmp_path):
+    """The traced ranks (8) hold tp x pp: --tp 3 was fitted as if it did, --tp 4 --pp 4 was a
+    ZeroDivisionError traceback; a bad scenario field a flag set names the flag, not the
+    built-in scenario file."""
+    setup = setup_from_flags(None, **LLAMA)
+    t = _made_with(tmp_path, setup)
+    flags = ["--model", "llama2-7b", "--cluster", "dgx-a100-ib", "--seq-len", "2048"]
+    for more, says in (
+        (["--tp", "3"], "--tp/--pp: the traced ranks: 8 is not a multiple of tp x pp = 3"),
+        (["--tp", "4", "--pp", "4"], "the traced ranks: 8 is not a multiple of tp x pp = 16"),
+        (["--micro-batch", "0"], "--micro-batch 0: Input should be greater than or equal to 1"),
+    ):
+        res = runner.invoke(app, ["trace", "kernels", t.source, *flags, *more])
+        assert res.exit_code == 2, res.output
+        assert says in res.output and len(res.output.strip().splitlines()) == 1

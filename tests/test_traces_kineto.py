@@ -184,6 +184,15 @@ def _first_coll_args(d):
         (lambda d: _first_coll_args(d).pop("In msg nelems"), "In msg nelems: missing"),
         (lambda d: _first_coll_args(d).__setitem__("dtype", "Quaternion"), "unknown dtype"),
         (lambda d: d["traceEvents"][3].pop("dur"), r"traceEvents\[3\].dur: missing"),
+        (lambda d: d["traceEvents"][3].__setitem__("dur", -50), r"\[3\].dur: negative duration"),
+        (
+            lambda d: _first_coll_args(d).__setitem__("In msg nelems", "abc"),
+            "In msg nelems: not an element count",
+        ),
+        (
+            lambda d: _first_coll_args(d).__setitem__("Out msg nelems", -5),
+            "Out msg nelems: not an element count",
+        ),
     ],
 )
 def test_bad_traces_are_one_line_errors(tmp_path, mutate, message):
@@ -191,6 +200,57 @@ def test_bad_traces_are_one_line_errors(tmp_path, mutate, message):
     mutate(doc)
     with pytest.raises(SpecError, match=message):
         read_kineto(_write(tmp_path, doc))
+
+
+def test_a_collective_on_a_group_without_the_traces_rank(tmp_path):
+    """Rank 0's trace whose all-reduces run on ranks [1, 2, 3]: a trace of another rank (or
+    a wrong distributedInfo.rank), refused naming the collective; it was summarised and
+    priced as rank 0's."""
+    doc = nccl_trace(0)
+    for e in doc["traceEvents"]:
+        if "Process Group Ranks" in e["args"]:
+            e["args"]["Process Group Ranks"] = "[1, 2, 3]"
+    with pytest.raises(SpecError, match=r"distributedInfo.rank: 0, but its 'allreduce' at 300 us"):
+        read_kineto(_write(tmp_path, doc))
+
+
+def test_a_collective_on_ranks_outside_the_world(tmp_path):
+    """A trace of world_size 2 whose all-reduces run on ranks 0-3: trace calibrate wrote
+    them and fit refused its own results ('group rank 3 outside world size 2')."""
+    doc = nccl_trace(0)
+    doc["distributedInfo"]["world_size"] = 2
+    with pytest.raises(SpecError, match=r"world_size: 2, but its 'allreduce' at 300 us runs on"):
+        read_kineto(_write(tmp_path, doc))
+
+
+def test_a_group_of_over_30_ranks_as_libkineto_writes_it(tmp_path):
+    """libkineto writes "Process Group Ranks" of a group over 30 ranks as its first 30 and
+    '...' (kTruncatLength): the whole group is distributedInfo.pg_config's (every 64-rank
+    trace was refused as 'not a list of ranks'); without it the group is unknown."""
+    doc = nccl_trace(0)
+    ranks = list(range(64))
+    cut = "[" + ", ".join(map(str, ranks[:30])) + ", ...]"
+    doc["distributedInfo"] |= {"world_size": 64, "pg_config": [GROUP | {"ranks": ranks}]}
+    for e in doc["traceEvents"]:
+        if "Process Group Ranks" in e["args"]:
+            e["args"] |= {"Process Group Ranks": cut, "Group size": 64}
+    t = read_kineto(_write(tmp_path, doc))
+    assert {c.group for c in t.collectives} == {tuple(ranks)}
+    doc["distributedInfo"]["pg_config"] = []
+    unknown = read_kineto(_write(tmp_path, doc))
+    assert {c.group for c in unknown.collectives} == {None}
+    with pytest.raises(SpecError, match=r"pg_config: no ranks of process group '0'"):
+        import_step([unknown])  # a replay needs the group: one line, not the graph's error
+
+
+def test_gloo_dims_that_are_no_sizes(tmp_path):
+    """A gloo annotation's Input Dims holding a negative or non-numeric extent is one error
+    naming the field, never a negative or crashed size."""
+    for dims in ([[-4]], [["x"]]):
+        ev = [_x("ProfilerStep#5", 0, 500, cat="user_annotation", tid=1), _gloo_all_reduce(20, 9)]
+        ev[1]["args"]["Input Dims"] = dims
+        with pytest.raises(SpecError, match=r"traceEvents\[1\].args.Input Dims: not an element"):
+            _gloo_trace(tmp_path, ev)
 
 
 def test_truncated_file(tmp_path):

@@ -34,6 +34,7 @@ log2 N and one); otherwise it stays 0 and the profile says why.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -289,13 +290,27 @@ def _fit_notes(model, theta, free, points, predicted, resid, sd) -> list[str]:
 
 
 def _provenance(results: Results, points: list[Point], resid: np.ndarray) -> Provenance:
+    """Where the profile came from and how well it fits; a point so far off every model
+    that the fit's error overflows (a size or time out of any range) is a SpecError naming
+    it, never a profile with an infinite error."""
+    with np.errstate(over="ignore"):
+        rms = float(np.sqrt(np.mean(np.expm1(resid) ** 2)))
+    if not math.isfinite(rms):
+        worst = int(np.argmax(np.abs(resid)))
+        p = points[worst]
+        raise SpecError(
+            ", ".join(results.files),
+            f"line {p.line}",
+            f"{p.op} of {p.bytes:.3g} B in {p.measured_s:.3g} s is a factor "
+            f"e^{abs(resid[worst]):.0f} off the model: not a size and time to fit",
+        )
     return Provenance(
         files=results.files,
         runs=list(results.runs),
         date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         points=len(points),
         commsim=__version__,
-        rms_rel_error=float(np.sqrt(np.mean(np.expm1(resid) ** 2))),
+        rms_rel_error=rms,
         robust_sd=robust.robust_sd(resid),
     )
 

@@ -71,7 +71,7 @@ def hook_speedups(
             continue
         if run.model is None:
             raise SpecError(", ".join(results.files), "", f"run {rid} recorded no model")
-        gpus = placement(run.meta, spec, f"run {rid}")
+        gpus = placement(run.meta, spec, results.where(rid))
         group = GroupCost(build_cluster(spec, int(max(gpus)) + 1), gpus)
         algorithms = profile.algorithms if profile is not None else ALGORITHMS[run.meta.backend]
         algorithm = algorithms["all-reduce"]

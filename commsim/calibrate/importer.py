@@ -37,10 +37,13 @@ from commsim.calibrate.records import (
     MetaRecord,
     error_text,
 )
+from commsim.collectives.backends import ALGORITHMS as BACKEND_ALGORITHMS
 from commsim.specs import SpecError
 from commsim.units import UnitError, parse_bytes
 
 REQUIRED = ("op", "bytes", "world", "placement", "timing")
+COLUMNS = (*REQUIRED, "time_s", "rank_times_s", "backend", "repeats")
+BACKENDS = tuple(BACKEND_ALGORITHMS)  # the backends commsim prices: gloo, nccl
 
 
 def _rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -67,7 +70,17 @@ def _rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
         raise SpecError(
             str(path), "header", f"no {missing[0]!r} column (needs {', '.join(REQUIRED)})"
         )
-    return [(f"line {reader.line_num}", dict(r)) for r in reader]
+    rows = []
+    for r in reader:
+        where, header = f"line {reader.line_num}", len(reader.fieldnames or [])
+        if None in r:  # csv.DictReader's key for the values past the header's columns
+            raise SpecError(
+                str(path),
+                where,
+                f"{header + len(r[None])} values for the header's {header} columns",
+            )
+        rows.append((where, dict(r)))
+    return rows
 
 
 def _numbers(text: Any, what: str) -> list[float]:
@@ -102,15 +115,32 @@ def _hosts(placement: Any, world: int) -> list[dict[str, Any]]:
     return ranks
 
 
+def _whole(fields: dict[str, Any], key: str) -> int:
+    """A count field (world, repeats): a whole number, 1 or more."""
+    try:
+        value = int(str(fields[key]).strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{key}: expected a whole number >= 1, got {fields[key]!r}")
+    return value
+
+
+def _columns(fields: dict[str, Any]) -> None:
+    """Every field one this reader knows: a misspelt or unit-suffixed column (time_us) is
+    refused, not silently dropped."""
+    unknown = [k for k in fields if k not in COLUMNS]
+    if unknown:
+        raise ValueError(f"{unknown[0]}: not a column this reader knows ({', '.join(COLUMNS)})")
+
+
 def _measurement(fields: dict[str, Any], backend: str | None) -> tuple[tuple, dict[str, Any]]:
     """(run key: placement and backend, collective record fields) of one row."""
+    _columns(fields)
     missing = [f for f in REQUIRED if fields.get(f) in (None, "")]
     if missing:
         raise ValueError(f"{missing[0]}: missing")
-    try:
-        world = int(fields["world"])
-    except ValueError:
-        raise ValueError(f"world: expected a whole number, got {fields['world']!r}") from None
+    world = _whole(fields, "world")
     if fields["timing"] not in TIMINGS:
         raise ValueError(f"timing: {fields['timing']!r} is not one of {', '.join(TIMINGS)}")
     ranks = _hosts(fields["placement"], world)
@@ -127,11 +157,19 @@ def _measurement(fields: dict[str, Any], backend: str | None) -> tuple[tuple, di
         rec["time_s"] = _numbers(fields["time_s"], "time_s")[0]
     elif "rank_times_s" in rec:
         rec["time_s"] = max(rec["rank_times_s"])
+    slowest = max(rec.get("rank_times_s") or [0.0])
+    if rec["timing"] == "per-rank" and not math.isclose(rec.get("time_s", slowest), slowest):
+        raise ValueError(  # per-rank points are read from rank_times_s: another time is lost
+            f"time_s: {rec['time_s']:g} s is not the slowest of rank_times_s ({slowest:g} s), "
+            "which per-rank timing reads; leave time_s empty"
+        )
     if fields.get("repeats") not in (None, ""):
-        rec["repeats"] = int(fields["repeats"])
+        rec["repeats"] = _whole(fields, "repeats")
     which = fields.get("backend") or backend
     if not which:
         raise ValueError("backend: missing (give a backend column or --backend)")
+    if which not in BACKENDS:
+        raise ValueError(f"backend: {which!r} is not one of {', '.join(BACKENDS)}")
     key = (tuple((r["rack"], r["host"]) for r in ranks), which)
     return key, rec
 
@@ -141,6 +179,8 @@ def import_table(
 ) -> list[dict[str, Any]]:
     """Results records (meta, then collective, per run) from measurement tables; a bad
     row is a SpecError naming its file, row and field."""
+    if backend is not None and backend not in BACKENDS:
+        raise SpecError("--backend", "", f"{backend!r} is not one of {', '.join(BACKENDS)}")
     runs: dict[tuple, list[dict[str, Any]]] = {}
     digest = hashlib.sha1()
     for name in paths:

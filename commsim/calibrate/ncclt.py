@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,8 +104,14 @@ def _row(tokens: list[str], source: str, n: int) -> dict[str, Any]:
             f"{max(w for w in wrong if w is not None):g} wrong elements at {size} B: the test "
             "found corrupt data; refusing to import it",
         )
-    if size <= 0 or time_us <= 0:
-        raise SpecError(source, where, f"size {size} B and time {time_us} us must be positive")
+    if size <= 0 or not all(math.isfinite(t) and t > 0 for t in (time_us, in_time_us)):
+        raise SpecError(
+            source,
+            where,
+            f"size {size} B and times {time_us} / {in_time_us} us must be positive and finite",
+        )
+    if not all(math.isfinite(b) and b >= 0 for b in (algbw, busbw)):
+        raise SpecError(source, where, f"algbw {algbw} / busbw {busbw} GB/s: not a bandwidth")
     return {
         "size": size,
         "count": count,
@@ -184,7 +191,7 @@ def _sections(text: str, source: str) -> list[_Section]:
             if not cur.in_table:
                 raise SpecError(source, f"line {n}", "results summary without a results table")
             cur.in_table, cur.done = False, True
-        elif cur.in_table and re.match(r"^\d", stripped):
+        elif cur.in_table and re.match(r"^[-+]?\d", stripped):  # a sign: refused, not skipped
             cur.rows.append(_row(stripped.split(), source, n))
     if not sections or not any(s.rows for s in sections):
         raise SpecError(
@@ -200,7 +207,8 @@ def _sections(text: str, source: str) -> list[_Section]:
 
 def parse_log(path: str | Path, op: str | None = None) -> list[dict[str, Any]]:
     """The records of one nccl-tests log: per test a meta record, then one collective
-    record per size (time: out-of-place). `op` overrides the test the log names."""
+    record per size (time: out-of-place). `op` names the test where the log does not (it
+    overrides the file name's, and must agree with the log's own)."""
     source = str(path)
     try:
         text = Path(path).read_text(errors="replace")
@@ -211,6 +219,8 @@ def parse_log(path: str | Path, op: str | None = None) -> list[dict[str, Any]]:
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     records: list[dict[str, Any]] = []
     for i, sec in enumerate(_sections(text, source)):
+        if op is not None and sec.op is not None and op != sec.op:
+            raise SpecError(f"--op {op}", "", f"{source} (line {sec.start}) says it tests {sec.op}")
         which = op or sec.op or _op_from_name(source)
         if which is None:
             raise SpecError(

@@ -132,7 +132,7 @@ def collect_points(results: Results, spec: ClusterSpec) -> tuple[list[Point], li
     left out (unsupported ops)."""
     points, notes = [], []
     for run_id, run in results.runs.items():
-        gpu = placement(run.meta, spec, f"run {run_id}")
+        gpu = placement(run.meta, spec, results.where(run_id))
         for line, rec in run.collectives:
             if rec.status != "ok":
                 notes.append(f"{rec.op} unsupported by {run.meta.backend} in run {run_id}")

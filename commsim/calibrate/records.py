@@ -30,7 +30,7 @@ FORMAT_VERSION = 1  # the `format` of meta records this reader understands
 class Record(BaseModel):
     """Fields every record has. Unknown fields are ignored, so newer writers stay readable."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     kind: str
     run: str = Field(min_length=1)
@@ -39,7 +39,7 @@ class Record(BaseModel):
 class RankInfo(BaseModel):
     """Where one rank ran: host (COMMSIM_HOST or hostname), rack (COMMSIM_RACK, if known)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     rank: int = Field(ge=0)
     host: str
@@ -100,7 +100,7 @@ class CollectiveRecord(Record):
     rank_times_s: list[Annotated[float, Field(gt=0)]] | None = None
     p10_s: float | None = None
     p90_s: float | None = None
-    repeats: int | None = None
+    repeats: int | None = Field(default=None, ge=1)
     algbw_Bps: float | None = None
     busbw_Bps: float | None = None
     error: str | None = None
@@ -124,7 +124,7 @@ class LayerRecord(BaseModel):
     """One layer of the harness model: parameter tensors (registration order), forward
     FLOPs per sample (a multiply-add is 2), and measured seconds per step (slowest rank)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     name: str
     tensors: list[int]
@@ -189,7 +189,7 @@ class LinkRow(BaseModel):
     cross (None: a check of the host's CPU, not of a tier), how many flows shared the rack
     uplink, the rate it was shaped to per flow, and each flow's measured TCP goodput."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     link: str
     tier: Literal["inter-node", "cross-rack"] | None = None
@@ -236,6 +236,10 @@ class Results:
     files: list[str]
     runs: dict[str, Run]
     link_checks: list[LinkCheckRecord] = field(default_factory=list)
+
+    def where(self, run_id: str) -> str:
+        """A run as an error names it: its files and the line of its meta record."""
+        return f"{', '.join(self.files)}: line {self.runs[run_id].line} (run {run_id})"
 
     @property
     def backends(self) -> set[str]:
@@ -328,6 +332,27 @@ def record_line(record: Mapping[str, Any]) -> str:
         k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()
     }
     return json.dumps(clean, separators=(",", ":")) + "\n"
+
+
+def import_runs(out: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Add imported runs (each a meta record, then its measurements) to a results file: a
+    new file written whole, an existing one appended to. An output path that cannot be
+    written, or a run the file already has (the same log, table or trace imported twice),
+    is refused before anything is written. What was added: out, runs, measurements."""
+    from commsim.files import check_output, write_atomic
+
+    check_output(out, "--out")
+    runs = [r["run"] for r in records if r["kind"] == "meta"]
+    path = Path(out)
+    if path.exists() and path.read_text().strip():
+        known = set(read_results(path).runs)
+        again = [r for r in runs if r in known]
+        if again:
+            raise SpecError(out, "", f"run {again[0]!r} is already imported into it")
+        append_records(path, records)
+    else:
+        write_atomic(path, "".join(record_line(r) for r in records))
+    return {"out": out, "runs": len(runs), "measurements": len(records) - len(runs)}
 
 
 def append_records(path: str | Path, records: Iterable[Mapping[str, Any]]) -> None:

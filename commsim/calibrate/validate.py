@@ -256,7 +256,7 @@ def validate(
     if missing:
         raise SpecError(profile_source, "algorithms", f"names no algorithm for {missing[0]}")
     ddp_runs = [(rid, run) for rid, run in results.runs.items() if run.model and run.ddp]
-    world = {rid: placement(run.meta, fitted, f"run {rid}") for rid, run in ddp_runs}
+    world = {rid: placement(run.meta, fitted, results.where(rid)) for rid, run in ddp_runs}
     gpus_used = [g for p in points for g in p.gpus] + [g for w in world.values() for g in w]
     if not gpus_used:
         raise SpecError(", ".join(results.files), "", "nothing measured to validate")

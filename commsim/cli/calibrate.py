@@ -125,6 +125,16 @@ def run_cmd(
         exit_now(0)
 
 
+def print_imported(added: dict, what: str, json_out: bool) -> None:
+    """What an import added: its JSON document, or one line on stderr."""
+    if json_out:
+        terminal.print_json(added)
+        return
+    terminal.err_console.print(
+        f"{added['measurements']} measurements in {added['runs']} {what} appended to {added['out']}"
+    )
+
+
 @calibrate_app.command("import-nccl-tests")
 def import_cmd(
     logs: Annotated[list[str], typer.Argument(help="nccl-tests output files.")],
@@ -132,9 +142,11 @@ def import_cmd(
     op: Annotated[
         str | None, typer.Option(help="The collective, when neither log nor file name says.")
     ] = None,
+    json_out: terminal.JsonOpt = False,
 ) -> None:
     """Read nccl-tests logs (all_reduce_perf and siblings) into a results file."""
     from commsim.calibrate.ncclt import parse_log
+    from commsim.calibrate.records import import_runs
     from commsim.profile import OPS
     from commsim.specs import SpecError
 
@@ -146,27 +158,8 @@ def import_cmd(
         metas = [r for r in records if r["kind"] == "meta"]
         if len({m["run"] for m in metas}) < len(metas):
             raise SpecError(", ".join(logs), "", "the same log is given twice")
-        _append(out, records, [m["run"] for m in metas])
-    points = len(records) - len(metas)
-    terminal.err_console.print(f"{points} measurements of {len(metas)} tests appended to {out}")
-
-
-def _append(out: str, records: list[dict], runs: list[str]) -> None:
-    """Append records to a results file (a new one written whole), refusing runs it has."""
-    from pathlib import Path
-
-    from commsim.calibrate.records import append_records, read_results, record_line
-    from commsim.specs import SpecError
-
-    path = Path(out)
-    if path.exists() and path.read_text().strip():
-        known = set(read_results(path).runs)
-        again = [r for r in runs if r in known]
-        if again:
-            raise SpecError(out, "", f"run {again[0]!r} is already imported into it")
-        append_records(path, records)
-    else:
-        write_atomic(path, "".join(record_line(r) for r in records))
+        added = import_runs(out, records)
+    print_imported(added, "tests", json_out)
 
 
 @calibrate_app.command("import")
@@ -179,21 +172,17 @@ def import_table_cmd(
     source: Annotated[str, typer.Option(help="The tool that measured (the runs' source).")] = (
         "import"
     ),
+    json_out: terminal.JsonOpt = False,
 ) -> None:
     """Read measurements of any tool (op, bytes, world, placement, time, timing convention:
     see the README) into a results file that fit and validate read."""
     from commsim.calibrate.importer import import_table
-    from commsim.specs import SpecError
+    from commsim.calibrate.records import import_runs
 
     with terminal.user_errors():
-        if backend is not None and backend not in ("gloo", "nccl"):
-            raise SpecError("--backend", "", f"{backend!r}: gloo or nccl")
-        records = import_table(files, backend, source)
-        runs = [r["run"] for r in records if r["kind"] == "meta"]
-        _append(out, records, runs)
-    terminal.err_console.print(
-        f"{len(records) - len(runs)} measurements in {len(runs)} runs appended to {out}"
-    )
+        check_output(out, "--out")
+        added = import_runs(out, import_table(files, backend, source))
+    print_imported(added, "runs", json_out)
 
 
 @calibrate_app.command("fit")
@@ -254,18 +243,19 @@ def validate_cmd(
     from commsim.calibrate.records import read_results
     from commsim.calibrate.validate import validate
     from commsim.cli.calibrate_tables import hook_table, print_validation
+    from commsim.cli.reliability_flags import naming
     from commsim.profile import load_profile
     from commsim.report.plots import plot_validation
     from commsim.units import parse_bytes
 
     with terminal.user_errors():
         check_output(plot, "--plot", image=True)
+        with naming("min_bytes", min_bytes):
+            floor = parse_bytes(min_bytes)
         spec = _cluster(cluster)
         prof = load_profile(profile) if profile else None
         measured = read_results(results)
-        checked = validate(
-            measured, spec, prof, min_bytes=parse_bytes(min_bytes), profile_source=profile or ""
-        )
+        checked = validate(measured, spec, prof, min_bytes=floor, profile_source=profile or "")
         hooked = any(d.compression != "none" for r in measured.runs.values() for d in r.ddp)
         speedups = hook_speedups(measured, spec, prof) if hooked else []
         if plot:
@@ -298,6 +288,7 @@ def apply_cmd(
     from commsim.profile import carry_over, load_profile
 
     with terminal.user_errors():
+        check_output(output, "-o")
         spec = _cluster(cluster)
         applied, notes = carry_over(spec, load_profile(profile), profile)
         if output:

@@ -75,10 +75,13 @@ def print_profile(profile: Profile, output: str) -> None:
     console.print(nccl_table(profile.cluster, profile) if profile.nccl else tier_table(profile))
     if profile.nccl is None:
         ci = _span(profile.call_overhead_ci_s, fmt_time)
+        how = (
+            f"95%: {ci}; negative: the links give each call a head start"
+            if profile.call_overhead_ci_s is not None
+            else "the cluster's value: not fitted, see the notes"
+        )
         console.print(
-            f"per-call overhead {fmt_time(profile.call_overhead_s)} (95%: {ci}; negative: the "
-            "links give each call a head start)",
-            highlight=False,
+            f"per-call overhead {fmt_time(profile.call_overhead_s)} ({how})", highlight=False
         )
     if profile.compute:
         c = profile.compute
@@ -132,12 +135,15 @@ def print_validation(checked: Validation, cluster: str) -> None:
         console.print(f"not modelled ({n} points, not summarised): {why}", highlight=False)
     for kind, label in (("collective", "collectives"), ("ddp-step", "DDP step time")):
         s = checked.summary(kind)
+        floored = kind == "collective" and checked.min_bytes > 0  # --min-bytes given
+        floor = f" of {fmt_bytes(checked.min_bytes)} and more" if floored else ""
         if s["points"]:
-            floor = f" of {fmt_bytes(checked.min_bytes)} and more" if kind == "collective" else ""
             console.print(
                 f"{label}{floor}: median |error| {s['median_abs_pct_error']:.1f}%, worst "
                 f"{s['max_abs_pct_error']:.1f}% over {s['points']} points"
             )
+        elif floor and any(r.kind == kind for r in checked.rows):
+            console.print(f"{label}{floor}: none measured (--min-bytes), nothing summarised")
     print_notes(checked.notes)
 
 

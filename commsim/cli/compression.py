@@ -19,9 +19,18 @@ BLOCK_SHAPES = ((3072, 1024), (1024, 1024), (4096, 1024), (1024, 4096))
 
 
 def _compressor_list(text: str) -> list[str]:
+    """The --compressors spellings, each parsed; an unknown one or none at all is a
+    SpecError naming the flag."""
     from commsim.compression import parse_compressor
+    from commsim.specs import SpecError
 
-    return [parse_compressor(c).spec for c in text.split(",") if c.strip()]
+    try:
+        specs = [parse_compressor(c).spec for c in text.split(",") if c.strip()]
+    except ValueError as e:
+        raise SpecError("--compressors", "", str(e)) from None
+    if not specs:
+        raise SpecError(f"--compressors {text!r}", "", "names no compressor")
+    return specs
 
 
 @compression_app.command("bench")
@@ -88,8 +97,13 @@ def compression_convergence(
         modes = {"both": "both", "on": True, "off": False}
         if error_feedback not in modes:
             raise ValueError(f"--error-feedback must be both, on or off, not {error_feedback!r}")
-        if steps < 1 or workers < 1:
-            raise ValueError("--steps and --workers must be at least 1")
+        for flag, value, least in (
+            ("--steps", steps, 1),
+            ("--workers", workers, 1),
+            ("--seed", seed, 0),
+        ):
+            if value < least:
+                raise ValueError(f"{flag} {value}: must be at least {least}")
         if workers > convergence.BATCH:
             raise ValueError(
                 f"--workers {workers}: at most {convergence.BATCH}, the samples of one step "

@@ -160,7 +160,9 @@ def _inputs(args: dict[str, Any]) -> tuple[Any, str, list[int], list[Policy]]:
     recovery = args["recovery"]
     known = recovery == "all" or recovery in STRATEGIES
     refuse("recovery", recovery, "" if known else f"must be one of {', '.join(STRATEGIES)} or all")
-    spec, source = load_scenario(args["scenario"], overrides(**pick(args, SCENARIO_FLAGS)))
+    one = args["gpus"] if ":" not in (args["gpus"] or ":") else None  # not a LOW:HIGH sweep
+    flags = pick(args, SCENARIO_FLAGS) | {"gpus": one and gpu_sizes(one, 0)[0]}
+    spec, source = load_scenario(args["scenario"], overrides(**flags))  # named as changed
     sizes = gpu_sizes(args["gpus"], spec.gpus)
     names = STRATEGIES if recovery == "all" else (recovery,)
     given = {k: v if typed(args["ctx"], k) else None for k, v in pick(args, POLICY_FLAGS).items()}

@@ -27,7 +27,7 @@ from commsim.cli.reliability_flags import (
     typed,
 )
 from commsim.report import terminal
-from commsim.units import fmt_gpus
+from commsim.units import fmt_duration, fmt_gpus
 
 if TYPE_CHECKING:
     from commsim.scenario import Setup
@@ -126,7 +126,8 @@ def stragglers_cmd(
         terminal.print_json(doc)
         return
     title = (
-        f"{setup.scenario.name}: one rank {upsets.slow_rank:g}x slower for {upsets.duration} on "
+        f"{setup.scenario.name}: one rank {upsets.slow_rank:g}x slower for "
+        f"{fmt_duration(upsets.duration_s)} on "
         f"{fmt_gpus(setup.n_gpus)}: step {prediction.step_time_s:.3g} s -> "
         f"{doc['slow_rank']['step_time_s']:.3g} s"
     )

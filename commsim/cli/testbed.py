@@ -40,13 +40,15 @@ ClusterOut = Annotated[
 ]
 
 
-def _write_cluster(spec, path: str) -> None:
-    """The cluster a testbed emulates, as a cluster YAML that --cluster reads."""
+def _write_cluster(spec, path: str, flag: str) -> None:
+    """The cluster a testbed emulates, as a cluster YAML that --cluster reads (a path that
+    cannot be written is refused naming `flag`)."""
     import yaml
 
     from commsim.calibrate.testbed.spec import cluster_spec
-    from commsim.files import write_atomic
+    from commsim.files import check_output, write_atomic
 
+    check_output(path, flag)
     doc = cluster_spec(spec).model_dump(mode="json", exclude_defaults=True)  # with units
     write_atomic(path, yaml.safe_dump(doc, sort_keys=False))
 
@@ -63,7 +65,7 @@ def cluster(
 
     with terminal.user_errors():
         spec = load_testbed(file)
-        _write_cluster(spec, output)
+        _write_cluster(spec, output, "-o")
     if json:
         doc = {"testbed": spec.name, "output": output, "cluster": cluster_spec(spec).model_dump()}
         terminal.print_json(doc)
@@ -80,7 +82,7 @@ def up(file: FileArg, cluster_out: ClusterOut = None, json: terminal.JsonOpt = F
     with terminal.user_errors():
         spec = load_testbed(file)
         if cluster_out:
-            _write_cluster(spec, cluster_out)
+            _write_cluster(spec, cluster_out, "--cluster-out")
         state = network.up(spec)
     if json:
         terminal.print_json(state)

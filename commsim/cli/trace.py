@@ -39,6 +39,7 @@ from commsim.cli.options import (
 )
 from commsim.cli.trace_kernels import Traces, kernels_cmd
 from commsim.report import terminal
+from commsim.units import fmt_time
 
 if TYPE_CHECKING:
     from commsim.traces.graph import Graph
@@ -62,6 +63,23 @@ def _cluster(name: str, profile: str | None, gpus: int):
     return build_cluster(spec, gpus)
 
 
+def _check_pricing(cluster: str | None, **given) -> None:
+    """The pricing flags a trace command was given (`algorithm`, `placement`, `step`,
+    `profile`: None when not): each needs --cluster, and an algorithm or placement must be
+    one commsim prices; a SpecError naming the flag otherwise."""
+    from commsim.specs import SpecError
+    from commsim.step.layouts import ALGORITHMS
+    from commsim.topology.placement import PLACEMENTS
+
+    known = {"algorithm": ALGORITHMS, "placement": PLACEMENTS}
+    for key, value in given.items():
+        flag = f"--{key}"
+        if value is not None and not cluster:
+            raise SpecError(flag, "", "needs --cluster (it only changes the prediction)")
+        if value is not None and key in known and value not in known[key]:
+            raise SpecError(flag, "", f"{value!r}: not one of {', '.join(known[key])}")
+
+
 def _price(
     graph: Graph, cluster: str, profile: str | None, gpus: int, algorithm, placement, shards=1
 ):
@@ -76,7 +94,9 @@ def summary_cmd(
     traces: Traces,
     cluster: ClusterOpt = None,
     profile: ProfOpt = None,
-    algorithm: Annotated[str, typer.Option(help="Algorithm the prediction prices.")] = "auto",
+    algorithm: Annotated[
+        str | None, typer.Option(help="Algorithm the prediction prices (default: auto).")
+    ] = None,
     step: StepOpt = None,
     plot: Annotated[
         str | None, typer.Option(help="PNG: the measured step beside commsim's (needs --cluster).")
@@ -85,25 +105,26 @@ def summary_cmd(
 ) -> None:
     """Per rank and step: compute, communication, exposed communication; each collective's
     algbw and busbw."""
+    from commsim.files import check_output
     from commsim.report.traces import plot_step, summary_tables
     from commsim.specs import SpecError
     from commsim.traces.imported import import_step
-    from commsim.traces.kineto import read_kineto
+    from commsim.traces.kineto import read_traces
     from commsim.traces.replay import replay
     from commsim.traces.summary import summarize
 
     with terminal.user_errors():
         if plot and not cluster:
             raise SpecError("--plot", "", "needs --cluster to predict the step it draws beside")
-        if profile and not cluster:
-            raise SpecError("--profile", "", "needs --cluster")
-        read = [read_kineto(p) for p in traces]
+        check_output(plot, "--plot", image=True)
+        _check_pricing(cluster, profile=profile, algorithm=algorithm, step=step)
+        read = read_traces(traces)
         s = summarize(read)
         doc = s.to_dict()
         if cluster:
             graph = import_step(read, step)
             world = max(t.world for t in read)
-            price = _price(graph, cluster, profile, world, algorithm, "blocked")
+            price = _price(graph, cluster, profile, world, algorithm or "auto", "blocked")
             measured, predicted = replay(graph), replay(graph, price)
             doc["prediction"] = {
                 "step": int(graph.metadata["step"]),
@@ -121,8 +142,8 @@ def summary_cmd(
     if "prediction" in doc:
         p = doc["prediction"]
         terminal.console.print(
-            f"step {p['step']} replayed as traced: {1e3 * p['replayed_s']:.2f} ms; "
-            f"priced on {cluster}: {1e3 * p['predicted_s']:.2f} ms"
+            f"step {p['step']} replayed as traced: {fmt_time(p['replayed_s'])}; "
+            f"priced on {cluster}: {fmt_time(p['predicted_s'])}"
         )
     if plot:
         terminal.console.print(f"plot written to {plot}")
@@ -147,15 +168,17 @@ def predict_cmd(
 ) -> None:
     """The traced step replayed on a cluster's cost model, at the traced scale or another."""
     from commsim.traces.imported import import_step
-    from commsim.traces.kineto import read_kineto
+    from commsim.traces.kineto import read_traces
     from commsim.traces.replay import replay
-    from commsim.traces.retarget import ASSUMPTIONS, retarget
+    from commsim.traces.retarget import ASSUMPTIONS, check_layout, retarget
 
     with terminal.user_errors():
-        read = [read_kineto(p) for p in traces]
-        world = max(t.world for t in read)
+        _check_pricing(cluster, algorithm=algorithm, placement=placement)
+        read = read_traces(traces)
+        world = read[0].world
+        n = world if gpus is None else gpus
+        check_layout(world, n, tp, pp)
         graph = import_step(read, step)
-        n = gpus or world
         target = retarget(graph, world, n, tp, pp) if n != world else graph
         price = _price(target, cluster, profile, n, algorithm, placement)
         doc = {
@@ -172,12 +195,27 @@ def predict_cmd(
         terminal.print_json(doc)
         return
     terminal.console.print(
-        f"step {doc['step']}: {1e3 * doc['traced_s']:.2f} ms on {world} traced ranks; "
-        f"predicted {1e3 * doc['predicted_s']:.2f} ms on {n} GPUs of {cluster} "
+        f"step {doc['step']}: {fmt_time(doc['traced_s'])} on {world} traced ranks; "
+        f"predicted {fmt_time(doc['predicted_s'])} on {n} GPUs of {cluster} "
         f"(tp {tp}, pp {pp}, dp {doc['layout']['dp']})"
     )
     for a in doc["assumptions"] + [f"kept as traced: {k}" for k in doc["kept_as_traced"]]:
         terminal.console.print(f"assumed: {a}", highlight=False)
+
+
+def _prefix_dir(prefix: str) -> None:
+    """The directory `trace export`'s files go to, made if missing; a file in its way is a
+    SpecError naming --out."""
+    from pathlib import Path
+
+    from commsim.specs import SpecError
+
+    try:
+        Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecError(
+            f"--out {prefix!r}", "", f"cannot make its directory: {e.strerror}"
+        ) from None
 
 
 # the scenario fields `trace export` takes flags for (cli.given's names)
@@ -225,22 +263,25 @@ def export_cmd(
     fields): ep_overlap (expert all-to-alls under another micro-batch's compute) and
     zero3_issue: parameter (DeepSpeed's 2021 per-tensor ZeRO-3)."""
     args = locals()  # the flags as given
-    from pathlib import Path
+    import os
 
     from commsim.cli.given import blame_flags, pick, refuse_ignored
     from commsim.cli.options import setup_from_flags
     from commsim.files import write_atomic
+    from commsim.specs import SpecError
     from commsim.traces.chakra import chakra_files
     from commsim.traces.export import export_graph
     from commsim.traces.replay import replay
 
     flags = pick(args, ("model", "cluster", "gpus", *EXPORT_FLAGS))
     with terminal.user_errors(), blame_flags(scenario, flags):
+        if not out.strip() or out.endswith(("/", os.sep)):
+            raise SpecError(f"--out {out!r}", "", "names no file: give PREFIX for PREFIX.<rank>.et")
         setup = setup_from_flags(scenario, fsdp=fsdp, **flags)
         refuse_ignored(setup.scenario, flags)
         graph, predicted = export_graph(setup)
         files = chakra_files(graph, graph.metadata)  # all built before any is written
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        _prefix_dir(out)
         with terminal.progress(len(files), "writing .et files") as bar:
             for rank, data in files.items():
                 write_atomic(f"{out}.{rank}.et", data)
@@ -256,8 +297,8 @@ def export_cmd(
         terminal.print_json(doc)
         return
     terminal.console.print(
-        f"{doc['files']} files {out}.<rank>.et; step {1e3 * doc['replayed_s']:.2f} ms "
-        f"(predict: {1e3 * predicted:.2f} ms); nodes: "
+        f"{doc['files']} files {out}.<rank>.et; step {fmt_time(doc['replayed_s'])} "
+        f"(predict: {fmt_time(predicted)}); nodes: "
         + ", ".join(f"{k} {v}" for k, v in doc["nodes"].items())
     )
 
@@ -279,8 +320,7 @@ def import_cmd(
     from commsim.traces.replay import replay
 
     with terminal.user_errors():
-        if profile and not cluster:
-            raise SpecError("--profile", "", "needs --cluster")
+        _check_pricing(cluster, profile=profile, algorithm=algorithm, placement=placement)
         graph = import_chakra(files)
         doc = {
             "ranks": len(graph.ranks),
@@ -299,9 +339,9 @@ def import_cmd(
     if json_out:
         terminal.print_json(doc)
         return
-    line = f"{doc['ranks']} ranks, step {1e3 * doc['recorded_s']:.2f} ms as recorded"
+    line = f"{doc['ranks']} ranks, step {fmt_time(doc['recorded_s'])} as recorded"
     if cluster:
-        line += f", {1e3 * doc['priced_s']:.2f} ms priced on {cluster}"
+        line += f", {fmt_time(doc['priced_s'])} priced on {cluster}"
     terminal.console.print(line)
 
 
@@ -309,18 +349,20 @@ def import_cmd(
 def calibrate_cmd(
     traces: Traces,
     out: Annotated[str, typer.Option(help="Results file (JSONL) for `calibrate fit`.")],
+    json_out: terminal.JsonOpt = False,
 ) -> None:
     """Every traced collective of known size and group as a measured point (the results
     format `calibrate fit` and `validate` read)."""
     from commsim.calibrate.kineto import trace_records
-    from commsim.calibrate.records import append_records
-    from commsim.traces.kineto import read_kineto
+    from commsim.calibrate.records import import_runs
+    from commsim.cli.calibrate import print_imported
+    from commsim.files import check_output
+    from commsim.traces.kineto import read_traces
 
     with terminal.user_errors():
-        records = trace_records([read_kineto(p) for p in traces])
-        append_records(out, records)
-    points = sum(r["kind"] == "collective" for r in records)
-    terminal.err_console.print(f"{points} measured collectives appended to {out}")
+        check_output(out, "--out")
+        added = import_runs(out, trace_records(read_traces(traces)))
+    print_imported(added, "rank traces", json_out)
 
 
 trace_app.command("kernels")(kernels_cmd)

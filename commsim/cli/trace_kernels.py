@@ -27,6 +27,13 @@ GpuOutOpt = Annotated[
 ]
 
 
+# the scenario fields kernels_cmd takes flags for (cli.given's names)
+KERNEL_FLAGS = (
+    *("model", "cluster", "micro_batch", "seq_len", "tp", "pp", "recompute", "precision"),
+    *("flash_attention", "sequence_parallel"),
+)
+
+
 def kernels_cmd(
     traces: Traces,
     scenario: Annotated[str | None, typer.Option(help="Scenario of the run traced.")] = None,
@@ -46,29 +53,22 @@ def kernels_cmd(
     """Traced GEMM, attention and element-wise seconds per micro-batch beside the roofline's
     for the model and layout traced (the scenario's, with these flags), and the efficiencies
     (gemm_efficiency, attention_efficiency) that make them agree."""
+    args = locals()  # the flags as given
+    from commsim.cli.given import blame_flags, pick
     from commsim.cli.options import setup_from_flags
     from commsim.files import check_output, write_atomic
     from commsim.traces.kernels import fit_kernels, gpu_yaml
-    from commsim.traces.kineto import read_kineto
+    from commsim.traces.kineto import read_traces
+    from commsim.traces.retarget import check_layout
 
-    with terminal.user_errors():
+    flags = pick(args, KERNEL_FLAGS)
+    with terminal.user_errors(), blame_flags(scenario, flags):
         check_output(gpu_out, "--gpu-out")
-        read = [read_kineto(p) for p in traces]
-        setup = setup_from_flags(
-            scenario,
-            check=False,
-            model=model,
-            cluster=cluster,
-            gpus=max(t.world for t in read),
-            micro_batch=micro_batch,
-            seq_len=seq_len,
-            tp=tp,
-            pp=pp,
-            recompute=recompute,
-            precision=precision,
-            flash_attention=flash_attention,
-            sequence_parallel=sequence_parallel,
-        )
+        read = read_traces(traces)
+        world = read[0].world
+        setup = setup_from_flags(scenario, check=False, gpus=world, **flags)
+        strategy = setup.scenario.strategy
+        check_layout(world, world, strategy.tp, strategy.pp)  # the traced ranks hold tp x pp
         fit = fit_kernels(setup, read, setup.scenario.micro_batch)
         doc = {"gpu": setup.gpu.name, "steps": fit.steps, "classes": fit.rows()}
         if gpu_out:

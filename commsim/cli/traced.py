@@ -59,10 +59,10 @@ def with_trace(
             raise SpecError(flag, "", f"{value} is not a positive number")
     if not patterns:
         return setup, None
-    from commsim.traces.kineto import read_kineto
+    from commsim.traces.kineto import read_traces
     from commsim.traces.workload import apply, read_workload
 
-    read = [read_kineto(p) for p in trace_paths(patterns)]
+    read = read_traces(trace_paths(patterns))
     return apply(setup, read_workload(read, tp or 1, pp or 1, mb))
 
 

@@ -48,6 +48,9 @@ def summary_tables(s: Summary) -> list[Table]:
             fmt_rate(mid.algbw_Bps) if mid.algbw_Bps else "-",
             fmt_rate(mid.busbw_Bps) if mid.busbw_Bps else "-",
         )
+    if not groups:  # an empty table says nothing: say that
+        steps.caption = "no collectives traced"
+        return [steps]
     return [steps, colls]
 
 

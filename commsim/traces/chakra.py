@@ -266,9 +266,24 @@ def import_chakra(paths: list[str | Path]) -> Graph:
         meta_ids = {n.id for n in nodes if n.type == METADATA}  # no work: left out
         kept = [graph_node(n, str(path)) for n in nodes if n.type != METADATA]
         ranks[rank] = [replace(x, deps=tuple(d for d in x.deps if d not in meta_ids)) for x in kept]
+        _check_membership(ranks[rank], rank, groups, str(path))
     groups.setdefault("world", ("world", tuple(sorted(ranks))))
     text = {k: str(v) for k, v in meta.items() if isinstance(v, (str, int, float))}
     return Graph(ranks, groups, text)
+
+
+def _check_membership(nodes: list[Node], rank: int, groups: dict, source: str) -> None:
+    """Each collective of a rank's file runs on a process group holding that rank: a file
+    named for another rank than it traced (renamed, or another run's) is a SpecError naming
+    the node, not a step replayed on groups it is not in."""
+    for n in nodes:
+        members = groups.get(n.pg or "", ("", ()))[1]
+        if n.kind == "coll" and members and rank not in members:
+            raise SpecError(
+                source,
+                f"node {n.id}.attr.pg_name",
+                f"group {n.pg!r} holds ranks {list(members)}, not rank {rank} (the file's name)",
+            )
 
 
 def _attr(name: str, number: int, value: Any) -> bytes:

@@ -76,11 +76,8 @@ def rank_nodes(trace: RankTrace, k: int) -> list[Node]:
 
 
 def import_step(traces: list[RankTrace], number: int | None = None) -> Graph:
-    """One step of every traced rank as a graph; by default the step all ranks traced with
-    the median length on the first rank."""
-    ranks = [t.rank for t in traces]
-    if len(set(ranks)) < len(ranks):
-        raise SpecError(traces[0].source, "distributedInfo.rank", "two traces of the same rank")
+    """One step of every traced rank (kineto.read_traces: one trace a rank) as a graph; by
+    default the step all ranks traced with the median length on the first rank."""
     if number is None:
         first = traces[0]
         lengths = [first.window(k)[1] - first.window(k)[0] for k in range(len(first.steps))]
@@ -91,6 +88,14 @@ def import_step(traces: list[RankTrace], number: int | None = None) -> Graph:
         for c in t.collectives:
             if c.pg is not None and c.pg not in groups and c.group:
                 groups[c.pg] = (c.pg_desc or "", c.group)
+    for t in traces:
+        lost = next((c for c in t.collectives if c.pg is not None and c.pg not in groups), None)
+        if lost is not None:  # libkineto cut its ranks short and pg_config lacks it
+            raise SpecError(
+                t.source,
+                "distributedInfo.pg_config",
+                f"no ranks of process group {lost.pg!r} ({lost.name!r}): a replay needs them",
+            )
     graph = Graph({t.rank: rank_nodes(t, step_index(t, number)) for t in traces}, groups)
     graph.metadata["step"] = str(number)
     return graph

@@ -149,9 +149,12 @@ class KernelFit:
         t, r = self.traced[cls], self.roofline(cls) - f
         if t <= 0 or r <= 0:
             return None
+        return self.catalog(cls) * r / (t - f)
+
+    def catalog(self, cls: str) -> float:
+        """The catalog's figure the roofline runs the class at (other: its HBM share)."""
         field = self.field(cls)
-        c = getattr(self.gpu, field) if field else self.gpu.hbm_efficiency or 1.0
-        return c * r / (t - f)
+        return getattr(self.gpu, field) if field else self.gpu.hbm_efficiency or 1.0
 
     def fitted_gpu(self) -> GPUSpec:
         """The GPU with the fitted efficiencies; a SpecError where one exceeds 1 (faster than
@@ -184,7 +187,7 @@ class KernelFit:
                 "write_s": self.parts["write"] if cls == "gemm" else 0.0,
                 "bf16_held_s": self.bf16_held(cls),
                 "field": self.field(cls) or "hbm_share",
-                "catalog": getattr(self.gpu, self.field(cls)) if self.field(cls) else None,
+                "catalog": self.catalog(cls),
                 "fitted": self.fitted(cls),
             }
             for cls in CLASSES

@@ -31,6 +31,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ import numpy as np
 from commsim.files import read_bytes
 from commsim.specs import SpecError
 from commsim.traces.intervals import difference, union
+from commsim.units import fmt_time
 
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 DDP_FORWARD = "DistributedDataParallel.forward"  # DDP's own annotation: one per micro-batch
@@ -266,26 +268,42 @@ def _groups(info: dict, source: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     return out
 
 
-def _nccl(ev, args, t, source, i, lane) -> Collective:
-    """A GPU collective kernel and its record_param_comms metadata."""
+_NELEMS = ("In msg nelems", "Out msg nelems")
+
+
+def _count(value: Any, source: str, where: str) -> float:
+    """An element count as PyTorch records it: a whole number, 0 or more."""
+    whole = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not whole or not np.isfinite(value) or value < 0 or value != int(value):
+        raise SpecError(source, where, f"not an element count (a whole number >= 0): {value!r}")
+    return float(value)
+
+
+def _nccl(ev, args, t, source, i, lane, groups) -> Collective:
+    """A GPU collective kernel and its record_param_comms metadata; `groups` (pg_config)
+    completes a group whose rank list the trace cut short."""
     name = str(args.get("Collective name") or ev.get("name", ""))
     op = op_of(name)
     nbytes = dtype = group = pg = desc = None
     if "Collective name" in args:
         where = f"traceEvents[{i}].args"
-        for key in ("In msg nelems", "Out msg nelems", "dtype"):
+        for key in (*_NELEMS, "dtype"):
             if key not in args:
                 raise SpecError(source, f"{where}.{key}", f"missing on collective {name!r}")
         dtype = str(args["dtype"])
         side = "Out msg nelems" if _SIZE_SIDE.get(op) == "out" else "In msg nelems"
-        nelems = (
-            args[side] if op != "send-recv" else max(args["In msg nelems"], args["Out msg nelems"])
-        )
-        nbytes = float(nelems) * dtype_bytes(dtype, source, f"{where}.dtype")
+        counts = {k: _count(args[k], source, f"{where}.{k}") for k in _NELEMS}
+        nelems = counts[side] if op != "send-recv" else max(counts.values())
+        nbytes = nelems * dtype_bytes(dtype, source, f"{where}.dtype")
         pg = str(args["Process Group Name"]) if "Process Group Name" in args else None
         desc = args.get("Process Group Description")
-        if "Process Group Ranks" in args:
-            group = _ranks(args["Process Group Ranks"], source, f"{where}.Process Group Ranks")
+        listed = args.get("Process Group Ranks")
+        if isinstance(listed, str) and listed.replace(" ", "").endswith(",...]"):
+            # libkineto writes a group of over 30 ranks as its first 30 and "..." (its
+            # kTruncatLength): the whole list is distributedInfo.pg_config's, if given
+            group = groups[pg][1] if pg in groups else None
+        elif listed is not None:
+            group = _ranks(listed, source, f"{where}.Process Group Ranks")
     return Collective(op, name, nbytes, dtype, group, pg, desc, *t, lane)
 
 
@@ -298,7 +316,9 @@ def _gloo(ev, args, t, source, i, lane, groups, world) -> Collective:
     if dims and types:
         dtype = str(types[0])
         elt = dtype_bytes(dtype, source, f"traceEvents[{i}].args.Input type")
-        nbytes = float(sum(int(np.prod(d)) for d in dims if isinstance(d, list))) * elt
+        where = f"traceEvents[{i}].args.Input Dims"
+        shapes = [d for d in dims if isinstance(d, list)]
+        nbytes = float(sum(np.prod([_count(n, source, where) for n in d]) for d in shapes)) * elt
     default = next(((k, g) for k, g in groups.items() if g[0] == "default_pg"), None)
     default = next(iter(groups.items())) if len(groups) == 1 else default
     pg, desc, group = (default[0], *default[1]) if default else (None, None, None)
@@ -314,7 +334,7 @@ def read_kineto(path: str | Path) -> RankTrace:
     source = str(path)
     doc = _load(path)
     info = doc.get("distributedInfo") or {}
-    rank, world = int(info.get("rank", 0)), int(info.get("world_size", 1))
+    rank, world = _rank_world(info, source)
     groups = _groups(info, source)
     events = [
         (i, e)
@@ -331,6 +351,19 @@ def read_kineto(path: str | Path) -> RankTrace:
     launches = _launches(events, spans, main, gpu)
     busy = union(compute) if gpu else difference(compute, launches)
     colls.sort(key=lambda c: (c.start, c.lane))
+    for c in colls:  # a rank runs only the collectives of groups it is in, inside its world
+        if c.group and rank not in c.group:
+            raise SpecError(
+                source,
+                "distributedInfo.rank",
+                f"{rank}, but its {c.name!r} at {fmt_time(c.start)} runs on ranks {list(c.group)}",
+            )
+        if c.group and max(c.group) >= world:
+            raise SpecError(
+                source,
+                "distributedInfo.world_size",
+                f"{world}, but its {c.name!r} at {fmt_time(c.start)} runs on rank {max(c.group)}",
+            )
     extra = {k: v for k, v in doc.items() if k not in ("traceEvents",)}
     return RankTrace(
         source,
@@ -349,6 +382,42 @@ def read_kineto(path: str | Path) -> RankTrace:
     )
 
 
+def read_traces(paths: Sequence[str | Path]) -> list[RankTrace]:
+    """The traces of one run, one per rank: every rank's read_kineto, all of one world size
+    and no rank twice (a SpecError naming the file and field otherwise)."""
+    traces = [read_kineto(p) for p in paths]
+    seen: dict[int, str] = {}
+    for t in traces:
+        if t.world != traces[0].world:
+            raise SpecError(
+                t.source,
+                "distributedInfo.world_size",
+                f"{t.world}, but {traces[0].source} says {traces[0].world}: not one run",
+            )
+        if t.rank in seen:
+            raise SpecError(
+                t.source, "distributedInfo.rank", f"{t.rank} again ({seen[t.rank]}): one per rank"
+            )
+        seen[t.rank] = t.source
+    return traces
+
+
+def _rank_world(info: dict, source: str) -> tuple[int, int]:
+    """(rank, world size) from distributedInfo (0 and 1 when it is missing): whole numbers,
+    the rank inside the world."""
+    values = {"world_size": info.get("world_size", 1), "rank": info.get("rank", 0)}
+    for key, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key == "world_size" else 0):
+            raise SpecError(source, f"distributedInfo.{key}", f"not a valid {key}: {v!r}")
+    if values["rank"] >= values["world_size"]:
+        raise SpecError(
+            source,
+            "distributedInfo.rank",
+            f"{values['rank']} outside world_size {values['world_size']}",
+        )
+    return values["rank"], values["world_size"]
+
+
 def _profiler_steps(events: list[tuple[int, dict]], source: str) -> list[tuple[int, dict]]:
     """The (index, event) of each ProfilerStep#N; none is a SpecError saying how to record."""
     steps = [(i, e) for i, e in events if STEP.match(str(e.get("name", "")))]
@@ -364,13 +433,13 @@ def _profiler_steps(events: list[tuple[int, dict]], source: str) -> list[tuple[i
 def _spans(events, steps_raw, source: str) -> dict[int, tuple[float, float]]:
     """Each event's (start, end) in seconds from the first step's start, by its index."""
     base = min(_number(e, "ts", source, i) for i, e in steps_raw)
-    return {
-        i: (
-            (_number(e, "ts", source, i) - base) * 1e-6,
-            (_number(e, "ts", source, i) + _number(e, "dur", source, i) - base) * 1e-6,
-        )
-        for i, e in events
-    }
+    spans = {}
+    for i, e in events:
+        start, dur = _number(e, "ts", source, i), _number(e, "dur", source, i)
+        if dur < 0:
+            raise SpecError(source, f"traceEvents[{i}].dur", f"negative duration ({dur:g} us)")
+        spans[i] = ((start - base) * 1e-6, (start + dur - base) * 1e-6)
+    return spans
 
 
 def _sort_events(events, spans, main, gpu: bool, source: str, groups, world: int):
@@ -384,7 +453,7 @@ def _sort_events(events, spans, main, gpu: bool, source: str, groups, world: int
         if gpu and cat == "kernel":
             lane = f"stream {args.get('stream', e.get('tid'))}"
             if "Collective name" in args or name.lower().startswith("nccl"):
-                colls.append(_nccl(e, args, t, source, i, lane))
+                colls.append(_nccl(e, args, t, source, i, lane, groups))
             else:
                 compute.append(t)
                 named.append((*t, name))

@@ -36,11 +36,20 @@ def _kind(ranks: tuple[int, ...], tp: int, dp: int) -> str:
     return "other"
 
 
-def retarget(graph: Graph, world: int, gpus: int, tp: int = 1, pp: int = 1) -> Graph:
-    """The graph at `gpus` GPUs (see the module docstring)."""
-    for flag, n in (("--gpus", gpus), ("traced ranks", world)):
+def check_layout(world: int, gpus: int, tp: int, pp: int) -> None:
+    """The traced layout (tp x pp of `world` ranks) and the new scale fit: positive counts,
+    both GPU counts multiples of tp x pp; a SpecError naming the flag otherwise."""
+    for flag, n in (("--gpus", gpus), ("--tp", tp), ("--pp", pp)):
+        if n < 1:
+            raise SpecError(f"{flag} {n}", "", "must be a positive count")
+    for flag, n in (("--tp/--pp: the traced ranks", world), ("--gpus", gpus)):
         if n % (tp * pp):
             raise SpecError(flag, "", f"{n} is not a multiple of tp x pp = {tp * pp}")
+
+
+def retarget(graph: Graph, world: int, gpus: int, tp: int = 1, pp: int = 1) -> Graph:
+    """The graph at `gpus` GPUs (see the module docstring)."""
+    check_layout(world, gpus, tp, pp)
     dp0, dp1 = world // (tp * pp), gpus // (tp * pp)
 
     def new(rank: int) -> int | None:

@@ -39,7 +39,10 @@ class HarnessConfig:
     profile_dir: str | None = None  # write torch.profiler traces of DDP steps here
 
     def __post_init__(self) -> None:
-        lo, _ = parse_size_range(self.sizes)
+        try:
+            lo, _ = parse_size_range(self.sizes)
+        except ValueError as e:  # units.UnitError
+            raise SpecError("--sizes", "", str(e)) from None
         unknown = [op for op in self.ops if op not in OPS]
         if unknown:
             raise SpecError(
