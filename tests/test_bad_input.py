@@ -392,6 +392,11 @@ _GOODPUT = [
     *(((f"--{k}", "-1s"), f"--{k} -1s: not a time") for k in ("reschedule", "warmup")),
     (("--rate-scale", "0"), "--rate-scale 0.0: must be a positive, finite factor"),
     (("--rate-scale", "nan"), "--rate-scale nan: must be a positive, finite factor"),
+    # failures so frequent that no restart outlasts the MTBF: was a ZeroDivisionError traceback
+    (
+        ("--rate-scale", "1e300"),
+        "is not a finite number: an input is out of range (check --rate-scale",
+    ),
     (("--monte-carlo", "-1"), "--monte-carlo -1: must not be negative"),
     (("--seed", "-1", "--monte-carlo", "2"), "--seed -1: must not be negative"),
     (("--seed", "3"), "--seed 3: seeds the --monte-carlo runs; none asked for"),

@@ -232,3 +232,16 @@ def test_commit_time_is_dalys_complete_model():
         ck.commit_time(tau, delta, 0.0, m, [(1.0, r + 4.0)])
     )
     assert np.isclose(ck.goodput(tau, delta, 0.0, 1e12, [(1.0, r)]), tau / (tau + delta))
+
+
+def test_failures_too_frequent_for_any_restart_give_no_progress_not_an_error():
+    # MTBF 1 ms against a 60 s restart: e^(-R/M) underflows to 0 and e^(L/M) past the largest
+    # float; the expected time per checkpoint is infinite and goodput 0 (was ZeroDivisionError)
+    restarts = [(1.0, 60.0)]
+    assert ck.restart_factor(1e-3, restarts) == math.inf
+    assert ck.commit_time(600.0, 5.0, 0.0, 1e-3, restarts) == math.inf
+    assert ck.goodput(600.0, 5.0, 0.0, 1e-3, restarts) == 0.0
+    # an ordinary case is unchanged: Q = M / e^(-R/M), E = Q (e^(L/M) - 1) by hand
+    m, r, tau = 3600.0, 60.0, 600.0
+    by_hand = m / math.exp(-r / m) * math.expm1((tau + 5.0) / m)
+    assert ck.commit_time(tau, 5.0, 0.0, m, restarts) == pytest.approx(by_hand, rel=1e-15)

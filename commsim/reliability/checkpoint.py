@@ -22,6 +22,7 @@ form; `optimal_interval` minimises the model itself.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 
 from scipy.optimize import minimize_scalar
@@ -42,6 +43,9 @@ def daly_interval(delta: float, mtbf: float) -> float:
     return math.sqrt(2.0 * delta * mtbf) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - delta
 
 
+EXP_MAX = math.log(sys.float_info.max)  # about 709.8
+
+
 def restart_factor(mtbf: float, restarts: Sequence[tuple[float, float]]) -> float:
     """Q = M / sum_c p_c exp(-R_c / M): the expected time from a failure until the job runs
     again, plus M. `restarts` holds (probability, seconds) per restart class.
@@ -50,7 +54,7 @@ def restart_factor(mtbf: float, restarts: Sequence[tuple[float, float]]) -> floa
     a new restart (of a class drawn afresh) begins. The expected restart phase is then
     (A / (1 - A)) M with A = sum_c p_c (1 - e^(-R_c/M)), so Q = M + that = M / (1 - A)."""
     survive = sum(p * math.exp(-r / mtbf) for p, r in restarts)
-    return mtbf / survive
+    return mtbf / survive if survive > 0 else math.inf  # no restart outlasts the MTBF
 
 
 def commit_time(
@@ -66,7 +70,15 @@ def commit_time(
     E = e^(-L/M) L + (1 - e^(-L/M)) (E[x | x < L] + (Q - M) + A(L + lag)), which simplifies
     to Q e^(lag/M) (e^(L/M) - 1)."""
     q = restart_factor(mtbf, restarts)
-    return q * math.exp(lag / mtbf) * math.expm1((tau + stall) / mtbf)
+    return q * _exp(lag / mtbf) * _exp((tau + stall) / mtbf, minus_one=True)
+
+
+def _exp(x: float, minus_one: bool = False) -> float:
+    """e^x (e^x - 1 with `minus_one`), inf past the largest float instead of an
+    OverflowError: failures so frequent that no interval completes."""
+    if x > EXP_MAX:
+        return math.inf
+    return math.expm1(x) if minus_one else math.exp(x)
 
 
 def goodput(
