@@ -250,8 +250,13 @@ def test_a_normal_spread_that_draws_negative_times_is_refused():
     assert pytest.approx(1 / 3.7190, rel=1e-4) == jt.MAX_NORMAL_CV
     assert jt.spread_problem("normal", 0.25) == ""
     assert jt.spread_problem("normal", jt.MAX_NORMAL_CV * (1 - 1e-9)) == ""
-    assert "probability 0.00043, over 0.0001" in jt.spread_problem("normal", 0.3)
+    assert "probability 0.000429, over 0.0001" in jt.spread_problem("normal", 0.3)
     assert "probability 0.46" in jt.spread_problem("normal", 10.0)
+    # the bound as the message states it is accepted; 0.269, just above, is refused
+    assert jt.SHOWN_NORMAL_CV == 0.2688 and jt.spread_problem("normal", 0.2688) == ""
+    assert "probability 0.000101, over 0.0001 (cv at most 0.2688)" in jt.spread_problem(
+        "normal", 0.269
+    )
     assert jt.spread_problem("lognormal", 10.0) == ""  # the way out the refusal names
     with pytest.raises(ValueError, match="draws a negative time"):
         jt.expected_max(8, "normal", 10.0)

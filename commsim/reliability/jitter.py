@@ -36,11 +36,13 @@ from scipy import integrate, stats
 DISTRIBUTIONS = ("normal", "lognormal", "exponential")
 # A normal X ~ N(1, cv^2) is a compute time only while it is almost never negative: refused
 # when P(X < 0) = Phi(-1/cv) exceeds 1e-4 (a rank computes a negative time once in 10^4
-# steps), i.e. cv > 1 / Phi^-1(1 - 1e-4) = 0.269. At the bound the negative tail holds
+# steps), i.e. cv > 1 / Phi^-1(1 - 1e-4) = 0.26889. At the bound the negative tail holds
 # E[X^-] = cv phi(1/cv) - Phi(-1/cv) = 6.4e-6 of the mean, what a clip at 0 would add: two
 # orders below the 3 significant figures printed, so the normal is priced as drawn, unclipped.
 NEGATIVE_BOUND = 1e-4
 MAX_NORMAL_CV = float(1.0 / stats.norm.isf(NEGATIVE_BOUND))
+# the bound as messages state it, rounded down so that the figure shown is accepted
+SHOWN_NORMAL_CV = math.floor(MAX_NORMAL_CV * 1e4) / 1e4  # 0.2688
 
 
 def _frozen(dist: str, cv: float, local_steps: int = 1):
@@ -69,8 +71,8 @@ def spread_problem(dist: str, cv: float) -> str:
     negative = float(stats.norm.cdf(-1.0 / cv)) if dist == "normal" and cv > 0 else 0.0
     if negative > NEGATIVE_BOUND:  # P(X < 0) for X ~ N(1, cv^2)
         return (
-            f"a normal with cv {cv:g} draws a negative time with probability {negative:.2g}, "
-            f"over {NEGATIVE_BOUND:g} (cv at most {MAX_NORMAL_CV:.3g}); lognormal:{cv:g} has "
+            f"a normal with cv {cv:g} draws a negative time with probability {negative:.3g}, "
+            f"over {NEGATIVE_BOUND:g} (cv at most {SHOWN_NORMAL_CV:g}); lognormal:{cv:g} has "
             "the same mean and cv and stays positive"
         )
     return ""
