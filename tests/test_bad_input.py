@@ -463,3 +463,37 @@ def test_each_sizing_flag_names_itself(tmp_path, monkeypatch, args, says):
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.output
     assert "Traceback" not in result.output and "default.yaml" not in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refusal_is_its_one_line_without_the_warnings_on_the_way(capsys):
+    # --jitter lognormal:1e300 printed scipy's overflow warnings above its error line: held
+    # while the command works, dropped when it is refused, shown when it succeeds
+    import warnings
+
+    import typer
+
+    from commsim.report import terminal
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(typer.Exit), terminal.user_errors():
+            warnings.warn("overflow encountered in multiply", RuntimeWarning, stacklevel=1)
+            raise ValueError("--jitter lognormal:1e300: out of range")
+    assert seen == []  # dropped with the refusal, not passed on to be shown
+    err = capsys.readouterr().err
+    assert err.strip() == "error: --jitter lognormal:1e300: out of range"
+    with pytest.warns(RuntimeWarning, match="overflow"), terminal.user_errors():
+        warnings.warn("overflow encountered in multiply", RuntimeWarning, stacklevel=1)
+
+
+def test_a_slow_rank_near_the_largest_float_prices_without_overflow():
+    # each layer's share of the step is taken before its seconds (step.predict): a 1e300x
+    # straggler's step stays finite and throughput 0% with no numpy overflow on the way
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = run("stragglers", "--slow-rank", "1e300", "--json")
+    assert result.exit_code == 0, result.output
+    wait = json.loads(result.stdout)["slow_rank"]["mitigations"][0]
+    assert wait["name"] == "wait" and 0 < wait["throughput"] < 1e-290

@@ -39,15 +39,23 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document o
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Input errors (a spec, a unit, a value) as one line on stderr and exit code 2."""
+    """Input errors (a spec, a unit, a value) as one line on stderr and exit code 2. Warnings
+    raised meanwhile (numpy's overflow on an input far out of range, on the way to that
+    error) are held and shown only if the work succeeds: a refusal is its one line."""
+    import warnings
+
     from commsim.specs import SpecError  # pydantic: imported when a command runs, not for --help
     from commsim.units import UnitError
 
-    try:
-        yield
-    except (SpecError, UnitError, ValueError) as e:
-        error_line(str(e))
-        raise typer.Exit(2) from None
+    with warnings.catch_warnings(record=True) as held:
+        warnings.simplefilter("default")  # each warning once a place, as Python shows them
+        try:
+            yield
+        except (SpecError, UnitError, ValueError) as e:
+            error_line(str(e))
+            raise typer.Exit(2) from None
+    for w in held:  # through the warnings filters again, as if never held
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def error_line(message: str) -> None:

@@ -117,8 +117,9 @@ def layouts_timeline(
     c = model.compute(layouts)
     w = setup.workload
     weights = np.array(model.dp.layer_weights("none"))
-    forward = float(c.forward[0]) * w.layer_flops / max(float(w.layer_flops.sum()), 1e-300)
-    backward = float(c.backward[0]) * weights / max(float(weights.sum()), 1e-300)
+    # each layer's share first, then the seconds: a step near the largest float stays finite
+    forward = float(c.forward[0]) * (w.layer_flops / max(float(w.layer_flops.sum()), 1e-300))
+    backward = float(c.backward[0]) * (weights / max(float(weights.sum()), 1e-300))
     return ddp_timeline(
         w,
         forward,
