@@ -142,13 +142,18 @@ def fmt_time(t: float) -> str:
     return "< 1 ns" if t > 0 else "> -1 ns"
 
 
-def fmt_duration(t: float, days: str = "days") -> str:
+def fmt_duration(t: float, days: str = "days", decimals: int | None = None) -> str:
     """A long span in the unit a person plans in: 41.3 days, 9.6 h, 12 min, or fmt_time's;
-    `days` spells the day ("d" where a table is narrow)."""
+    `days` spells the day ("d" where a table is narrow). Below 100 of the unit, 3
+    significant digits or `decimals` fixed ones (a column: 10.72 d over 10.78 d); whole
+    units with commas up to a million, then 1.16e+09."""
     for unit, scale in ((days, 86400.0), ("h", 3600.0), ("min", 60.0)):
         if abs(t) >= scale:
             v = t / scale
-            return f"{v:,.0f} {unit}" if abs(v) >= 100 else f"{v:.3g} {unit}"
+            if 100 <= abs(v) < 1e6:
+                return f"{v:,.0f} {unit}"
+            small = abs(v) < 100 and decimals is not None
+            return f"{v:.{decimals}f} {unit}" if small else f"{v:.3g} {unit}"
     return fmt_time(t)
 
 

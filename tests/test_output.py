@@ -215,6 +215,17 @@ def test_times_read_sensibly():
     assert fmt_time(2.5e-9) == "2.5 ns" and fmt_time(0.0123) == "12.3 ms"
     assert fmt_duration(5 * 3600) == "5 h" and fmt_duration(41.3 * 86400) == "41.3 days"
     assert fmt_duration(12345.6 * 86400) == "12,346 days"
+    # past a million of the unit: 3 digits, not a 296-digit number a table cuts off with ...
+    assert fmt_duration(1e300) == "1.16e+295 days"
+    # goodput's columns: 2 fixed decimals (what failures add shows), the same function
+    from commsim.report.goodput import _duration
+
+    assert [_duration(x * 86400) for x in (10.72, 10.7, 1e300 / 86400)] == [
+        "10.72 d",
+        "10.70 d",
+        "1.16e+295 d",
+    ]
+    assert (_duration(None), _duration(0), _duration(2810.0)) == ("", "0", "46.83 min")
 
 
 def test_help_lists_every_accepted_value():

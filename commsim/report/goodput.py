@@ -20,7 +20,7 @@ from rich.table import Table
 
 from commsim.files import save_figure
 from commsim.report.labels import pct
-from commsim.units import fmt_bytes, fmt_time
+from commsim.units import fmt_bytes, fmt_duration, fmt_time
 
 BADPUT_ORDER = (
     "checkpoint_save",
@@ -35,17 +35,11 @@ BADPUT_ORDER = (
 
 
 def _duration(seconds: float | None) -> str:
+    """A table cell: blank for none, 0 for none at all, else units.fmt_duration in days "d"
+    to 2 decimals (10.72 d beside 10.78 d: what failures add must show)."""
     if seconds is None:
         return ""
-    if seconds == 0:
-        return "0"
-    if seconds >= 86400:
-        return f"{seconds / 86400:.2f} d"
-    if seconds >= 3600:
-        return f"{seconds / 3600:.2f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.1f} min"
-    return fmt_time(seconds)
+    return "0" if seconds == 0 else fmt_duration(seconds, days="d", decimals=2)
 
 
 def _money(x: float | None) -> str:
