@@ -195,6 +195,10 @@ def test_spares_by_hand():
     # spares fail too: the mean grows with (2048 + s) / 2048
     assert poisson.cdf(need, 14.4 * (2048 + need) / 2048) >= 0.999
     assert poisson.cdf(need - 1, 14.4 * (2047 + need) / 2048) < 0.999
+    # more nodes out on average than the job has: refused at once (goodput --rate-scale 1e5
+    # searched spares one by one over ~92,000 nodes' distributions for over half an hour)
+    with pytest.raises(ValueError, match="keep 14 nodes out of service on average"):
+        spares_for(repairs, 14, 0.999)
     row = spare_row(repairs, 2048, 0, 1 / 256)
     assert row.p_full == pytest.approx(math.exp(-14.4))
     assert row.nodes_short == pytest.approx(14.4)

@@ -97,7 +97,16 @@ def p_full_size(repairs: Repairs, nodes: int, spares: int) -> float:
 
 
 def spares_for(repairs: Repairs, nodes: int, target: float) -> int:
-    """The fewest spares that keep the job at full size with probability `target`."""
+    """The fewest spares that keep the job at full size with probability `target`; a
+    ValueError where the nodes out of service outnumber the job's on average (each spare
+    then fails as often as it helps, and the search would span all of those nodes)."""
+    out = sum(r * b * t for r, b, t in repairs)
+    if out >= nodes:
+        raise ValueError(
+            f"failures keep {out:,.0f} nodes out of service on average (rate x nodes x repair "
+            f"time), more than the job's {nodes:,}: no spare count keeps it at full size "
+            "(are the failure rates, or --rate-scale, this high?)"
+        )
     spares, most = 0, _support(repairs, 1.0)
     while p_full_size(repairs, nodes, spares) < target and spares <= most:
         spares += 1
